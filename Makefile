@@ -1,0 +1,52 @@
+# dueflow: the two commands of the README are `make demo` and `make test`.
+# Everything they need is installed here: a virtualenv with the project, and
+# the broker jars (Maven Central, through broker/pom.xml).
+
+PYTHON ?= python3.11
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PY     := $(BIN)/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint unit integration chaos fmt bench broker-start broker-stop clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+jars: $(STAMP)
+	$(BIN)/dueflow broker fetch
+
+## the main job: a real pipeline on a local broker
+demo: $(STAMP) jars
+	$(PY) -m dueflow.demo
+
+## lint gate + every test tier; starts and stops the broker it needs
+test: $(STAMP) jars lint
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(PY) -m pytest tests/unit
+
+integration: $(STAMP) jars
+	$(PY) -m pytest tests/integration
+
+fmt: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+broker-start: $(STAMP) jars
+	$(BIN)/dueflow broker start
+
+broker-stop: $(STAMP)
+	$(BIN)/dueflow broker stop
+
+clean:
+	rm -rf $(VENV) .dueflow build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,449 @@
+"""Run a single-node Apache Kafka 4.x broker in KRaft combined mode, no Docker.
+
+The jars come from Maven Central through ``broker/pom.xml``
+(``mvn dependency:copy-dependencies`` into a cache directory); nothing is
+fetched by URL. Storage is formatted on first start. ``start`` returns only
+when the broker answers a metadata request; ``stop`` ends exactly the pid in
+the pid file and waits for it.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from confluent_kafka.admin import AdminClient
+
+from dueflow.errors import BrokerError
+
+_ASSETS = "dueflow.broker"
+MAIN_CLASS = "kafka.Kafka"
+STORAGE_TOOL = "kafka.tools.StorageTool"
+
+
+def _pom_text() -> str:
+    return (resources.files(_ASSETS) / "pom.xml").read_text()
+
+
+def kafka_version() -> str:
+    """The Kafka version pinned in ``broker/pom.xml``."""
+    found = re.search(r"<kafka.version>([^<]+)</kafka.version>", _pom_text())
+    if not found:  # pragma: no cover - the pom is part of the package
+        raise BrokerError("broker/pom.xml has no <kafka.version>")
+    return found.group(1)
+
+
+def default_cache_dir() -> Path:
+    """``$DUEFLOW_CACHE`` or ``~/.cache/dueflow``: jars are shared by every checkout."""
+    env = os.environ.get("DUEFLOW_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "dueflow"
+
+
+def fetch_jars(cache_dir: Path | None = None, *, quiet: bool = True) -> Path:
+    """Resolve the broker jars with Maven into ``<cache>/kafka-<version>/jars``; reuse them.
+
+    Returns the jar directory. Raises :class:`BrokerError` when Maven is missing
+    or fails (its output is included).
+    """
+    cache_dir = cache_dir or default_cache_dir()
+    version = kafka_version()
+    home = cache_dir / f"kafka-{version}"
+    jars = home / "jars"
+    marker = home / ".complete"
+    if marker.exists() and any(jars.glob("kafka_2.13-*.jar")):
+        return jars
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise BrokerError("Maven (mvn) is not on PATH: it is needed once to fetch the broker jars")
+    home.mkdir(parents=True, exist_ok=True)
+    pom = home / "pom.xml"
+    pom.write_text(_pom_text())
+    tmp = home / "jars.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    cmd = [
+        mvn,
+        "-B",
+        *(["-q"] if quiet else []),
+        "-f",
+        str(pom),
+        "dependency:copy-dependencies",
+        f"-DoutputDirectory={tmp}",
+        "-DincludeScope=runtime",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise BrokerError(
+            f"mvn dependency:copy-dependencies failed ({proc.returncode}):\n"
+            f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+        )
+    shutil.rmtree(jars, ignore_errors=True)
+    tmp.rename(jars)
+    marker.write_text(version + "\n")
+    return jars
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerPaths:
+    """Files of one local broker, all under ``root``."""
+
+    root: Path
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def properties(self) -> Path:
+        return self.root / "server.properties"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.root / "broker.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.logs / "server.log"
+
+    @property
+    def stdout_file(self) -> Path:
+        return self.logs / "stdout.log"
+
+    @property
+    def formatted_marker(self) -> Path:
+        return self.data / "meta.properties"
+
+
+def default_state_dir(port: int) -> Path:
+    """``$DUEFLOW_HOME/broker-<port>``, default ``./.dueflow/broker-<port>``."""
+    return Path(os.environ.get("DUEFLOW_HOME", ".dueflow")) / f"broker-{port}"
+
+
+def server_properties(
+    *, port: int, controller_port: int, data_dir: Path, extra: dict[str, str] | None = None
+) -> dict[str, str]:
+    """Broker settings for one node (pure)."""
+    props = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        # Static quorum: no --standalone needed when formatting.
+        "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "log.dirs": str(data_dir),
+        "metadata.log.dir": str(data_dir),
+        # One node: every internal topic has one replica.
+        "offsets.topic.replication.factor": "1",
+        "offsets.topic.num.partitions": "8",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.num.partitions": "8",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "default.replication.factor": "1",
+        "min.insync.replicas": "1",
+        "num.partitions": "1",
+        "auto.create.topics.enable": "false",
+        "group.initial.rebalance.delay.ms": "0",
+        # Fast failover tests need short sessions; production clusters keep 6 s+.
+        "group.min.session.timeout.ms": "500",
+        "group.consumer.min.session.timeout.ms": "1000",
+        "group.consumer.min.heartbeat.interval.ms": "500",
+        # The 128 MiB default dedupe buffer does not fit a small heap.
+        "log.cleaner.dedupe.buffer.size": "16777216",
+        "log.cleaner.backoff.ms": "1000",
+        "log.retention.check.interval.ms": "30000",
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms": "5000",
+        "num.network.threads": "2",
+        "num.io.threads": "4",
+        "num.recovery.threads.per.data.dir": "2",
+    }
+    props.update(extra or {})
+    return props
+
+
+def new_cluster_id() -> str:
+    """A KRaft cluster id: 16 random bytes, URL-safe base64, not starting with '-'."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
+
+
+class LocalBroker:
+    """One local broker: start, stop, status. Stateless apart from its files."""
+
+    def __init__(
+        self,
+        *,
+        port: int = 9092,
+        controller_port: int | None = None,
+        state_dir: Path | None = None,
+        cache_dir: Path | None = None,
+        heap: str = "1g",
+        java: str | None = None,
+        extra_properties: dict[str, str] | None = None,
+    ) -> None:
+        self.port = port
+        self.controller_port = controller_port or port + 1
+        self.paths = BrokerPaths((state_dir or default_state_dir(port)).resolve())
+        self.cache_dir = cache_dir
+        self.heap = heap
+        self.java = java
+        self.extra_properties = extra_properties or {}
+        self._proc: subprocess.Popen[bytes] | None = None  # set when this object started it
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    # ------------------------------------------------------------------ status
+    def running_pid(self) -> int | None:
+        """Pid of this broker if it is running; removes a stale pid file."""
+        pid_file = self.paths.pid_file
+        try:
+            pid = int(pid_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        if _is_our_broker(pid, self.paths.properties):
+            return pid
+        pid_file.unlink(missing_ok=True)  # stale: the process is gone or is another program
+        return None
+
+    def is_ready(self, timeout_s: float = 2.0) -> bool:
+        """True when the broker answers a metadata request."""
+        return _answers(self._admin(), timeout_s)
+
+    def _admin(self) -> AdminClient:
+        # log_level 0: no "connection refused" lines while the broker boots
+        return AdminClient(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "log_level": 0,
+                "reconnect.backoff.ms": 50,
+                "reconnect.backoff.max.ms": 200,
+            }
+        )
+
+    # ------------------------------------------------------------------- start
+    def start(self, *, timeout_s: float = 90.0) -> tuple[int, bool]:
+        """Start the broker unless it runs; return ``(pid, started_now)``."""
+        pid = self.running_pid()
+        if pid is not None:
+            return pid, False
+        if _port_busy(self.port) or _port_busy(self.controller_port):
+            raise BrokerError(
+                f"port {self.port} or {self.controller_port} on 127.0.0.1 is in use by "
+                "another process; choose another with --port"
+            )
+        jars = fetch_jars(self.cache_dir)
+        java = self.java or _java()
+        self._write_config()
+        if not self.paths.formatted_marker.exists():
+            self._format(java, jars)
+        self.paths.logs.mkdir(parents=True, exist_ok=True)
+        log4j = resources.files(_ASSETS) / "log4j2.yaml"
+        cmd = [
+            java,
+            f"-Xmx{self.heap}",
+            f"-Xms{self.heap}",
+            "-server",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-XX:InitiatingHeapOccupancyPercent=35",
+            "-XX:+ExplicitGCInvokesConcurrent",
+            "-Djava.awt.headless=true",
+            f"-Dkafka.logs.dir={self.paths.logs}",
+            f"-Dlog4j2.configurationFile={log4j}",
+            "-cp",
+            f"{jars}/*",
+            MAIN_CLASS,
+            str(self.paths.properties),
+        ]
+        with self.paths.stdout_file.open("ab") as out:
+            proc = subprocess.Popen(
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # not killed with the shell that started it
+            )
+        self._proc = proc
+        self.paths.pid_file.write_text(f"{proc.pid}\n")
+        deadline = time.monotonic() + timeout_s
+        admin = None
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                self.paths.pid_file.unlink(missing_ok=True)
+                raise BrokerError(
+                    f"broker exited with code {proc.returncode} during startup; last log lines:\n"
+                    + self.log_tail()
+                )
+            if _port_busy(self.port):  # listening: now ask for metadata
+                admin = admin or self._admin()
+                if _answers(admin, 1.0):
+                    return proc.pid, True
+            time.sleep(0.05)
+        self.stop()
+        raise BrokerError(f"broker did not answer within {timeout_s:.0f}s:\n" + self.log_tail())
+
+    def _write_config(self) -> None:
+        self.paths.root.mkdir(parents=True, exist_ok=True)
+        self.paths.data.mkdir(parents=True, exist_ok=True)
+        props = server_properties(
+            port=self.port,
+            controller_port=self.controller_port,
+            data_dir=self.paths.data.resolve(),
+            extra=self.extra_properties,
+        )
+        text = "".join(f"{k}={v}\n" for k, v in props.items())
+        self.paths.properties.write_text(text)
+
+    def _format(self, java: str, jars: Path) -> None:
+        cmd = [
+            java,
+            "-Xmx256m",
+            "-Dlog4j2.configurationFile=" + str(resources.files(_ASSETS) / "log4j2.yaml"),
+            f"-Dkafka.logs.dir={self.paths.logs}",
+            "-cp",
+            f"{jars}/*",
+            STORAGE_TOOL,
+            "format",
+            "-t",
+            new_cluster_id(),
+            "-c",
+            str(self.paths.properties),
+        ]
+        self.paths.logs.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise BrokerError(f"formatting storage failed:\n{proc.stdout}\n{proc.stderr}")
+
+    # -------------------------------------------------------------------- stop
+    def stop(self, *, timeout_s: float = 30.0) -> int | None:
+        """Stop the broker of the pid file; return its pid, or ``None`` if none ran."""
+        pid = self.running_pid()
+        if pid is None:
+            return None
+        _signal(pid, signal.SIGTERM)
+        if not self._wait(pid, timeout_s):
+            _signal(pid, signal.SIGKILL)
+            self._wait(pid, 10.0)
+        self.paths.pid_file.unlink(missing_ok=True)
+        return pid
+
+    def _wait(self, pid: int, timeout_s: float) -> bool:
+        proc = self._proc
+        if proc is not None and proc.pid == pid:
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                return False
+            self._proc = None
+            return True
+        return _wait_gone(pid, timeout_s)
+
+    def kill(self) -> int | None:
+        """kill -9 the broker (for fault-injection tests)."""
+        pid = self.running_pid()
+        if pid is None:
+            return None
+        _signal(pid, signal.SIGKILL)
+        self._wait(pid, 10.0)
+        self.paths.pid_file.unlink(missing_ok=True)
+        return pid
+
+    def destroy(self) -> None:
+        """Stop and delete all state (data, logs)."""
+        self.stop()
+        shutil.rmtree(self.paths.root, ignore_errors=True)
+
+    def log_tail(self, lines: int = 30) -> str:
+        chunks = []
+        for f in (self.paths.stdout_file, self.paths.log_file):
+            if f.exists():
+                chunks.extend(f.read_text(errors="replace").splitlines()[-lines:])
+        return "\n".join(chunks[-lines:])
+
+
+def _answers(admin: AdminClient, timeout_s: float) -> bool:
+    try:
+        md = admin.list_topics(timeout=timeout_s)
+    except Exception:
+        return False
+    return bool(md.brokers)
+
+
+def _java() -> str:
+    home = os.environ.get("JAVA_HOME")
+    if home and (Path(home) / "bin" / "java").exists():
+        return str(Path(home) / "bin" / "java")
+    java = shutil.which("java")
+    if java is None:
+        raise BrokerError("java is not on PATH (Java 17+ is needed to run the broker)")
+    return java
+
+
+def _is_our_broker(pid: int, properties: Path) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    args = [a.decode(errors="replace") for a in cmdline]
+    return MAIN_CLASS in args and str(properties) in args
+
+
+def _signal(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def _wait_gone(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            # Reap it if it is our child; otherwise just probe.
+            done, _ = os.waitpid(pid, os.WNOHANG)
+            if done == pid:
+                return True
+        except ChildProcessError:
+            pass
+        if not Path(f"/proc/{pid}").exists() or _is_zombie(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
+
+
+def _port_busy(port: int) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0

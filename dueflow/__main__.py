@@ -1,0 +1,5 @@
+import sys
+
+from dueflow.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""The ``dueflow`` command line."""

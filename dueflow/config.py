@@ -1,0 +1,401 @@
+"""One settings object for every dueflow process.
+
+Sources, later ones win: defaults, an optional TOML file (``--config`` or
+``DUEFLOW_CONFIG``), environment variables (``DUEFLOW_*``), then CLI flags
+(passed in as ``overrides``). Every validation error names the setting, the
+value and what is accepted.
+
+Environment variables:
+
+- ``DUEFLOW_BOOTSTRAP``, ``DUEFLOW_TOPIC_PREFIX``, ``DUEFLOW_REPLICATION_FACTOR``,
+  ``DUEFLOW_MIN_INSYNC_REPLICAS``, ... : top-level settings by upper-case name.
+- ``DUEFLOW_QUEUES=billing:12,default``: queue names with optional partition count.
+- ``DUEFLOW_<SECTION>_<FIELD>`` for the sections ``wheel``, ``emitter``, ``worker``
+  and ``observability`` (e.g. ``DUEFLOW_EMITTER_SESSION_TIMEOUT_MS=3000``).
+- ``DUEFLOW_KAFKA_<KEY>``: passed to librdkafka with ``_`` turned into ``.``
+  (e.g. ``DUEFLOW_KAFKA_SECURITY_PROTOCOL=SASL_SSL``): security settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from dueflow.errors import ConfigError
+from dueflow.wheel import DEFAULT_LEVELS, WheelGeometry, WheelLevel
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
+_ENV_PREFIX = "DUEFLOW_"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSpec:
+    """A queue: its exec, retry-tier, DLQ and idempotency topics share ``partitions``."""
+
+    name: str
+    partitions: int = 6
+    retry_tiers_ms: tuple[int, ...] = (1_000, 10_000, 60_000)
+    idempotency_retention_ms: int = 7 * 24 * 3_600_000
+    rate_limit_per_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EmitterSettings:
+    """The active emitter and its standbys."""
+
+    session_timeout_ms: int = 6_000
+    heartbeat_interval_ms: int = 1_000
+    batch_max_records: int = 20_000
+    batch_max_ms: int = 100
+    catchup_max_rate_per_s: float = 200_000.0
+    transaction_timeout_ms: int = 30_000
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    """Worker processes."""
+
+    concurrency: int = 64
+    processes: int = 1
+    session_timeout_ms: int = 10_000
+    shutdown_grace_s: float = 10.0
+    default_timeout_s: float = 300.0
+    default_max_attempts: int = 4
+    commit_interval_ms: int = 100
+
+
+@dataclass(frozen=True, slots=True)
+class ObservabilitySettings:
+    """Metrics, logs and traces."""
+
+    metrics_port: int | None = None
+    log_format: Literal["json", "text"] = "json"
+    log_level: str = "INFO"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything a dueflow process needs to know about its cluster and topics."""
+
+    bootstrap: str = "127.0.0.1:9092"
+    topic_prefix: str = "dueflow"
+    queues: tuple[QueueSpec, ...] = (QueueSpec("default"),)
+    wheel: WheelGeometry = WheelGeometry()
+    replication_factor: int = 1
+    min_insync_replicas: int = 1
+    schedules_partitions: int = 3
+    outcomes_partitions: int = 6
+    kafka: Mapping[str, str] = field(default_factory=dict)
+    emitter: EmitterSettings = EmitterSettings()
+    worker: WorkerSettings = WorkerSettings()
+    observability: ObservabilitySettings = ObservabilitySettings()
+
+    def queue(self, name: str) -> QueueSpec:
+        """The queue called ``name``; :class:`ConfigError` if it is not configured."""
+        for q in self.queues:
+            if q.name == name:
+                return q
+        raise ConfigError("queue", name, f"one of the configured queues {self.queue_names}")
+
+    @property
+    def queue_names(self) -> list[str]:
+        return [q.name for q in self.queues]
+
+    def client_config(self, **extra: Any) -> dict[str, Any]:
+        """librdkafka configuration: bootstrap, pass-through settings, then ``extra``."""
+        conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap}
+        conf.update(self.kafka)
+        conf.update(extra)
+        return conf
+
+    def validate(self) -> Settings:
+        """Check every setting; raise :class:`ConfigError` naming the first bad one."""
+        if not self.bootstrap or not all(
+            re.match(r"^[^\s:,]+:\d{1,5}$", b.strip()) for b in self.bootstrap.split(",")
+        ):
+            raise ConfigError("bootstrap", self.bootstrap, "host:port[,host:port...]")
+        if not _PREFIX_RE.match(self.topic_prefix):
+            raise ConfigError("topic_prefix", self.topic_prefix, "1-100 of [A-Za-z0-9._-]")
+        if not self.queues:
+            raise ConfigError("queues", self.queues, "at least one queue")
+        seen: set[str] = set()
+        for i, q in enumerate(self.queues):
+            where = f"queues[{i}]"
+            if not _NAME_RE.match(q.name):
+                raise ConfigError(f"{where}.name", q.name, "1-100 of [A-Za-z0-9_-]")
+            if q.name in seen:
+                raise ConfigError(f"{where}.name", q.name, "a name not used by another queue")
+            seen.add(q.name)
+            _positive(f"{where}.partitions", q.partitions)
+            if not q.retry_tiers_ms or any(t <= 0 for t in q.retry_tiers_ms):
+                raise ConfigError(
+                    f"{where}.retry_tiers_ms", q.retry_tiers_ms, "one or more delays > 0 ms"
+                )
+            if list(q.retry_tiers_ms) != sorted(q.retry_tiers_ms):
+                raise ConfigError(
+                    f"{where}.retry_tiers_ms", q.retry_tiers_ms, "delays in increasing order"
+                )
+            _positive(f"{where}.idempotency_retention_ms", q.idempotency_retention_ms)
+            if q.rate_limit_per_s is not None and q.rate_limit_per_s <= 0:
+                raise ConfigError(
+                    f"{where}.rate_limit_per_s", q.rate_limit_per_s, "a number > 0, or unset"
+                )
+        self.wheel.validate()
+        _positive("replication_factor", self.replication_factor)
+        _positive("min_insync_replicas", self.min_insync_replicas)
+        if self.min_insync_replicas > self.replication_factor:
+            raise ConfigError(
+                "min_insync_replicas",
+                self.min_insync_replicas,
+                f"at most replication_factor ({self.replication_factor})",
+            )
+        _positive("schedules_partitions", self.schedules_partitions)
+        _positive("outcomes_partitions", self.outcomes_partitions)
+        for name in ("session_timeout_ms", "batch_max_records", "batch_max_ms"):
+            _positive(f"emitter.{name}", getattr(self.emitter, name))
+        if self.emitter.catchup_max_rate_per_s <= 0:
+            raise ConfigError(
+                "emitter.catchup_max_rate_per_s", self.emitter.catchup_max_rate_per_s, "> 0"
+            )
+        for name in ("concurrency", "processes", "session_timeout_ms", "default_max_attempts"):
+            _positive(f"worker.{name}", getattr(self.worker, name))
+        if self.observability.log_format not in ("json", "text"):
+            raise ConfigError(
+                "observability.log_format", self.observability.log_format, "'json' or 'text'"
+            )
+        port = self.observability.metrics_port
+        if port is not None and not 0 <= port <= 65535:
+            raise ConfigError("observability.metrics_port", port, "0-65535, or unset")
+        return self
+
+
+def _positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or value < 1:
+        raise ConfigError(name, value, "an integer >= 1")
+
+
+# --------------------------------------------------------------------------- loading
+
+_SECTIONS = ("wheel", "emitter", "worker", "observability")
+
+
+def load_settings(
+    *,
+    config_file: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Merge defaults, TOML file, environment and overrides into valid :class:`Settings`.
+
+    ``overrides`` uses the same nested shape as the TOML file; ``None`` values are
+    ignored so CLI flags that were not given do not override anything.
+    """
+    env = {} if env is None else env
+    data: dict[str, Any] = {}
+    path = config_file or env.get(_ENV_PREFIX + "CONFIG")
+    if path:
+        data = _merge(data, _read_toml(Path(path)))
+    data = _merge(data, _from_env(env))
+    if overrides:
+        data = _merge(data, _drop_none(overrides))
+    return settings_from_dict(data).validate()
+
+
+def settings_from_dict(data: Mapping[str, Any]) -> Settings:
+    """Build :class:`Settings` from a nested mapping (TOML shape), coercing types."""
+    data = dict(data)
+    if "queues" in data:
+        data["queues"] = _queues(data["queues"])
+    if "wheel" in data:
+        wheel = dict(data["wheel"])
+        if "levels" in wheel:
+            wheel["levels"] = _levels(wheel["levels"])
+        data["wheel"] = wheel
+    built = _build(Settings, data, "")
+    assert isinstance(built, Settings)
+    return built
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError as exc:
+        raise ConfigError("config", str(path), "the path of an existing TOML file") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("config", str(path), f"valid TOML ({exc})") from exc
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    top = {f.name for f in dataclasses.fields(Settings)} - set(_SECTIONS) - {"kafka", "queues"}
+    for key, value in env.items():
+        if not key.startswith(_ENV_PREFIX) or key == _ENV_PREFIX + "CONFIG":
+            continue
+        name = key[len(_ENV_PREFIX) :].lower()
+        if name == "queues":
+            out["queues"] = _queues_from_text(value)
+        elif name.startswith("kafka_"):
+            out.setdefault("kafka", {})[name[len("kafka_") :].replace("_", ".")] = value
+        elif name in top:
+            out[name] = value
+        else:
+            for section in _SECTIONS:
+                if name.startswith(section + "_"):
+                    out.setdefault(section, {})[name[len(section) + 1 :]] = value
+                    break
+    return out
+
+
+def _queues_from_text(text: str) -> list[dict[str, Any]]:
+    queues: list[dict[str, Any]] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, partitions = part.partition(":")
+        entry: dict[str, Any] = {"name": name.strip()}
+        if partitions:
+            entry["partitions"] = partitions.strip()
+        queues.append(entry)
+    return queues
+
+
+def _queues(value: Any) -> tuple[QueueSpec, ...]:
+    if isinstance(value, str):
+        value = _queues_from_text(value)
+    if not isinstance(value, list | tuple):
+        raise ConfigError("queues", value, "a list of queues or 'name[:partitions],...'")
+    out = []
+    for i, item in enumerate(value):
+        if isinstance(item, QueueSpec):
+            out.append(item)
+        elif isinstance(item, str):
+            out.append(QueueSpec(item))
+        elif isinstance(item, Mapping):
+            q = _build(QueueSpec, item, f"queues[{i}].")
+            assert isinstance(q, QueueSpec)
+            out.append(q)
+        else:
+            raise ConfigError(f"queues[{i}]", item, "a table with at least `name`")
+    return tuple(out)
+
+
+def _levels(value: Any) -> tuple[WheelLevel, ...]:
+    if isinstance(value, str):
+        # "64x1000,64x60000": slots x width_ms
+        try:
+            pairs = [tuple(int(x) for x in part.split("x")) for part in value.split(",")]
+        except ValueError as exc:
+            raise ConfigError("wheel.levels", value, "'SLOTSxWIDTH_MS,...'") from exc
+        value = [list(p) for p in pairs]
+    out = []
+    for i, item in enumerate(value):
+        if isinstance(item, WheelLevel):
+            out.append(item)
+        elif isinstance(item, Mapping):
+            lv = _build(WheelLevel, item, f"wheel.levels[{i}].")
+            assert isinstance(lv, WheelLevel)
+            out.append(lv)
+        elif isinstance(item, list | tuple) and len(item) == 2:
+            out.append(WheelLevel(int(item[0]), int(item[1])))
+        else:
+            raise ConfigError(f"wheel.levels[{i}]", item, "[slots, width_ms]")
+    return tuple(out) or DEFAULT_LEVELS
+
+
+def _build(cls: type, data: Mapping[str, Any], path: str) -> object:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in names:
+            raise ConfigError(f"{path}{key}", value, f"one of the known settings {sorted(names)}")
+        kwargs[key] = _coerce(hints[key], value, f"{path}{key}")
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # pragma: no cover - a required field is missing
+        raise ConfigError(path.rstrip(".") or "settings", dict(data), str(exc)) from exc
+
+
+def _coerce(tp: Any, value: Any, name: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        empty = value is None or (isinstance(value, str) and value.lower() in ("", "none"))
+        if empty and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(inner[0], value, name)
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, Mapping):
+            raise ConfigError(name, value, "a table of settings")
+        return _build(tp, value, name + ".")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(name, value, " or ".join(repr(a) for a in args))
+        return value
+    if origin is tuple:
+        items = value.split(",") if isinstance(value, str) else value
+        if isinstance(value, tuple) and all(isinstance(v, QueueSpec | WheelLevel) for v in value):
+            return value
+        return tuple(_coerce(args[0], v, f"{name}[{i}]") for i, v in enumerate(items))
+    if origin in (Mapping, dict) or tp is Mapping:
+        if not isinstance(value, Mapping):
+            raise ConfigError(name, value, "a table of key = value strings")
+        return {str(k): str(v) for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(name, value, "true or false")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(name, value, "an integer")
+        try:
+            return int(str(value).strip()) if not isinstance(value, int) else value
+        except ValueError as exc:
+            raise ConfigError(name, value, "an integer") from exc
+    if tp is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(name, value, "a number") from exc
+    if tp is str:
+        if not isinstance(value, str | int | float):
+            raise ConfigError(name, value, "a string")
+        return str(value)
+    return value
+
+
+def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge(dict(out[key]), value)
+        else:
+            out[key] = value
+    return out
+
+
+def _drop_none(data: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            inner = _drop_none(value)
+            if inner:
+                out[key] = inner
+        elif value is not None:
+            out[key] = value
+    return out

@@ -1,0 +1,81 @@
+"""The exception tree of dueflow.
+
+One root, :class:`DueflowError`. Every subclass says whether retrying the
+same operation can help (``retriable``), as data rather than as a type test,
+so callers route failures without knowing every class.
+"""
+
+from __future__ import annotations
+
+
+class DueflowError(Exception):
+    """Root of every error raised by dueflow."""
+
+    retriable: bool = False
+
+    def __init__(self, message: str, *, cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        # Keep the wrapped client error (e.g. a confluent_kafka.KafkaError).
+        self.cause = cause
+        if cause is not None:
+            self.__cause__ = cause
+
+
+class ConfigError(DueflowError):
+    """A setting is missing or has a value that is not accepted."""
+
+    def __init__(self, setting: str, value: object, accepted: str) -> None:
+        super().__init__(f"setting {setting!r}: got {value!r}; accepted: {accepted}")
+        self.setting = setting
+        self.value = value
+        self.accepted = accepted
+
+
+class InvalidInput(DueflowError):
+    """Input at a door of dueflow (SDK, CLI, wire) names a bad field value."""
+
+    def __init__(self, field: str, value: object, accepted: str) -> None:
+        shown = value if not isinstance(value, str | bytes) or len(value) <= 200 else value[:200]
+        super().__init__(f"{field}: got {shown!r}; accepted: {accepted}")
+        self.field = field
+        self.value = value
+        self.accepted = accepted
+
+
+class ConflictError(DueflowError):
+    """A job id was reused with different content."""
+
+
+class BrokerError(DueflowError):
+    """The local broker could not be fetched, started, reached or stopped."""
+
+
+class KafkaOperationError(DueflowError):
+    """A Kafka client call failed; ``cause`` holds the client's error."""
+
+    retriable = True
+
+
+class TopicMismatch(DueflowError):
+    """An existing topic differs from the layout dueflow needs."""
+
+
+class FencedError(DueflowError):
+    """Another process took over a transactional id: this one must stop."""
+
+
+class JobError(DueflowError):
+    """Raised by a task handler: the job failed and may be retried."""
+
+    retriable = True
+
+
+class PermanentJobError(JobError):
+    """Raised by a task handler: the job failed and retrying cannot help."""
+
+    retriable = False
+
+
+class UndecodableRecord(DueflowError):
+    """A record's bytes do not match the schema they claim (or any known one)."""

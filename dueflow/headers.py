@@ -1,0 +1,107 @@
+"""The Kafka header contract of dueflow.
+
+Timer records carry everything the emitter needs in headers, so it never
+decodes a value: it forwards the value bytes unchanged. Any Kafka client can
+schedule a job by writing a record with these headers (see
+docs/wire-format.md). Header values are UTF-8 text; numbers are ASCII
+decimal.
+
+Timer record (topic ``<prefix>.timers``):
+
+========================  =====================================================
+header                    meaning
+========================  =====================================================
+``df-due``     required   UTC epoch milliseconds at or after which the job runs
+``df-queue``   required   queue name: the job goes to ``<prefix>.exec.<queue>``
+``df-kind``    optional   ``job`` (default) or ``cron`` (a schedule occurrence)
+``df-job``     optional   job id, for logs and traces
+``df-task``    optional   task name, for logs and metrics
+``df-schedule``  cron     schedule id of an occurrence
+``df-sv``        cron     schedule version the occurrence was computed from
+``df-schema``  optional   value schema, e.g. ``dueflow.Job/1``
+``traceparent``           W3C trace context (``tracestate`` too)
+========================  =====================================================
+
+The record key is the job's idempotency key; it becomes the exec record's
+key, which chooses the exec partition (murmur2, like Java's default
+partitioner). Exec, retry and DLQ records add:
+
+``df-fired``  emitter fire time (ms);  ``df-attempt``  1-based attempt number;
+``df-first-failure`` / ``df-last-failure`` (ms);  ``df-error`` short reason;
+``df-src`` ``topic:partition:offset`` of the timer record that fired it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+DUE = "df-due"
+QUEUE = "df-queue"
+KIND = "df-kind"
+JOB_ID = "df-job"
+TASK = "df-task"
+SCHEDULE = "df-schedule"
+SCHEDULE_VERSION = "df-sv"
+SCHEMA = "df-schema"
+TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
+
+FIRED = "df-fired"
+ATTEMPT = "df-attempt"
+FIRST_FAILURE = "df-first-failure"
+LAST_FAILURE = "df-last-failure"
+ERROR = "df-error"
+SOURCE = "df-src"
+REDRIVEN_BY = "df-redriven-by"
+REDRIVEN_AT = "df-redriven-at"
+
+KIND_JOB = "job"
+KIND_CRON = "cron"
+
+Headers = list[tuple[str, bytes]]
+
+
+def header(headers: Sequence[tuple[str, bytes | None]] | None, name: str) -> bytes | None:
+    """Last value of header ``name`` (Kafka allows repeats; the last one wins)."""
+    if not headers:
+        return None
+    found = None
+    for key, value in headers:
+        if key == name:
+            found = value
+    return found
+
+
+def header_text(headers: Sequence[tuple[str, bytes | None]] | None, name: str) -> str | None:
+    raw = header(headers, name)
+    return None if raw is None else raw.decode("utf-8", "replace")
+
+
+def header_int(headers: Sequence[tuple[str, bytes | None]] | None, name: str) -> int | None:
+    """Header ``name`` as an int; ``None`` if absent. ``ValueError`` if not a number."""
+    raw = header(headers, name)
+    return None if raw is None else int(raw)
+
+
+def encode(pairs: Iterable[tuple[str, str | int | bytes | None]]) -> Headers:
+    """Headers from ``(name, value)`` pairs, skipping ``None`` values."""
+    out: Headers = []
+    for key, value in pairs:
+        if value is None:
+            continue
+        if isinstance(value, bytes):
+            out.append((key, value))
+        else:
+            out.append((key, str(value).encode()))
+    return out
+
+
+def replace(
+    headers: Sequence[tuple[str, bytes | None]] | None,
+    updates: Iterable[tuple[str, str | int | bytes | None]],
+) -> Headers:
+    """A copy of ``headers`` with the names in ``updates`` set (``None`` removes)."""
+    new = list(updates)
+    names = {k for k, _ in new}
+    kept: Headers = [(k, v) for k, v in (headers or []) if k not in names and v is not None]
+    return kept + encode(new)

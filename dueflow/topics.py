@@ -1,0 +1,188 @@
+"""The topic layout of dueflow, computed from settings (pure).
+
+Every topic of shared/DESIGN.md, with its partition count and the configs
+that matter. ``critical`` configs are the ones whose difference breaks a
+guarantee (a timer topic with time retention loses timers; an idempotency
+topic that is not compacted loses dedup), so ``topics ensure`` refuses them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from dueflow.config import QueueSpec, Settings
+
+WEEK_MS = 7 * 24 * 3_600_000
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    """One topic as dueflow needs it."""
+
+    name: str
+    role: str
+    partitions: int
+    config: Mapping[str, str] = field(default_factory=dict)
+    critical: frozenset[str] = frozenset({"cleanup.policy"})
+    queue: str | None = None
+
+
+def tier_label(delay_ms: int) -> str:
+    """Topic-name label of a retry tier: 1000 -> '1s', 60000 -> '1m', 1500 -> '1500ms'."""
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1_000)):
+        if delay_ms % size == 0:
+            return f"{delay_ms // size}{unit}"
+    return f"{delay_ms}ms"
+
+
+@dataclass(frozen=True, slots=True)
+class TopicNames:
+    """Names of dueflow's topics under one prefix."""
+
+    prefix: str = "dueflow"
+
+    @property
+    def timers(self) -> str:
+        return f"{self.prefix}.timers"
+
+    @property
+    def lease(self) -> str:
+        return f"{self.prefix}.emitter.lease"
+
+    @property
+    def schedules(self) -> str:
+        return f"{self.prefix}.schedules"
+
+    @property
+    def outcomes(self) -> str:
+        return f"{self.prefix}.outcomes"
+
+    @property
+    def quarantine(self) -> str:
+        return f"{self.prefix}.quarantine"
+
+    @property
+    def control(self) -> str:
+        """Compacted operator commands (queue pause/resume), keyed by target."""
+        return f"{self.prefix}.control"
+
+    def exec(self, queue: str) -> str:
+        return f"{self.prefix}.exec.{queue}"
+
+    def retry(self, queue: str, delay_ms: int) -> str:
+        return f"{self.prefix}.retry.{queue}.{tier_label(delay_ms)}"
+
+    def dlq(self, queue: str) -> str:
+        return f"{self.prefix}.dlq.{queue}"
+
+    def idempotency(self, queue: str) -> str:
+        return f"{self.prefix}.idempotency.{queue}"
+
+    # consumer groups and transactional ids
+    @property
+    def emitter_group(self) -> str:
+        return f"{self.prefix}.emitter"
+
+    @property
+    def emitter_transactional_id(self) -> str:
+        return f"{self.prefix}.emitter"
+
+    def worker_group(self, queue: str) -> str:
+        return f"{self.prefix}.worker.{queue}"
+
+
+def names(settings: Settings) -> TopicNames:
+    return TopicNames(settings.topic_prefix)
+
+
+def topic_layout(settings: Settings) -> list[TopicSpec]:
+    """Every topic dueflow needs for ``settings``, in a stable order."""
+    n = names(settings)
+    isr = {"min.insync.replicas": str(settings.min_insync_replicas)}
+    forever = {"retention.ms": "-1", "retention.bytes": "-1"}
+    specs = [
+        TopicSpec(
+            n.timers,
+            "timers",
+            settings.wheel.total_partitions,
+            {
+                "cleanup.policy": "delete",
+                **forever,
+                # Broker time on every timer: a clock that all emitters share.
+                "message.timestamp.type": "LogAppendTime",
+                **isr,
+            },
+            critical=frozenset(
+                {"cleanup.policy", "retention.ms", "retention.bytes", "message.timestamp.type"}
+            ),
+        ),
+        TopicSpec(n.lease, "lease", 1, {"cleanup.policy": "delete", **isr}),
+        TopicSpec(
+            n.schedules,
+            "schedules",
+            settings.schedules_partitions,
+            {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1", **isr},
+        ),
+        TopicSpec(
+            n.outcomes,
+            "outcomes",
+            settings.outcomes_partitions,
+            {"cleanup.policy": "delete", "retention.ms": str(WEEK_MS), **isr},
+        ),
+        TopicSpec(n.quarantine, "quarantine", 1, {"cleanup.policy": "delete", **forever, **isr}),
+        TopicSpec(n.control, "control", 1, {"cleanup.policy": "compact", **isr}),
+    ]
+    for q in settings.queues:
+        specs.extend(queue_topics(n, q, isr))
+    return specs
+
+
+def queue_topics(n: TopicNames, q: QueueSpec, isr: Mapping[str, str]) -> list[TopicSpec]:
+    """The co-partitioned topics of one queue."""
+    p = q.partitions
+    specs = [
+        TopicSpec(
+            n.exec(q.name),
+            "exec",
+            p,
+            {"cleanup.policy": "delete", "retention.ms": str(WEEK_MS), **isr},
+            queue=q.name,
+        ),
+    ]
+    specs.extend(
+        TopicSpec(
+            n.retry(q.name, tier),
+            "retry",
+            p,
+            {"cleanup.policy": "delete", "retention.ms": str(WEEK_MS), **isr},
+            queue=q.name,
+        )
+        for tier in q.retry_tiers_ms
+    )
+    specs.append(
+        TopicSpec(
+            n.dlq(q.name),
+            "dlq",
+            p,
+            {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1", **isr},
+            queue=q.name,
+        )
+    )
+    specs.append(
+        TopicSpec(
+            n.idempotency(q.name),
+            "idempotency",
+            p,
+            {
+                # compact keeps the last state per key; delete bounds the store.
+                "cleanup.policy": "compact,delete",
+                "retention.ms": str(q.idempotency_retention_ms),
+                "segment.ms": str(min(q.idempotency_retention_ms, 3_600_000)),
+                "min.cleanable.dirty.ratio": "0.1",
+                **isr,
+            },
+            queue=q.name,
+        )
+    )
+    return specs

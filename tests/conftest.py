@@ -1,0 +1,73 @@
+"""Shared fixtures: the real broker for integration tests, unique topic prefixes.
+
+Integration tests use the broker at ``DUEFLOW_BOOTSTRAP`` when it is set;
+otherwise the session starts a local broker (``dueflow.broker``) on a free
+port in a temporary directory and stops it by pid at the end. A broker that
+cannot be started fails the tests: it is never a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from dueflow.broker.local import LocalBroker
+from dueflow.config import Settings, load_settings
+
+
+def free_port_pair() -> int:
+    """A port p such that p and p+1 are free on 127.0.0.1."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port >= 65535:
+            continue
+        with socket.socket() as s2:
+            try:
+                s2.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair on 127.0.0.1")
+
+
+@dataclass
+class KafkaCluster:
+    bootstrap: str
+    broker: LocalBroker | None  # None when DUEFLOW_BOOTSTRAP points at an external cluster
+
+    def settings(self, prefix: str, **overrides: object) -> Settings:
+        data: dict[str, object] = {"bootstrap": self.bootstrap, "topic_prefix": prefix}
+        data.update(overrides)
+        return load_settings(env={}, overrides=data)
+
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    external = os.environ.get("DUEFLOW_BOOTSTRAP")
+    if external:
+        yield KafkaCluster(external, None)
+        return
+    port = free_port_pair()
+    state = Path(tmp_path_factory.mktemp("broker"))
+    broker = LocalBroker(
+        port=port, state_dir=state, heap=os.environ.get("DUEFLOW_TEST_HEAP", "768m")
+    )
+    broker.start()
+    try:
+        yield KafkaCluster(broker.bootstrap, broker)
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A topic prefix of this test only: every integration test gets its own topics."""
+    return f"t{uuid.uuid4().hex[:10]}"
