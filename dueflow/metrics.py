@@ -1,0 +1,207 @@
+"""Prometheus metrics of every dueflow process.
+
+One :class:`Metrics` object per process (or per test), built on a registry
+passed in: no module-level collectors. Components receive it through their
+constructor. Names follow Prometheus conventions: ``dueflow_*``, base units,
+``_total`` for counters, ``_seconds`` for time.
+
+For ``dueflow worker --processes N`` set ``PROMETHEUS_MULTIPROC_DIR`` before
+the children start (see :func:`serve`), so the parent serves one merged view.
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    multiprocess,
+    start_http_server,
+)
+
+# Fire lateness and job durations span milliseconds to minutes.
+LATENESS_BUCKETS = (
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.2,
+    0.5,
+    1.0,
+    2.0,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+)
+DURATION_BUCKETS = (
+    0.0005,
+    0.001,
+    0.005,
+    0.01,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+)
+
+
+class Metrics:
+    """Every collector dueflow exports, registered on ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        # --- scheduling (producers)
+        self.schedules_produced = Counter(
+            "dueflow_schedules_produced_total",
+            "Jobs written to the timer topic",
+            ["queue"],
+            registry=r,
+        )
+        self.schedule_errors = Counter(
+            "dueflow_schedule_errors_total",
+            "Jobs a client failed to write",
+            ["queue"],
+            registry=r,
+        )
+        # --- emitter
+        self.timers_pending = Gauge(
+            "dueflow_timers_pending",
+            "Timers waiting in the wheel (high watermark minus committed offset)",
+            ["level"],
+            registry=r,
+        )
+        self.fires = Counter(
+            "dueflow_fires_total", "Jobs fired into exec topics", ["queue"], registry=r
+        )
+        self.fire_lateness = Histogram(
+            "dueflow_fire_lateness_seconds",
+            "Emit time minus due time of fired jobs",
+            ["queue"],
+            buckets=LATENESS_BUCKETS,
+            registry=r,
+        )
+        self.cascaded = Counter(
+            "dueflow_timers_cascaded_total",
+            "Timers placed again one level down (or parked again)",
+            ["level"],
+            registry=r,
+        )
+        self.late_timers = Counter(
+            "dueflow_timers_landed_late_total",
+            "Timers read from a slot after their due time had passed the slot (fired late)",
+            registry=r,
+        )
+        self.emitter_leader = Gauge(
+            "dueflow_emitter_leader", "1 while this process is the active emitter", registry=r
+        )
+        self.emitter_failovers = Counter(
+            "dueflow_emitter_failovers_total",
+            "Times this process took over as active emitter",
+            registry=r,
+        )
+        self.emitter_transactions = Counter(
+            "dueflow_emitter_transactions_total",
+            "Emitter transactions by result",
+            ["result"],
+            registry=r,
+        )
+        self.cron_occurrences = Counter(
+            "dueflow_cron_occurrences_total",
+            "Cron occurrences by what happened to them",
+            ["result"],
+            registry=r,
+        )
+        self.clock_offset = Gauge(
+            "dueflow_clock_offset_seconds",
+            "Local clock minus broker clock, from broker append timestamps",
+            registry=r,
+        )
+        # --- workers
+        self.jobs = Counter(
+            "dueflow_jobs_total",
+            "Job attempts by outcome",
+            ["queue", "task", "outcome"],
+            registry=r,
+        )
+        self.job_duration = Histogram(
+            "dueflow_job_duration_seconds",
+            "Handler run time",
+            ["queue", "task"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.attempts = Counter(
+            "dueflow_job_attempts_total", "Handler invocations", ["queue", "task"], registry=r
+        )
+        self.retries = Counter(
+            "dueflow_retries_total", "Jobs sent to a retry tier", ["queue", "tier"], registry=r
+        )
+        self.dead_letters = Counter(
+            "dueflow_dead_letters_total", "Jobs sent to the DLQ", ["queue", "reason"], registry=r
+        )
+        self.dlq_depth = Gauge(
+            "dueflow_dlq_depth", "Records in the DLQ topic of a queue", ["queue"], registry=r
+        )
+        self.duplicates_skipped = Counter(
+            "dueflow_duplicates_skipped_total",
+            "Jobs skipped because their idempotency key was already final",
+            ["queue"],
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "dueflow_jobs_in_flight",
+            "Jobs running now",
+            ["queue"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.consumer_lag = Gauge(
+            "dueflow_consumer_lag",
+            "High watermark minus committed offset",
+            ["group", "topic", "partition"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.rate_limited = Counter(
+            "dueflow_rate_limit_waits_total",
+            "Times a worker paused partitions for a rate limit",
+            ["queue"],
+            registry=r,
+        )
+        # --- everywhere
+        self.quarantined = Counter(
+            "dueflow_quarantined_total",
+            "Malformed records set aside with a reason",
+            ["component", "reason"],
+            registry=r,
+        )
+
+
+def serve(metrics: Metrics, port: int, *, addr: str = "127.0.0.1") -> int:
+    """Serve ``/metrics`` on ``addr:port`` (0 picks a free port); return the port.
+
+    With ``PROMETHEUS_MULTIPROC_DIR`` set, serves the merged view of all
+    processes that write there instead of this process's registry.
+    """
+    registry = metrics.registry
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    server, _thread = start_http_server(port, addr=addr, registry=registry)
+    return int(server.server_port)
