@@ -50,3 +50,15 @@ broker-stop: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .dueflow build *.egg-info .mypy_cache .ruff_cache .pytest_cache
+
+## optional: build the `docker compose` CLI plugin from source (Go) so the
+## compose-file test can run `docker compose config` where only the docker
+## client is installed. Takes a few minutes; not part of `make test`.
+COMPOSE_VERSION ?= v2.40.3
+compose-plugin:
+	@set -e; d=$$(mktemp -d); cd $$d; \
+	go mod download -json github.com/docker/compose/v2@$(COMPOSE_VERSION) > dl.json; \
+	src=$$(python3 -c "import json;print(json.load(open('dl.json'))['Dir'])"); \
+	cp -r $$src src; chmod -R u+w src; cd src; \
+	go build -o $$HOME/.docker/cli-plugins/docker-compose ./cmd; \
+	docker compose version
