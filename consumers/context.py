@@ -1,0 +1,134 @@
+"""What a handler knows about the job it runs."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, MutableMapping
+from typing import Any
+
+from dueflow import headers as hdr
+from dueflow.model import Job
+
+_LOGGER = "dueflow.task"
+
+
+class TaskContext:
+    """The job a handler runs, its attempt and a logger that names the job.
+
+    Use ``idempotency_key`` for the handler's own external side effects (a
+    payment provider's idempotency header, a unique database key): the key
+    is stable across retries and redeliveries, so an effect the handler
+    already made is recognised when the job runs again.
+    """
+
+    __slots__ = ("_logger", "attempt", "headers", "job", "max_attempts", "otel_context", "source")
+
+    def __init__(
+        self,
+        job: Job,
+        *,
+        attempt: int,
+        max_attempts: int,
+        headers: Mapping[str, bytes],
+        source: tuple[str, int, int],
+        otel_context: Any = None,
+    ) -> None:
+        self.job = job
+        self.attempt = attempt
+        self.max_attempts = max_attempts
+        self.headers = headers
+        #: (topic, partition, offset) of the record this attempt was read from
+        self.source = source
+        #: the OpenTelemetry context of this run's span (``None`` when tracing is off)
+        self.otel_context = otel_context
+        self._logger: logging.LoggerAdapter[logging.Logger] | None = None
+
+    @property
+    def job_id(self) -> str:
+        return self.job.job_id
+
+    @property
+    def idempotency_key(self) -> str:
+        return self.job.idempotency_key
+
+    @property
+    def task(self) -> str:
+        return self.job.task
+
+    @property
+    def queue(self) -> str:
+        return self.job.queue
+
+    @property
+    def due_ms(self) -> int:
+        """When the job was due (UTC epoch ms); a retry keeps the job's first due time."""
+        return self.job.due_ms
+
+    @property
+    def is_last_attempt(self) -> bool:
+        return self.attempt >= self.max_attempts
+
+    @property
+    def traceparent(self) -> str | None:
+        """The W3C ``traceparent`` the job carries (``None`` when it has none)."""
+        raw = self.headers.get(hdr.TRACEPARENT)
+        if raw is not None:
+            return raw.decode("ascii", "replace")
+        return self.job.trace.get(hdr.TRACEPARENT)
+
+    @property
+    def trace_id(self) -> str | None:
+        tp = self.traceparent
+        parts = tp.split("-") if tp else []
+        return parts[1] if len(parts) >= 4 else None
+
+    @property
+    def logger(self) -> logging.LoggerAdapter[logging.Logger]:
+        """A logger whose records carry job_id, queue, task, attempt and trace_id."""
+        if self._logger is None:
+            self._logger = _JobLogger(
+                logging.getLogger(_LOGGER),
+                {
+                    "job_id": self.job_id,
+                    "queue": self.queue,
+                    "task": self.task,
+                    "attempt": self.attempt,
+                    "trace_id": self.trace_id,
+                },
+            )
+        return self._logger
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # For process isolation: the child gets the job, not the logger or span.
+        return (
+            _rebuild,
+            (self.job, self.attempt, self.max_attempts, dict(self.headers), self.source),
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"TaskContext(job_id={self.job_id!r}, task={self.task!r}, "
+            f"attempt={self.attempt}/{self.max_attempts})"
+        )
+
+
+def _rebuild(
+    job: Job,
+    attempt: int,
+    max_attempts: int,
+    headers: dict[str, bytes],
+    source: tuple[str, int, int],
+) -> TaskContext:
+    return TaskContext(
+        job, attempt=attempt, max_attempts=max_attempts, headers=headers, source=source
+    )
+
+
+class _JobLogger(logging.LoggerAdapter[logging.Logger]):
+    """Adds the job's fields to every record, keeping the call's own ``extra``."""
+
+    def process(
+        self, msg: Any, kwargs: MutableMapping[str, Any]
+    ) -> tuple[Any, MutableMapping[str, Any]]:
+        kwargs["extra"] = {**(self.extra or {}), **(kwargs.get("extra") or {})}
+        return msg, kwargs

@@ -1,0 +1,58 @@
+"""Which offset of a partition may be committed (pure).
+
+Jobs of one partition finish out of order (a slow job next to fast ones).
+The committed offset is the next record a new owner reads, so it must never
+pass a record that has not finished: it is the lowest unfinished offset, or
+one past the last record seen when everything seen has finished.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+
+class OffsetTracker:
+    """Offsets seen and finished in one partition, in delivery order.
+
+    ``start`` is the offset the partition is read from (its committed offset);
+    offsets are added in increasing order, as Kafka delivers them.
+    """
+
+    __slots__ = ("_done", "_next", "_open")
+
+    def __init__(self, start: int | None = None) -> None:
+        self._open: deque[int] = deque()
+        self._done: set[int] = set()
+        self._next = start
+
+    def add(self, offset: int) -> None:
+        """A record at ``offset`` was delivered and is now unfinished."""
+        if self._next is not None and offset < self._next:
+            raise ValueError(f"offset {offset} delivered after {self._next - 1}")
+        self._open.append(offset)
+        self._next = offset + 1
+
+    def finish(self, offset: int) -> None:
+        """The record at ``offset`` finished (its outcome is in a commit batch)."""
+        opened = self._open
+        if opened and opened[0] == offset:
+            opened.popleft()
+            done = self._done
+            while opened and opened[0] in done:
+                done.discard(opened.popleft())
+        else:
+            self._done.add(offset)
+
+    def committable(self) -> int | None:
+        """The offset to commit: the lowest unfinished, else one past the last seen.
+
+        ``None`` when nothing was seen and no start is known.
+        """
+        if self._open:
+            return self._open[0]
+        return self._next
+
+    @property
+    def unfinished(self) -> int:
+        """How many records are delivered and not finished."""
+        return len(self._open) - len(self._done)

@@ -1,0 +1,401 @@
+"""Hand-written Avro binary for the records a worker handles per job.
+
+A worker decodes one Job and encodes one Outcome and one IdempotencyRecord
+per job: with fastavro that is ~20 us of a ~30 us budget per job. These
+functions do the same for version 1 of those schemas in a few
+microseconds, byte for byte what fastavro writes (the unit tests compare
+them on generated records). Any other schema version goes through
+:mod:`dueflow.schemas.codec`, which resolves versions.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from dueflow.errors import UndecodableRecord
+from dueflow.model import Backoff, BackoffKind, Job
+from dueflow.schemas import codec
+
+JOB_V1 = b"dueflow.Job/1"
+OUTCOME_V1 = b"dueflow.Outcome/1"
+IDEMPOTENCY_V1 = b"dueflow.IdempotencyRecord/1"
+
+_BACKOFF_KINDS = (BackoffKind.EXPONENTIAL, BackoffKind.FIXED, BackoffKind.NONE)
+JOB_STATES = (
+    "scheduled",
+    "fired",
+    "started",
+    "succeeded",
+    "retrying",
+    "dead",
+    "cancelled",
+    "duplicate",
+    "unknown",
+)
+_JOB_STATE_INDEX = {s: i for i, s in enumerate(JOB_STATES)}
+KEY_STATES = ("done", "dead", "cancelled")
+_KEY_STATE_INDEX = {s: i for i, s in enumerate(KEY_STATES)}
+_DOUBLE = struct.Struct("<d")
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    """A zigzag varint (Avro int or long) at ``pos``: ``(value, next position)``."""
+    b = data[pos]
+    pos += 1
+    if b < 0x80:
+        return (b >> 1) ^ -(b & 1), pos
+    n = b & 0x7F
+    shift = 7
+    while True:
+        b = data[pos]
+        pos += 1
+        n |= (b & 0x7F) << shift
+        if b < 0x80:
+            return (n >> 1) ^ -(n & 1), pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
+
+
+def _bytes(data: bytes, pos: int) -> tuple[bytes, int]:
+    size, pos = _varint(data, pos)
+    end = pos + size
+    if size < 0 or end > len(data):
+        raise ValueError("bytes run past the end")
+    return data[pos:end], end
+
+
+def _str(data: bytes, pos: int) -> tuple[str, int]:
+    size, pos = _varint(data, pos)
+    end = pos + size
+    if size < 0 or end > len(data):
+        raise ValueError("string runs past the end")
+    return data[pos:end].decode(), end
+
+
+def _opt_index(data: bytes, pos: int) -> tuple[bool, int]:
+    branch, pos = _varint(data, pos)
+    if branch not in (0, 1):
+        raise ValueError(f"union branch {branch}")
+    return branch == 1, pos
+
+
+def _str_map(data: bytes, pos: int) -> tuple[dict[str, str], int]:
+    out: dict[str, str] = {}
+    while True:
+        count, pos = _varint(data, pos)
+        if count == 0:
+            return out, pos
+        if count < 0:
+            count = -count
+            _size, pos = _varint(data, pos)
+        for _ in range(count):
+            key, pos = _str(data, pos)
+            out[key], pos = _str(data, pos)
+
+
+# Positions of the fields in the tuple of :func:`decode_job_fields` (``Job`` order).
+(
+    F_JOB_ID,
+    F_QUEUE,
+    F_TASK,
+    F_PAYLOAD,
+    F_DUE_MS,
+    F_KEY,
+    F_CREATED_MS,
+    F_CONTENT_TYPE,
+    F_MAX_ATTEMPTS,
+    F_BACKOFF,
+    F_TIMEOUT_MS,
+    F_JITTER_MS,
+    F_TRACE,
+    F_SCHEDULE_ID,
+    F_SCHEDULE_VERSION,
+    F_CONTENT_HASH,
+    F_LABELS,
+) = range(17)
+
+JobFields = tuple[Any, ...]  # the 17 fields of a Job, in dataclass order
+
+
+def decode_job(data: bytes, schema: bytes | None = None) -> Job:
+    """A :class:`Job` from its Avro value; ``schema`` is the ``df-schema`` header.
+
+    Raises :class:`UndecodableRecord` when the bytes are not a Job.
+    """
+    return Job(*decode_job_fields(data, schema))
+
+
+def decode_job_fields(data: bytes, schema: bytes | None = None) -> JobFields:
+    """The fields of a Job value as a tuple in :class:`Job` order (``Job(*fields)``).
+
+    The worker's hot path keeps the tuple and builds a ``Job`` only when a
+    handler asks for it. Raises :class:`UndecodableRecord` on bad bytes.
+    """
+    if schema is not None and schema != JOB_V1:
+        version = codec.parse_schema_header(schema, expected="job")
+        job = Job.from_record(codec.decode("job", data, writer_version=version))
+        return tuple(getattr(job, f) for f in Job.__slots__)
+    try:
+        fields = _job_v1(data)
+    except (IndexError, ValueError, UnicodeDecodeError, struct.error) as exc:
+        raise UndecodableRecord(
+            f"value is not a valid dueflow.Job record ({type(exc).__name__}: {exc})", cause=exc
+        ) from exc
+    return fields
+
+
+def _job_v1(data: bytes) -> JobFields:
+    # Strings shorter than 64 bytes have a one-byte length: read those inline.
+    n = data[0]
+    if n < 0x80 and not n & 1:
+        pos = 1 + (n >> 1)
+        job_id = data[1:pos].decode()
+    else:
+        job_id, pos = _str(data, 0)
+    n = data[pos]
+    if n < 0x80 and not n & 1:
+        end = pos + 1 + (n >> 1)
+        queue = data[pos + 1 : end].decode()
+        pos = end
+    else:
+        queue, pos = _str(data, pos)
+    n = data[pos]
+    if n < 0x80 and not n & 1:
+        end = pos + 1 + (n >> 1)
+        task = data[pos + 1 : end].decode()
+        pos = end
+    else:
+        task, pos = _str(data, pos)
+    payload, pos = _bytes(data, pos)
+    n = data[pos]
+    if n < 0x80 and not n & 1:
+        end = pos + 1 + (n >> 1)
+        content_type = data[pos + 1 : end].decode()
+        pos = end
+    else:
+        content_type, pos = _str(data, pos)
+    due_ms, pos = _varint(data, pos)
+    n = data[pos]
+    if n < 0x80 and not n & 1:
+        end = pos + 1 + (n >> 1)
+        key = data[pos + 1 : end].decode()
+        pos = end
+    else:
+        key, pos = _str(data, pos)
+    n = data[pos]
+    if n < 0x80:
+        max_attempts = (n >> 1) ^ -(n & 1)
+        pos += 1
+    else:
+        max_attempts, pos = _varint(data, pos)
+    backoff = None
+    n = data[pos]
+    pos += 1
+    if n == 2:
+        kind, pos = _varint(data, pos)
+        base_ms, pos = _varint(data, pos)
+        max_ms, pos = _varint(data, pos)
+        (multiplier,) = _DOUBLE.unpack_from(data, pos)
+        jitter = data[pos + 8]
+        pos += 9
+        if jitter > 1 or kind < 0:
+            raise ValueError("bad backoff")
+        backoff = Backoff(_BACKOFF_KINDS[kind], base_ms, max_ms, multiplier, jitter == 1)
+    elif n:
+        raise ValueError(f"union branch of backoff {n}")
+    timeout_ms = None
+    n = data[pos]
+    pos += 1
+    if n == 2:
+        timeout_ms, pos = _varint(data, pos)
+    elif n:
+        raise ValueError(f"union branch of timeout_ms {n}")
+    n = data[pos]
+    if n < 0x80:
+        jitter_ms = (n >> 1) ^ -(n & 1)
+        pos += 1
+    else:
+        jitter_ms, pos = _varint(data, pos)
+    created_ms, pos = _varint(data, pos)
+    if data[pos] == 0:
+        trace: dict[str, str] = {}
+        pos += 1
+    else:
+        trace, pos = _str_map(data, pos)
+    schedule_id = schedule_version = content_hash = None
+    n = data[pos]
+    pos += 1
+    if n == 2:
+        schedule_id, pos = _str(data, pos)
+    elif n:
+        raise ValueError(f"union branch of schedule_id {n}")
+    n = data[pos]
+    pos += 1
+    if n == 2:
+        schedule_version, pos = _varint(data, pos)
+    elif n:
+        raise ValueError(f"union branch of schedule_version {n}")
+    n = data[pos]
+    pos += 1
+    if n == 2:
+        content_hash, pos = _str(data, pos)
+    elif n:
+        raise ValueError(f"union branch of content_hash {n}")
+    if data[pos] == 0:
+        labels: dict[str, str] = {}
+        pos += 1
+    else:
+        labels, pos = _str_map(data, pos)
+    if pos != len(data):
+        raise ValueError(f"{len(data) - pos} trailing bytes")
+    return (
+        job_id,
+        queue,
+        task,
+        payload,
+        due_ms,
+        key,
+        created_ms,
+        content_type,
+        max_attempts,
+        backoff,
+        timeout_ms,
+        jitter_ms,
+        trace,
+        schedule_id,
+        schedule_version,
+        content_hash,
+        labels,
+    )
+
+
+def decode_key_state(data: bytes, schema: bytes | None = None) -> tuple[str, int]:
+    """``(state, at_ms)`` of an IdempotencyRecord value (state: done, dead, cancelled)."""
+    if schema is not None and schema != IDEMPOTENCY_V1:
+        version = codec.parse_schema_header(schema, expected="idempotency")
+        rec = codec.decode("idempotency", data, writer_version=version)
+        return str(rec["state"]), int(rec["at_ms"])
+    try:
+        _key, pos = _bytes(data, 0)
+        _job, pos = _bytes(data, pos)
+        state, pos = _varint(data, pos)
+        at_ms, pos = _varint(data, pos)
+        _attempts, pos = _varint(data, pos)
+        present, pos = _opt_index(data, pos)
+        if present:
+            _hash, pos = _bytes(data, pos)
+        name = KEY_STATES[state]
+    except (IndexError, ValueError) as exc:
+        raise UndecodableRecord(
+            f"value is not a valid dueflow.IdempotencyRecord ({type(exc).__name__}: {exc})",
+            cause=exc,
+        ) from exc
+    if pos != len(data):
+        raise UndecodableRecord("value is not a valid dueflow.IdempotencyRecord: trailing bytes")
+    return name, at_ms
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+def _zigzag(n: int) -> bytes:
+    z = n << 1 if n >= 0 else ((-n) << 1) - 1
+    if z < 0x80:
+        return bytes((z,))
+    out = bytearray()
+    while z >= 0x80:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+_SMALL = [_zigzag(i) for i in range(64)]
+_STRINGS: dict[str, bytes] = {}
+
+
+def _s(text: str) -> bytes:
+    """Length-prefixed UTF-8, cached for the short strings that repeat (queue, task)."""
+    cached = _STRINGS.get(text)
+    if cached is not None:
+        return cached
+    raw = text.encode()
+    out = _zigzag(len(raw)) + raw
+    if len(text) <= 64:
+        if len(_STRINGS) > 10_000:
+            _STRINGS.clear()
+        _STRINGS[text] = out
+    return out
+
+
+def _l(n: int) -> bytes:
+    return _SMALL[n] if 0 <= n < 64 else _zigzag(n)
+
+
+def _opt_s(text: str | None) -> bytes:
+    return b"\x00" if text is None else b"\x02" + _s(text)
+
+
+def encode_outcome(
+    *,
+    job_id: str,
+    queue: str,
+    task: str,
+    idempotency_key: str,
+    state: str,
+    attempt: int,
+    at_ms: int,
+    due_ms: int | None = None,
+    duration_ms: float | None = None,
+    error_type: str | None = None,
+    error: str | None = None,
+    worker: str | None = None,
+    trace_id: str | None = None,
+    schedule_id: str | None = None,
+) -> bytes:
+    """Avro binary of an Outcome (version 1)."""
+    return b"".join(
+        (
+            _s(job_id),
+            _s(queue),
+            _s(task),
+            _s(idempotency_key),
+            _SMALL[_JOB_STATE_INDEX[state]],
+            _l(attempt),
+            _zigzag(at_ms),
+            b"\x00" if due_ms is None else b"\x02" + _zigzag(due_ms),
+            b"\x00" if duration_ms is None else b"\x02" + _DOUBLE.pack(duration_ms),
+            _opt_s(error_type),
+            _opt_s(error),
+            _opt_s(worker),
+            _opt_s(trace_id),
+            _opt_s(schedule_id),
+        )
+    )
+
+
+def encode_key_state(
+    *,
+    idempotency_key: str,
+    job_id: str,
+    state: str,
+    at_ms: int,
+    attempts: int = 0,
+    content_hash: str | None = None,
+) -> bytes:
+    """Avro binary of an IdempotencyRecord (version 1)."""
+    return b"".join(
+        (
+            _s(idempotency_key),
+            _s(job_id),
+            _SMALL[_KEY_STATE_INDEX[state]],
+            _zigzag(at_ms),
+            _l(attempts),
+            _opt_s(content_hash),
+        )
+    )

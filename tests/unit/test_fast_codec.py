@@ -1,0 +1,136 @@
+"""The hand-written Avro codecs agree byte for byte with fastavro."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dueflow.errors import UndecodableRecord
+from dueflow.model import Backoff, BackoffKind, Job
+from dueflow.schemas import codec, fast
+
+texts = st.text(max_size=40)
+longs = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+ints = st.integers(min_value=-(2**31), max_value=2**31 - 1)
+doubles = st.floats(allow_nan=False)
+str_maps = st.dictionaries(texts, texts, max_size=4)
+
+backoffs = st.builds(
+    Backoff,
+    kind=st.sampled_from(list(BackoffKind)),
+    base_ms=longs,
+    max_ms=longs,
+    multiplier=doubles,
+    jitter=st.booleans(),
+)
+jobs = st.builds(
+    Job,
+    job_id=texts,
+    queue=texts,
+    task=texts,
+    payload=st.binary(max_size=100),
+    due_ms=longs,
+    idempotency_key=texts,
+    created_ms=longs,
+    content_type=texts,
+    max_attempts=ints,
+    backoff=st.none() | backoffs,
+    timeout_ms=st.none() | longs,
+    jitter_ms=longs,
+    trace=str_maps,
+    schedule_id=st.none() | texts,
+    schedule_version=st.none() | longs,
+    content_hash=st.none() | texts,
+    labels=str_maps,
+)
+
+
+@given(jobs)
+@settings(max_examples=300)
+def test_decode_job_matches_fastavro(job: Job) -> None:
+    data = codec.encode("job", job.to_record())
+    assert fast.decode_job(data) == Job.from_record(codec.decode("job", data))
+    assert fast.decode_job(data, fast.JOB_V1) == job
+
+
+@given(jobs, st.integers(min_value=0, max_value=50))
+def test_truncated_job_is_undecodable(job: Job, cut: int) -> None:
+    data = codec.encode("job", job.to_record())
+    with pytest.raises(UndecodableRecord):
+        fast.decode_job(data[: max(0, len(data) - 1 - cut)])
+
+
+def test_garbage_and_trailing_bytes_are_undecodable() -> None:
+    job = Job("j", "q", "t", b"{}", 1, "k", 2)
+    data = codec.encode("job", job.to_record())
+    for bad in (b"", b"\xff\xff\xff", b"not avro at all", data + b"\x00"):
+        with pytest.raises(UndecodableRecord):
+            fast.decode_job(bad)
+
+
+def test_blocked_maps_with_byte_sizes_decode() -> None:
+    # Writers may send map blocks with a negative count followed by a byte size.
+    job = Job("j", "q", "t", b"{}", 1, "k", 2)
+    plain = codec.encode("job", job.to_record())
+    # trace map is empty (0x00) just before schedule_id; labels is the last byte.
+    entry = fast._s("a") + fast._s("b")
+    blocked = plain[:-1] + fast._zigzag(-1) + fast._zigzag(len(entry)) + entry + b"\x00"
+    assert fast.decode_job(blocked).labels == {"a": "b"}
+
+
+outcomes = st.fixed_dictionaries(
+    {
+        "job_id": texts,
+        "queue": texts,
+        "task": texts,
+        "idempotency_key": texts,
+        "state": st.sampled_from(fast.JOB_STATES),
+        "attempt": ints,
+        "at_ms": longs,
+        "due_ms": st.none() | longs,
+        "duration_ms": st.none() | doubles,
+        "error_type": st.none() | texts,
+        "error": st.none() | texts,
+        "worker": st.none() | texts,
+        "trace_id": st.none() | texts,
+        "schedule_id": st.none() | texts,
+    }
+)
+
+
+@given(outcomes)
+@settings(max_examples=300)
+def test_encode_outcome_is_byte_identical(rec: dict[str, Any]) -> None:
+    assert fast.encode_outcome(**rec) == codec.encode("outcome", rec)
+
+
+key_records = st.fixed_dictionaries(
+    {
+        "idempotency_key": texts,
+        "job_id": texts,
+        "state": st.sampled_from(fast.KEY_STATES),
+        "at_ms": longs,
+        "attempts": ints,
+        "content_hash": st.none() | texts,
+    }
+)
+
+
+@given(key_records)
+@settings(max_examples=300)
+def test_key_state_round_trip_is_byte_identical(rec: dict[str, Any]) -> None:
+    data = fast.encode_key_state(**rec)
+    assert data == codec.encode("idempotency", rec)
+    assert fast.decode_key_state(data) == (rec["state"], rec["at_ms"])
+    assert fast.decode_key_state(data, fast.IDEMPOTENCY_V1) == (rec["state"], rec["at_ms"])
+
+
+def test_key_state_rejects_bad_enum() -> None:
+    rec = {"idempotency_key": "k", "job_id": "j", "state": "done", "at_ms": 5}
+    data = bytearray(fast.encode_key_state(**rec))  # type: ignore[arg-type]
+    data[4] = 0x08  # state index 4 does not exist
+    with pytest.raises(UndecodableRecord):
+        fast.decode_key_state(bytes(data))
