@@ -8,6 +8,15 @@ from typing import Any
 
 from dueflow import headers as hdr
 from dueflow.model import Job
+from dueflow.schemas.fast import (
+    F_DUE_MS,
+    F_JOB_ID,
+    F_KEY,
+    F_QUEUE,
+    F_TASK,
+    F_TRACE,
+    JobFields,
+)
 
 _LOGGER = "dueflow.task"
 
@@ -21,11 +30,20 @@ class TaskContext:
     already made is recognised when the job runs again.
     """
 
-    __slots__ = ("_logger", "attempt", "headers", "job", "max_attempts", "otel_context", "source")
+    __slots__ = (
+        "_fields",
+        "_job",
+        "_logger",
+        "attempt",
+        "headers",
+        "max_attempts",
+        "otel_context",
+        "source",
+    )
 
     def __init__(
         self,
-        job: Job,
+        fields: JobFields,
         *,
         attempt: int,
         max_attempts: int,
@@ -33,7 +51,10 @@ class TaskContext:
         source: tuple[str, int, int],
         otel_context: Any = None,
     ) -> None:
-        self.job = job
+        # ``fields``: the Job's fields in dataclass order (see schemas.fast);
+        # the Job object itself is built only if the handler asks for it.
+        self._fields = fields
+        self._job: Job | None = None
         self.attempt = attempt
         self.max_attempts = max_attempts
         self.headers = headers
@@ -44,25 +65,32 @@ class TaskContext:
         self._logger: logging.LoggerAdapter[logging.Logger] | None = None
 
     @property
+    def job(self) -> Job:
+        """The whole job record."""
+        if self._job is None:
+            self._job = Job(*self._fields)
+        return self._job
+
+    @property
     def job_id(self) -> str:
-        return self.job.job_id
+        return str(self._fields[F_JOB_ID])
 
     @property
     def idempotency_key(self) -> str:
-        return self.job.idempotency_key
+        return str(self._fields[F_KEY])
 
     @property
     def task(self) -> str:
-        return self.job.task
+        return str(self._fields[F_TASK])
 
     @property
     def queue(self) -> str:
-        return self.job.queue
+        return str(self._fields[F_QUEUE])
 
     @property
     def due_ms(self) -> int:
         """When the job was due (UTC epoch ms); a retry keeps the job's first due time."""
-        return self.job.due_ms
+        return int(self._fields[F_DUE_MS])
 
     @property
     def is_last_attempt(self) -> bool:
@@ -74,7 +102,8 @@ class TaskContext:
         raw = self.headers.get(hdr.TRACEPARENT)
         if raw is not None:
             return raw.decode("ascii", "replace")
-        return self.job.trace.get(hdr.TRACEPARENT)
+        trace: Mapping[str, str] = self._fields[F_TRACE]
+        return trace.get(hdr.TRACEPARENT)
 
     @property
     def trace_id(self) -> str | None:
@@ -102,7 +131,7 @@ class TaskContext:
         # For process isolation: the child gets the job, not the logger or span.
         return (
             _rebuild,
-            (self.job, self.attempt, self.max_attempts, dict(self.headers), self.source),
+            (self._fields, self.attempt, self.max_attempts, dict(self.headers), self.source),
         )
 
     def __repr__(self) -> str:
@@ -113,14 +142,14 @@ class TaskContext:
 
 
 def _rebuild(
-    job: Job,
+    fields: JobFields,
     attempt: int,
     max_attempts: int,
     headers: dict[str, bytes],
     source: tuple[str, int, int],
 ) -> TaskContext:
     return TaskContext(
-        job, attempt=attempt, max_attempts=max_attempts, headers=headers, source=source
+        fields, attempt=attempt, max_attempts=max_attempts, headers=headers, source=source
     )
 
 

@@ -59,6 +59,10 @@ class TokenBucket:
             return 1.0
         return (1.0 - self._tokens) / self._rate
 
+    def refund(self) -> None:
+        """Give back a token taken for a job that could not start after all."""
+        self._tokens = min(self._capacity, self._tokens + 1.0)
+
     def _refill(self, now: float) -> None:
         elapsed = now - self._last
         if elapsed > 0:
@@ -68,3 +72,38 @@ class TokenBucket:
 
 def _capacity(rate: float) -> float:
     return max(1.0, rate * BURST_S)
+
+
+class QueueRates:
+    """The buckets of one queue: the queue's limit and each task's, by partition share."""
+
+    def __init__(self, queue_rate: float | None, *, partitions: int, now: float) -> None:
+        self._queue_rate = queue_rate
+        self._partitions = partitions
+        self._owned = 0
+        self.queue: TokenBucket | None = (
+            TokenBucket(0.0, now=now) if queue_rate is not None else None
+        )
+        self._tasks: dict[str, tuple[float, TokenBucket]] = {}
+
+    @property
+    def limited(self) -> bool:
+        return self.queue is not None or bool(self._tasks)
+
+    def set_owned(self, owned: int, *, now: float) -> None:
+        """This member owns ``owned`` partitions now: rescale every bucket."""
+        self._owned = owned
+        if self.queue is not None and self._queue_rate is not None:
+            self.queue.set_rate(self._share(self._queue_rate), now=now)
+        for rate, bucket in self._tasks.values():
+            bucket.set_rate(self._share(rate), now=now)
+
+    def task(self, name: str, rate: float, *, now: float) -> TokenBucket:
+        """The bucket of task ``name`` (created on first use)."""
+        entry = self._tasks.get(name)
+        if entry is None:
+            entry = self._tasks[name] = (rate, TokenBucket(self._share(rate), now=now))
+        return entry[1]
+
+    def _share(self, rate: float) -> float:
+        return share_of(rate, owned=self._owned, total=self._partitions)

@@ -45,9 +45,12 @@ class KeyStore(Protocol):
         """The key's final state (:data:`DONE`, :data:`DEAD`, :data:`CANCELLED`), if any."""
         ...
 
-    def apply(self, records: Iterable[tuple[bytes, int | None, int]], next_offset: int) -> None:
+    def apply(
+        self, records: Iterable[tuple[bytes, int | None, int]], next_offset: int | None
+    ) -> None:
         """Apply ``(key, state, at_ms)`` records (state ``None`` deletes), then remember
-        that the topic is applied up to ``next_offset``."""
+        that the topic is applied up to ``next_offset`` (``None``: the records are the
+        worker's own, committed but not read back from the topic yet)."""
         ...
 
     def expire(self, now_ms: int) -> int:
@@ -78,7 +81,9 @@ class MemoryKeyStore:
         packed = self._keys.get(key)
         return None if packed is None else packed & 3
 
-    def apply(self, records: Iterable[tuple[bytes, int | None, int]], next_offset: int) -> None:
+    def apply(
+        self, records: Iterable[tuple[bytes, int | None, int]], next_offset: int | None
+    ) -> None:
         keys, order = self._keys, self._order
         for key, state, at_ms in records:
             if state is None:
@@ -86,7 +91,7 @@ class MemoryKeyStore:
             else:
                 keys[key] = at_ms * 4 + state
                 order.append((at_ms, key))
-        if self.next_offset is None or next_offset > self.next_offset:
+        if next_offset is not None and (self.next_offset is None or next_offset > self.next_offset):
             self.next_offset = next_offset
 
     def expire(self, now_ms: int) -> int:
@@ -151,7 +156,9 @@ class SqliteKeyStore:
         row = self._db.execute("SELECT state FROM keys WHERE key = ?", (key,)).fetchone()
         return None if row is None else int(row[0])
 
-    def apply(self, records: Iterable[tuple[bytes, int | None, int]], next_offset: int) -> None:
+    def apply(
+        self, records: Iterable[tuple[bytes, int | None, int]], next_offset: int | None
+    ) -> None:
         puts: list[tuple[bytes, int, int]] = []
         deletes: list[tuple[bytes]] = []
         for key, state, at_ms in records:
@@ -166,7 +173,9 @@ class SqliteKeyStore:
                 db.executemany("DELETE FROM keys WHERE key = ?", deletes)
             if puts:
                 db.executemany("INSERT OR REPLACE INTO keys VALUES (?, ?, ?)", puts)
-            if self.next_offset is None or next_offset > self.next_offset:
+            if next_offset is not None and (
+                self.next_offset is None or next_offset > self.next_offset
+            ):
                 self.next_offset = next_offset
                 db.execute(
                     "INSERT OR REPLACE INTO meta VALUES ('next_offset', ?)", (self.next_offset,)

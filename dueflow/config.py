@@ -61,7 +61,17 @@ class EmitterSettings:
 
 @dataclass(frozen=True, slots=True)
 class WorkerSettings:
-    """Worker processes."""
+    """Worker processes.
+
+    ``shutdown_grace_s``: drain time on SIGTERM (in-flight jobs may finish).
+    ``rebalance_grace_s``: how long a revoked partition's in-flight jobs may
+    finish before they are abandoned (and redelivered to the new owner).
+    ``transaction_timeout_ms``: after a kill -9, the new owner of the dead
+    member's partitions may wait this long for its open transaction to be
+    aborted by the broker. ``store``: ``memory`` or ``disk`` (SQLite files in
+    ``store_dir``) for idempotency keys. ``isolated_processes``: child
+    processes per worker process for ``isolation="process"`` tasks.
+    """
 
     concurrency: int = 64
     processes: int = 1
@@ -70,6 +80,14 @@ class WorkerSettings:
     default_timeout_s: float = 300.0
     default_max_attempts: int = 4
     commit_interval_ms: int = 100
+    commit_max_jobs: int = 20_000
+    rebalance_grace_s: float = 5.0
+    transaction_timeout_ms: int = 10_000
+    fetch_batch: int = 2_000
+    store: Literal["memory", "disk"] = "memory"
+    store_dir: str = ".dueflow/keys"
+    isolated_processes: int = 2
+    max_orphaned_threads: int = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,8 +183,25 @@ class Settings:
             raise ConfigError(
                 "emitter.catchup_max_rate_per_s", self.emitter.catchup_max_rate_per_s, "> 0"
             )
-        for name in ("concurrency", "processes", "session_timeout_ms", "default_max_attempts"):
+        for name in (
+            "concurrency",
+            "processes",
+            "session_timeout_ms",
+            "default_max_attempts",
+            "commit_interval_ms",
+            "commit_max_jobs",
+            "transaction_timeout_ms",
+            "fetch_batch",
+            "isolated_processes",
+            "max_orphaned_threads",
+        ):
             _positive(f"worker.{name}", getattr(self.worker, name))
+        for name in ("shutdown_grace_s", "rebalance_grace_s", "default_timeout_s"):
+            value = getattr(self.worker, name)
+            if not value >= 0:
+                raise ConfigError(f"worker.{name}", value, "seconds >= 0")
+        if self.worker.store not in ("memory", "disk"):
+            raise ConfigError("worker.store", self.worker.store, "'memory' or 'disk'")
         if self.observability.log_format not in ("json", "text"):
             raise ConfigError(
                 "observability.log_format", self.observability.log_format, "'json' or 'text'"

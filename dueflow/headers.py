@@ -29,6 +29,27 @@ partitioner). Exec, retry and DLQ records add:
 ``df-fired``  emitter fire time (ms);  ``df-attempt``  1-based attempt number;
 ``df-first-failure`` / ``df-last-failure`` (ms);  ``df-error`` short reason;
 ``df-src`` ``topic:partition:offset`` of the timer record that fired it.
+
+Retry records (``<prefix>.retry.<queue>.<tier>``) are the failed record's
+value bytes, unchanged, with the failed record's headers and these set by
+the worker:
+
+=======================  ======================================================
+header                   meaning
+=======================  ======================================================
+``df-attempt``           the attempt this record runs as (2 for the first retry)
+``df-due``               not before: UTC epoch ms at or after which the retry
+                         runs (a worker never runs a record before its df-due)
+``df-first-failure``     UTC epoch ms of the job's first failed attempt
+``df-last-failure``      UTC epoch ms of the failure that made this retry
+``df-error``             ``<exception type>: <message>`` of that failure
+                         (at most 200 characters)
+``df-origin``            ``topic:partition:offset`` of the exec record the job
+                         first ran from (reported in the DLQ record)
+=======================  ======================================================
+
+Exec records without ``df-attempt`` run as attempt 1. A worker writes its
+records with an explicit partition: the partition the job was read from.
 """
 
 from __future__ import annotations
@@ -52,6 +73,7 @@ FIRST_FAILURE = "df-first-failure"
 LAST_FAILURE = "df-last-failure"
 ERROR = "df-error"
 SOURCE = "df-src"
+ORIGIN = "df-origin"
 REDRIVEN_BY = "df-redriven-by"
 REDRIVEN_AT = "df-redriven-at"
 

@@ -178,6 +178,24 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        self.job_timeouts = Counter(
+            "dueflow_job_timeouts_total",
+            "Attempts failed because the handler overran its timeout",
+            ["queue", "task"],
+            registry=r,
+        )
+        self.orphaned_threads = Gauge(
+            "dueflow_worker_orphaned_threads",
+            "Handler threads still running a job that timed out (they cannot be killed)",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.worker_transactions = Counter(
+            "dueflow_worker_transactions_total",
+            "Worker commit transactions by result",
+            ["queue", "result"],
+            registry=r,
+        )
         self.rate_limited = Counter(
             "dueflow_rate_limit_waits_total",
             "Times a worker paused partitions for a rate limit",

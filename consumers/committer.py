@@ -1,0 +1,171 @@
+"""One Kafka transaction per commit batch (blocking; runs on its own thread).
+
+A batch holds everything that finished since the last one: idempotency
+records, outcome events, retry and DLQ records, and the consumer offsets up
+to the lowest unfinished offset of each partition. It commits as one
+transaction, with the offsets bound to the consumer group's generation
+(``send_offsets_to_transaction`` with the consumer's group metadata,
+KIP-447), so a member that lost its partitions cannot commit for them.
+
+A retriable commit error is retried; an abortable one aborts and replays
+the same batch a few times (it is still this member's work while it owns
+the partitions); anything else raises :class:`CommitFailed` and the caller
+starts over from the committed offsets.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+
+from dueflow.clients import make_transactional_producer
+from dueflow.config import Settings
+from dueflow.logs import event
+
+# (tag, topic, partition or -1 for the partitioner, key, value, headers); the tag
+# is the caller's (the partition feed the record belongs to), ignored here.
+OutRecord = tuple[Any, ...]
+
+_REPLAYS = 3
+_LOG = logging.getLogger("dueflow.worker.commit")
+
+
+class CommitFailed(Exception):
+    """The batch could not be committed; nothing of it is visible."""
+
+    def __init__(self, message: str, *, fatal: bool, cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.fatal = fatal
+        self.cause = cause
+
+
+@dataclass(slots=True)
+class Batch:
+    records: list[OutRecord] = field(default_factory=list)
+    offsets: list[TopicPartition] = field(default_factory=list)
+
+
+class TransactionalCommitter:
+    """A transactional producer that commits :class:`Batch` es for one consumer."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        transactional_id: str,
+        group_metadata: Callable[[], Any],
+        *,
+        queue: str,
+    ) -> None:
+        self._settings = settings
+        self._txn_id = transactional_id
+        self._group_metadata = group_metadata
+        self._queue = queue
+        self._timeout_s = max(5.0, settings.worker.transaction_timeout_ms / 1000)
+        self._producer: Producer | None = None
+
+    def start(self) -> None:
+        """Create the producer and register the transactional id (blocking)."""
+        self._producer = make_transactional_producer(
+            self._settings,
+            self._txn_id,
+            **{
+                "transaction.timeout.ms": self._settings.worker.transaction_timeout_ms,
+                "linger.ms": 2,
+            },
+        )
+        self._producer.init_transactions(self._timeout_s * 3)
+
+    def commit(self, batch: Batch) -> None:
+        """Commit ``batch`` in one transaction or raise :class:`CommitFailed`."""
+        for replay in range(_REPLAYS):
+            try:
+                self._commit_once(batch)
+                return
+            except KafkaException as exc:
+                err = _error_of(exc)
+                if err is not None and err.fatal():
+                    raise CommitFailed(
+                        f"fatal transaction error: {err}", fatal=True, cause=exc
+                    ) from exc
+                abortable = err is not None and err.txn_requires_abort()
+                event(
+                    _LOG,
+                    "transaction aborted",
+                    logging.WARNING,
+                    queue=self._queue,
+                    error=str(exc),
+                    replay=replay,
+                )
+                self._abort()
+                if not abortable or _fenced(err):
+                    raise CommitFailed(
+                        f"transaction failed: {exc}", fatal=False, cause=exc
+                    ) from exc
+                time.sleep(0.1 * (replay + 1))
+        raise CommitFailed("transaction failed after replays", fatal=False)
+
+    def _commit_once(self, batch: Batch) -> None:
+        producer = self._producer
+        assert producer is not None
+        producer.begin_transaction()
+        produce = producer.produce
+        for _tag, topic, partition, key, value, headers in batch.records:
+            while True:
+                try:
+                    produce(topic, value, key, partition=partition, headers=headers)
+                    break
+                except BufferError:
+                    producer.poll(0.01)
+        if batch.offsets:
+            producer.send_offsets_to_transaction(
+                batch.offsets, self._group_metadata(), self._timeout_s
+            )
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            try:
+                producer.commit_transaction(self._timeout_s)
+                return
+            except KafkaException as exc:
+                err = _error_of(exc)
+                if err is not None and err.retriable() and time.monotonic() < deadline:
+                    continue
+                raise
+
+    def _abort(self) -> None:
+        if self._producer is None:
+            return
+        try:
+            self._producer.abort_transaction(self._timeout_s)
+        except KafkaException as exc:
+            event(_LOG, "abort failed", logging.WARNING, queue=self._queue, error=str(exc))
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush(1.0)
+            self._producer = None
+
+
+def _error_of(exc: KafkaException) -> KafkaError | None:
+    if exc.args and isinstance(exc.args[0], KafkaError):
+        return exc.args[0]
+    return None
+
+
+def _fenced(err: KafkaError | None) -> bool:
+    """Errors that say this member no longer owns its partitions: replaying cannot help."""
+    if err is None:
+        return False
+    return err.code() in (
+        KafkaError.ILLEGAL_GENERATION,
+        KafkaError.UNKNOWN_MEMBER_ID,
+        KafkaError.FENCED_INSTANCE_ID,
+        KafkaError.REBALANCE_IN_PROGRESS,
+        KafkaError._FENCED,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+    )

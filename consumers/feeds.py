@@ -1,0 +1,218 @@
+"""Per-partition state of a queue's worker (records waiting, offsets, holds) and
+the decoding of a record when it reaches the head of its partition."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any
+
+import orjson
+from confluent_kafka import TopicPartition
+
+from dueflow import headers as hdr
+from dueflow.consumers.failures import Failure, permanent
+from dueflow.consumers.offsets import OffsetTracker
+from dueflow.consumers.registry import RegisteredTask, TaskRegistry
+from dueflow.consumers.store import KeyStore
+from dueflow.errors import UndecodableRecord
+from dueflow.schemas.fast import (
+    F_CONTENT_TYPE,
+    F_DUE_MS,
+    F_JOB_ID,
+    F_KEY,
+    F_PAYLOAD,
+    F_TASK,
+    F_TRACE,
+    decode_job_fields,
+)
+
+
+class Delivery:
+    """One record read from an exec or retry partition, on its way to an outcome."""
+
+    __slots__ = (
+        "attempt",
+        "bad",
+        "feed",
+        "fields",
+        "hmap",
+        "key",
+        "max_attempts",
+        "msg",
+        "not_before",
+        "offset",
+        "payload",
+        "span",
+        "task",
+    )
+
+    def __init__(self, feed: PartitionFeed, msg: Any, offset: int) -> None:
+        self.feed = feed
+        self.msg = msg
+        self.offset = offset
+        # Filled in by the runtime when the record reaches the head of its partition:
+        self.fields: tuple[Any, ...] | None = None
+        self.bad: tuple[str, Failure] | None = None  # (dead-letter reason, failure)
+        self.key = b""
+        self.hmap: dict[str, bytes] = {}
+        self.attempt = 1
+        self.max_attempts = 1
+        self.not_before = 0
+        self.task: RegisteredTask | None = None
+        self.payload: Any = None
+        self.span: Any = None
+
+
+class PartitionFeed:
+    """An assigned exec or retry-tier partition.
+
+    ``backlog`` holds delivered records not dispatched yet, in offset order;
+    ``tracker`` knows which delivered offsets have not finished. The feed is
+    dispatchable when its keys are loaded and it is not held (head record
+    not due, rate limit).
+    """
+
+    __slots__ = (
+        "backlog",
+        "committed",
+        "gone",
+        "held_until",
+        "in_ready",
+        "inflight",
+        "keys",
+        "loaded",
+        "loading",
+        "partition",
+        "paused",
+        "rate_held",
+        "revoked",
+        "tier_ms",
+        "timer",
+        "topic",
+        "tp",
+        "tracker",
+    )
+
+    def __init__(self, topic: str, partition: int, tier_ms: int | None, keys: KeyStore) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.tp = TopicPartition(topic, partition)
+        self.tier_ms = tier_ms  # None: the exec topic
+        self.keys = keys
+        self.backlog: deque[Delivery] = deque()
+        self.tracker = OffsetTracker()
+        self.committed: int | None = None  # last offset committed for this partition
+        self.inflight = 0
+        self.loading = False  # waiting for the key store to catch up
+        self.loaded = False
+        self.held_until = 0  # wall ms: the head record is not due before
+        self.rate_held = False
+        self.paused = False
+        self.in_ready = False
+        self.revoked = False
+        self.gone = False
+        self.timer: asyncio.TimerHandle | None = None
+
+    @property
+    def held(self) -> bool:
+        return self.held_until > 0 or self.rate_held
+
+    def __repr__(self) -> str:
+        return f"PartitionFeed({self.topic}[{self.partition}], backlog={len(self.backlog)})"
+
+
+# ---------------------------------------------------------------------- decoding
+
+_JSON = "application/json"
+
+
+def prepare(d: Delivery, registry: TaskRegistry) -> None:
+    """Decode a record once it is at the head of its partition.
+
+    Sets ``fields`` (the Job), ``key``, ``attempt``, ``not_before``, the
+    task and the decoded payload, or ``bad`` with the dead-letter reason:
+    ``undecodable`` (value or payload) or ``unknown_task``.
+    """
+    msg = d.msg
+    raw = msg.headers()
+    hmap: dict[str, bytes] = dict(raw) if raw else {}
+    d.hmap = hmap
+    key = msg.key()
+    attempt = hmap.get(hdr.ATTEMPT)
+    if attempt is not None:
+        d.attempt = max(1, int_or(attempt, 1))
+    due = hmap.get(hdr.DUE)
+    try:
+        fields = decode_job_fields(msg.value() or b"", hmap.get(hdr.SCHEMA))
+    except UndecodableRecord as exc:
+        d.key = key or b""
+        d.bad = ("undecodable", permanent("UndecodableRecord", str(exc)))
+        d.not_before = int_or(due, 0)
+        return
+    d.fields = fields
+    d.key = key if key is not None else str(fields[F_KEY]).encode()
+    d.not_before = int_or(due, fields[F_DUE_MS])
+    task = registry.get(fields[F_TASK])
+    if task is None:
+        known = sorted(t.spec.name for t in registry)[:20]
+        d.bad = (
+            "unknown_task",
+            permanent(
+                "UnknownTask",
+                f"no handler for task {fields[F_TASK]!r} in this worker (known: {known})",
+            ),
+        )
+        return
+    d.task = task
+    content_type = fields[F_CONTENT_TYPE]
+    payload = fields[F_PAYLOAD]
+    if content_type == _JSON:
+        try:
+            d.payload = orjson.loads(payload)
+        except orjson.JSONDecodeError as exc:
+            d.bad = ("undecodable", permanent("UndecodablePayload", f"JSON payload: {exc}"))
+    elif content_type.startswith("text/"):
+        try:
+            d.payload = payload.decode()
+        except UnicodeDecodeError as exc:
+            d.bad = ("undecodable", permanent("UndecodablePayload", f"text payload: {exc}"))
+    else:
+        d.payload = payload
+
+
+def int_or(raw: bytes | None, default: int) -> int:
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        return default
+
+
+def identity(d: Delivery) -> tuple[str, str, str]:
+    """(job id, task, idempotency key) of a record, decodable or not."""
+    fields = d.fields
+    if fields is not None:
+        return fields[F_JOB_ID], fields[F_TASK], fields[F_KEY]
+    hmap = d.hmap
+    job = hmap.get(hdr.JOB_ID)
+    task = hmap.get(hdr.TASK)
+    key = d.key.decode("utf-8", "replace")
+    return (
+        job.decode("utf-8", "replace") if job else key,
+        task.decode("utf-8", "replace") if task else "",
+        key,
+    )
+
+
+def trace_id(d: Delivery) -> str | None:
+    """The trace id of the job (``traceparent`` header, else the job's trace map)."""
+    raw = d.hmap.get(hdr.TRACEPARENT)
+    if raw is None and d.fields is not None:
+        text = d.fields[F_TRACE].get(hdr.TRACEPARENT)
+        raw = text.encode() if text else None
+    if raw is None:
+        return None
+    parts = raw.split(b"-")
+    return parts[1].decode("ascii", "replace") if len(parts) >= 4 else None

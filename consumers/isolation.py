@@ -1,0 +1,181 @@
+"""Sync handlers in child processes that can be killed (``isolation="process"``).
+
+A small pool of spawned children per worker process. Each child imports the
+handler by reference (``module:qualname``, so it must be a module-level
+function), runs one job at a time and answers over a pipe; the event loop
+watches the pipes, so no thread waits on a child. A child whose job
+overruns its timeout is killed (SIGKILL) and replaced; a child that dies by
+itself fails its job (retriable) and is replaced too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import multiprocessing
+import signal
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from dueflow.consumers.failures import Failure
+from dueflow.errors import DueflowError
+
+Finished = Callable[[Failure | None, float], None]
+
+
+def _resolve(ref: str) -> Callable[..., Any]:
+    module, _, qualname = ref.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    # @task returns the function itself; a registry may hold a wrapped one.
+    return obj  # type: ignore[no-any-return]
+
+
+def _child_main(conn: Connection) -> None:
+    """Run jobs sent by the parent until the pipe closes."""
+    # The parent owns shutdown: a Ctrl-C in the terminal must not break a job.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    cache: dict[str, Callable[..., Any]] = {}
+    while True:
+        try:
+            ref, payload, ctx = conn.recv()
+        except (EOFError, OSError):
+            return
+        started = time.perf_counter()
+        try:
+            fn = cache.get(ref)
+            if fn is None:
+                fn = cache[ref] = _resolve(ref)
+            fn(payload, ctx)
+            reply: tuple[Any, ...] = ("ok", time.perf_counter() - started)
+        except BaseException as exc:
+            kind = type(exc)
+            reply = (
+                "error",
+                time.perf_counter() - started,
+                f"{kind.__module__}.{kind.__qualname__}",
+                str(exc)[:2_000],
+                "".join(traceback.format_exception(exc))[-16_000:],
+                isinstance(exc, DueflowError) and not exc.retriable,
+            )
+        try:
+            conn.send(reply)
+        except (BrokenPipeError, OSError):
+            return
+
+
+class _Child:
+    __slots__ = ("conn", "finished", "job", "process")
+
+    def __init__(self, process: BaseProcess, conn: Connection) -> None:
+        self.process = process
+        self.conn = conn
+        self.job: Any = None
+        self.finished: Finished | None = None
+
+
+class ChildPool:
+    """Up to ``size`` children; children start on first use."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._ctx = multiprocessing.get_context("spawn")
+        self._idle: list[_Child] = []
+        self._busy: dict[Any, _Child] = {}
+        self._queue: deque[tuple[Any, str, Any, Any, Finished]] = deque()
+        self._count = 0
+        self._closed = False
+
+    def submit(self, job: Any, ref: str, payload: Any, ctx: Any, finished: Finished) -> None:
+        self._queue.append((job, ref, payload, ctx, finished))
+        self._dispatch()
+
+    def kill(self, job: Any) -> None:
+        """Kill the child running ``job`` (or drop the job if it has not started)."""
+        child = self._busy.pop(job, None)
+        if child is None:
+            self._queue = deque(q for q in self._queue if q[0] is not job)
+            return
+        self._retire(child)
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        while self._queue and not self._closed:
+            if not self._idle:
+                if self._count >= self._size:
+                    return
+                self._idle.append(self._start_child())
+            job, ref, payload, ctx, finished = self._queue.popleft()
+            child = self._idle.pop()
+            child.job, child.finished = job, finished
+            self._busy[job] = child
+            try:
+                child.conn.send((ref, payload, ctx))
+            except Exception as exc:  # unpicklable payload or a dead child
+                self._busy.pop(job, None)
+                self._retire(child)
+                finished(
+                    Failure(type(exc).__qualname__, f"could not hand the job to a child: {exc}"),
+                    0.0,
+                )
+
+    def _start_child(self) -> _Child:
+        parent, child_end = self._ctx.Pipe()
+        process = self._ctx.Process(target=_child_main, args=(child_end,), daemon=True)
+        process.start()
+        child_end.close()
+        self._count += 1
+        child = _Child(process, parent)
+        asyncio.get_running_loop().add_reader(parent.fileno(), self._readable, child)
+        return child
+
+    def _readable(self, child: _Child) -> None:
+        try:
+            reply = child.conn.recv()
+        except (EOFError, OSError):
+            reply = None
+        job, finished = child.job, child.finished
+        if job is not None:
+            self._busy.pop(job, None)
+        child.job = child.finished = None
+        if reply is None:  # the child died by itself
+            self._retire(child)
+            if finished is not None:
+                finished(Failure("ChildProcessError", "the handler's child process died"), 0.0)
+        else:
+            self._idle.append(child)
+            if finished is not None:
+                if reply[0] == "ok":
+                    finished(None, reply[1])
+                else:
+                    _, seconds, error_type, message, tb, permanent = reply
+                    finished(Failure(error_type, message, tb, permanent), seconds)
+        self._dispatch()
+
+    def _retire(self, child: _Child) -> None:
+        with contextlib.suppress(Exception):
+            asyncio.get_running_loop().remove_reader(child.conn.fileno())
+        with contextlib.suppress(Exception):
+            child.process.kill()
+        with contextlib.suppress(Exception):
+            child.conn.close()
+        with contextlib.suppress(Exception):
+            child.process.join(timeout=5)
+        if child in self._idle:
+            self._idle.remove(child)
+        self._count -= 1
+
+    async def close(self) -> None:
+        self._closed = True
+        for child in [*self._idle, *self._busy.values()]:
+            self._retire(child)
+        self._idle.clear()
+        self._busy.clear()
+        self._queue.clear()

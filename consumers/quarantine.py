@@ -1,0 +1,73 @@
+"""Set malformed records aside (``<prefix>.quarantine``) instead of dying on them."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from confluent_kafka import Producer
+
+from dueflow.clients import make_producer
+from dueflow.config import Settings
+from dueflow.logs import event
+from dueflow.metrics import Metrics
+from dueflow.schemas import codec
+from dueflow.topics import names
+
+_LOG = logging.getLogger("dueflow.worker")
+
+
+class Quarantine:
+    """Writes :mod:`quarantined.avsc` records; the producer is created on first use."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, *, component: str) -> None:
+        self._settings = settings
+        self._metrics = metrics
+        self._component = component
+        self._topic = names(settings).quarantine
+        self._producer: Producer | None = None
+
+    def put(self, msg: Any, reason: str) -> None:
+        """Quarantine confluent-kafka message ``msg`` with ``reason`` (never raises)."""
+        self._metrics.quarantined.labels(self._component, reason).inc()
+        event(
+            _LOG,
+            "record quarantined",
+            logging.WARNING,
+            reason=reason,
+            topic=msg.topic(),
+            partition=msg.partition(),
+            offset=msg.offset(),
+        )
+        try:
+            if self._producer is None:
+                self._producer = make_producer(self._settings)
+            value = codec.encode(
+                "quarantined",
+                {
+                    "reason": reason,
+                    "component": self._component,
+                    "source_topic": msg.topic(),
+                    "source_partition": msg.partition(),
+                    "source_offset": msg.offset(),
+                    "at_ms": int(time.time() * 1000),
+                    "key": msg.key(),
+                    "value": msg.value(),
+                    "headers": {k: v for k, v in (msg.headers() or []) if v is not None},
+                },
+            )
+            self._producer.produce(
+                self._topic,
+                value,
+                msg.key(),
+                headers=[("df-schema", codec.schema_header("quarantined"))],
+            )
+            self._producer.poll(0)
+        except Exception as exc:  # quarantine is best effort: the record is counted and logged
+            event(_LOG, "quarantine write failed", logging.ERROR, error=str(exc))
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush(5.0)
+            self._producer = None

@@ -1,0 +1,412 @@
+"""What finished since the last commit, as the records of one transaction.
+
+Every attempt that ends adds its records here, in memory; the runtime cuts
+a :class:`~dueflow.consumers.committer.Batch` every commit interval:
+
+- success: idempotency ``done`` (explicit partition p) + outcome ``succeeded``
+- retriable failure: the record again in its retry tier (partition p, the
+  value unchanged, headers with the next attempt and its due time) +
+  outcome ``retrying``
+- permanent failure, exhausted attempts, unknown task, undecodable record:
+  DLQ record (partition p) + idempotency ``dead`` + outcome ``dead``
+- skipped (key final already): outcome ``duplicate`` or ``cancelled``
+
+A key finished here is "pending final" until its batch commits, so a
+replayed record of the same key is skipped even before the store knows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+from collections import Counter as Tally
+from typing import Any
+
+from confluent_kafka import TopicPartition
+
+from dueflow import headers as hdr
+from dueflow.backoff import choose_tier, compute_backoff
+from dueflow.config import QueueSpec, Settings
+from dueflow.consumers.committer import Batch
+from dueflow.consumers.failures import Failure
+from dueflow.consumers.feeds import Delivery, PartitionFeed, identity, int_or, trace_id
+from dueflow.consumers.outputs import (
+    KEY_HEADERS,
+    OUTCOME_HEADERS,
+    dead_letter_headers,
+    dead_letter_value,
+    parse_origin,
+    retry_headers,
+)
+from dueflow.consumers.spans import span_headers
+from dueflow.consumers.store import CANCELLED, DEAD, DONE
+from dueflow.logs import event
+from dueflow.metrics import Metrics
+from dueflow.schemas.fast import (
+    F_BACKOFF,
+    F_DUE_MS,
+    F_JOB_ID,
+    F_KEY,
+    F_SCHEDULE_ID,
+    F_TASK,
+    encode_key_state,
+    encode_outcome,
+)
+from dueflow.topics import names, tier_label
+
+_LOG = logging.getLogger("dueflow.worker")
+
+Final = tuple[PartitionFeed, bytes, int, int]  # feed, key, state, at_ms
+Mark = tuple[PartitionFeed, int]  # feed, offset committed with the batch
+
+
+class BatchRecorder:
+    """Records, final key states and metrics of the batch being built."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        queue: QueueSpec,
+        *,
+        worker_id: str,
+        metrics: Metrics,
+        rng: random.Random,
+    ) -> None:
+        n = names(settings)
+        self._queue = queue
+        self._name = queue.name
+        self._tiers = queue.retry_tiers_ms
+        self._tier_topics = {tier: n.retry(queue.name, tier) for tier in queue.retry_tiers_ms}
+        self._idem_topic = n.idempotency(queue.name)
+        self._dlq_topic = n.dlq(queue.name)
+        self._outcomes_topic = n.outcomes
+        self._worker_id = worker_id
+        self._metrics = metrics
+        self._rng = rng
+        self.records: list[tuple[Any, ...]] = []  # (feed, topic, partition, key, value, headers)
+        self.finals: list[Final] = []
+        self.pending_final: dict[bytes, int] = {}
+        self._dirty = False
+        self._tally: Tally[tuple[str, str]] = Tally()
+        self._durations: list[tuple[str, float]] = []
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    # ------------------------------------------------------------------ outcomes
+
+    def succeeded(self, d: Delivery, seconds: float, now_ms: int) -> None:
+        fields = d.fields
+        assert fields is not None
+        feed = d.feed
+        job_id = fields[F_JOB_ID]
+        if d.key:
+            self.records.append(
+                (
+                    feed,
+                    self._idem_topic,
+                    feed.partition,
+                    d.key,
+                    encode_key_state(
+                        idempotency_key=fields[F_KEY],
+                        job_id=job_id,
+                        state="done",
+                        at_ms=now_ms,
+                        attempts=d.attempt,
+                    ),
+                    KEY_HEADERS,
+                )
+            )
+            self.finals.append((feed, d.key, DONE, now_ms))
+            self.pending_final[d.key] = DONE
+        self.records.append(
+            (
+                feed,
+                self._outcomes_topic,
+                -1,
+                job_id.encode(),
+                encode_outcome(
+                    job_id=job_id,
+                    queue=self._name,
+                    task=fields[F_TASK],
+                    idempotency_key=fields[F_KEY],
+                    state="succeeded",
+                    attempt=d.attempt,
+                    at_ms=now_ms,
+                    due_ms=fields[F_DUE_MS],
+                    duration_ms=seconds * 1000,
+                    worker=self._worker_id,
+                    trace_id=trace_id(d),
+                    schedule_id=fields[F_SCHEDULE_ID],
+                ),
+                OUTCOME_HEADERS,
+            )
+        )
+        self._tally[(fields[F_TASK], "succeeded")] += 1
+        self._durations.append((fields[F_TASK], seconds))
+        if _LOG.isEnabledFor(logging.DEBUG):
+            event(
+                _LOG,
+                "job succeeded",
+                logging.DEBUG,
+                job_id=job_id,
+                queue=self._name,
+                task=fields[F_TASK],
+                attempt=d.attempt,
+                duration_ms=round(seconds * 1000, 3),
+            )
+
+    def failed(self, d: Delivery, failure: Failure, seconds: float, now_ms: int) -> None:
+        """A handler failed: retry tier, or dead letter when it cannot be retried."""
+        fields = d.fields
+        assert fields is not None
+        assert d.task is not None
+        task = fields[F_TASK]
+        self._durations.append((task, seconds))
+        if failure.timed_out:
+            self._metrics.job_timeouts.labels(self._name, task).inc()
+        if failure.permanent:
+            self.dead(d, "permanent_error", failure, now_ms, started=True)
+            return
+        if d.attempt >= d.max_attempts:
+            reason = "timeout" if failure.timed_out else "exhausted"
+            self.dead(d, reason, failure, now_ms, started=True)
+            return
+        feed = d.feed
+        policy = d.task.spec.backoff or fields[F_BACKOFF]
+        delay = compute_backoff(
+            attempt=d.attempt, policy=policy, tiers_ms=self._tiers, rand=self._rng.random()
+        )
+        tier = choose_tier(delay, self._tiers)
+        hmap = d.hmap
+        origin = hmap.get(hdr.ORIGIN)
+        headers = retry_headers(
+            d.msg.headers(),
+            attempt=d.attempt + 1,
+            due_ms=now_ms + delay,
+            first_failure_ms=int_or(hmap.get(hdr.FIRST_FAILURE), now_ms),
+            failed_ms=now_ms,
+            failure=failure,
+            origin=origin.decode() if origin else f"{feed.topic}:{feed.partition}:{d.offset}",
+            trace=span_headers(d.span) if d.span is not None else (),
+        )
+        key = d.msg.key()
+        self.records.append(
+            (
+                feed,
+                self._tier_topics[tier],
+                feed.partition,
+                key if key is not None else d.key,
+                d.msg.value(),
+                headers,
+            )
+        )
+        self._outcome(d, "retrying", now_ms, failure=failure, seconds=seconds)
+        self._metrics.retries.labels(self._name, tier_label(tier)).inc()
+        self._tally[(task, "retrying")] += 1
+        event(
+            _LOG,
+            "job failed, will retry",
+            logging.INFO,
+            job_id=fields[F_JOB_ID],
+            queue=self._name,
+            task=task,
+            attempt=d.attempt,
+            retry_in_ms=delay,
+            tier=tier_label(tier),
+            error=failure.summary,
+            trace_id=trace_id(d),
+        )
+
+    def dead(
+        self, d: Delivery, reason: str, failure: Failure, now_ms: int, *, started: bool
+    ) -> None:
+        """Dead letter: DLQ record + key ``dead`` + outcome ``dead``."""
+        feed = d.feed
+        hmap = d.hmap
+        job_id, task, key_text = identity(d)
+        origin_raw = hmap.get(hdr.ORIGIN)
+        origin = (feed.topic, feed.partition, d.offset)
+        if origin_raw:
+            with contextlib.suppress(ValueError):
+                origin = parse_origin(origin_raw.decode())
+        attempts = d.attempt if started else d.attempt - 1
+        raw_headers = d.msg.headers()
+        value = dead_letter_value(
+            job_id=job_id,
+            queue=self._name,
+            task=task,
+            idempotency_key=key_text,
+            reason=reason,
+            failure=failure,
+            attempts=attempts,
+            first_failure_ms=int_or(hmap.get(hdr.FIRST_FAILURE), now_ms),
+            last_failure_ms=int_or(hmap.get(hdr.LAST_FAILURE), now_ms) if not started else now_ms,
+            dead_ms=now_ms,
+            origin=origin,
+            trace_id=trace_id(d),
+            value=d.msg.value() or b"",
+            headers={k: v for k, v in (raw_headers or []) if v is not None},
+        )
+        self.records.append(
+            (
+                feed,
+                self._dlq_topic,
+                feed.partition,
+                d.key or None,
+                value,
+                dead_letter_headers(raw_headers, failure=failure, attempts=attempts),
+            )
+        )
+        if d.key:
+            self.records.append(
+                (
+                    feed,
+                    self._idem_topic,
+                    feed.partition,
+                    d.key,
+                    encode_key_state(
+                        idempotency_key=key_text,
+                        job_id=job_id,
+                        state="dead",
+                        at_ms=now_ms,
+                        attempts=attempts,
+                    ),
+                    KEY_HEADERS,
+                )
+            )
+            self.finals.append((feed, d.key, DEAD, now_ms))
+            self.pending_final[d.key] = DEAD
+        self._outcome(d, "dead", now_ms, failure=failure)
+        self._metrics.dead_letters.labels(self._name, reason).inc()
+        self._tally[(task, "dead")] += 1
+        fields = d.fields
+        event(
+            _LOG,
+            "job dead-lettered",
+            logging.WARNING,
+            job_id=job_id,
+            queue=self._name,
+            task=task,
+            attempt=attempts,
+            reason=reason,
+            error=failure.summary,
+            trace_id=trace_id(d),
+            schedule_id=fields[F_SCHEDULE_ID] if fields else None,
+        )
+
+    def skipped(self, d: Delivery, state: int, now_ms: int) -> None:
+        """The key is final already: outcome ``cancelled`` or ``duplicate``, nothing else."""
+        if state == CANCELLED:
+            self._outcome(d, "cancelled", now_ms)
+            self._tally[(identity(d)[1], "cancelled")] += 1
+        else:
+            self._outcome(d, "duplicate", now_ms)
+            self._metrics.duplicates_skipped.labels(self._name).inc()
+
+    def _outcome(
+        self,
+        d: Delivery,
+        state: str,
+        now_ms: int,
+        *,
+        failure: Failure | None = None,
+        seconds: float | None = None,
+    ) -> None:
+        job_id, task, key_text = identity(d)
+        fields = d.fields
+        self.records.append(
+            (
+                d.feed,
+                self._outcomes_topic,
+                -1,
+                job_id.encode(),
+                encode_outcome(
+                    job_id=job_id,
+                    queue=self._name,
+                    task=task,
+                    idempotency_key=key_text,
+                    state=state,
+                    attempt=d.attempt,
+                    at_ms=now_ms,
+                    due_ms=fields[F_DUE_MS] if fields else None,
+                    duration_ms=None if seconds is None else seconds * 1000,
+                    error_type=failure.error_type if failure else None,
+                    error=failure.summary if failure else None,
+                    worker=self._worker_id,
+                    trace_id=trace_id(d),
+                    schedule_id=fields[F_SCHEDULE_ID] if fields else None,
+                ),
+                OUTCOME_HEADERS,
+            )
+        )
+
+    # ------------------------------------------------------------------ batches
+
+    def lost(self) -> None:
+        """Some partitions were lost: drop their records at the next cut."""
+        self._dirty = True
+
+    def clear(self) -> None:
+        self.records, self.finals = [], []
+        self.pending_final.clear()
+
+    def cut(self, feeds: list[PartitionFeed]) -> tuple[Batch, list[Final], list[Mark]] | None:
+        """Take the batch: records so far and the committable offset of each feed."""
+        records, finals = self.records, self.finals
+        if self._dirty:
+            records = [r for r in records if not r[0].gone]
+            for feed, key, _state, _at in finals:
+                if feed.gone:
+                    self.pending_final.pop(key, None)
+            finals = [f for f in finals if not f[0].gone]
+            self._dirty = False
+        offsets: list[TopicPartition] = []
+        marks: list[Mark] = []
+        for feed in feeds:
+            if feed.gone:
+                continue
+            position = feed.tracker.committable()
+            if position is not None and position != feed.committed:
+                offsets.append(TopicPartition(feed.topic, feed.partition, position))
+                marks.append((feed, position))
+        self.records, self.finals = [], []
+        if not records and not offsets:
+            return None
+        return Batch(records, offsets), finals, marks
+
+    def committed(self, finals: list[Final], marks: list[Mark]) -> None:
+        """The batch is committed: its keys are final in the stores now."""
+        for feed, position in marks:
+            feed.committed = position
+        by_store: dict[int, tuple[Any, list[tuple[bytes, int | None, int]]]] = {}
+        pending = self.pending_final
+        for feed, key, state, at_ms in finals:
+            entry = by_store.get(id(feed.keys))
+            if entry is None:
+                entry = by_store[id(feed.keys)] = (feed.keys, [])
+            entry[1].append((key, state, at_ms))
+            if pending.get(key) == state:
+                del pending[key]
+        for store, items in by_store.values():
+            store.apply(items, None)
+
+    def flush_metrics(self) -> None:
+        """Counters and durations are added up per batch, not per job (hot path)."""
+        m = self._metrics
+        q = self._name
+        if self._tally:
+            for (task, outcome), count in self._tally.items():
+                m.jobs.labels(q, task, outcome).inc(count)
+                if outcome in ("succeeded", "retrying", "dead"):
+                    m.attempts.labels(q, task).inc(count)
+            self._tally.clear()
+        if self._durations:
+            children: dict[str, Any] = {}
+            for task, seconds in self._durations:
+                child = children.get(task)
+                if child is None:
+                    child = children[task] = m.job_duration.labels(q, task)
+                child.observe(seconds)
+            self._durations.clear()

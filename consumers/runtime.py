@@ -1,0 +1,711 @@
+"""The worker of one queue in one process: dispatch, outcomes, commits, rebalances.
+
+One consumer (group ``<prefix>.worker.<queue>``, range assignment, so one
+member owns partition p of the exec topic and of every retry tier) and one
+transactional producer. Everything here runs on the event loop; the
+consumer, the key tail and the transactions run on their own threads.
+
+For each record, at the head of its partition:
+
+1. not due yet (``df-due``, the retry's "not before") -> the partition
+   waits (paused) until it is: a record never runs early;
+2. its key is final in the key store (done, dead, cancelled) or finished
+   in a batch not committed yet -> skipped, counted, outcome
+   ``duplicate``/``cancelled``;
+3. a record with the same key is running (a replay) -> held until that one
+   finishes, then decided again;
+4. undecodable value or payload, unknown task -> dead letter at once;
+5. rate limits (queue, task) -> the partitions pause until a token is due;
+6. a concurrency slot -> the handler runs.
+
+A finished attempt adds its records to the current batch: success ->
+idempotency ``done`` + outcome ``succeeded``; retriable failure -> retry
+tier record + outcome ``retrying``; permanent or exhausted -> DLQ record +
+idempotency ``dead`` + outcome ``dead``. The batch commits with the offsets
+(lowest unfinished per partition) in one transaction every
+``commit_interval_ms``. Outcome ``started`` is not written: it would double
+the writes per job, and "running" is what a job is between ``fired`` (or
+``retrying``) and its next outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+import uuid
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from dueflow import tracing
+from dueflow.clients import make_consumer
+from dueflow.config import QueueSpec, Settings
+from dueflow.consumers.committer import CommitFailed, TransactionalCommitter
+from dueflow.consumers.context import TaskContext
+from dueflow.consumers.execution import JobExecutor
+from dueflow.consumers.failures import Failure
+from dueflow.consumers.feeds import Delivery, PartitionFeed, prepare
+from dueflow.consumers.polling import GroupPoller
+from dueflow.consumers.quarantine import Quarantine
+from dueflow.consumers.ratelimit import QueueRates
+from dueflow.consumers.recorder import BatchRecorder
+from dueflow.consumers.registry import TaskRegistry
+from dueflow.consumers.spans import end_span, start_span
+from dueflow.consumers.store import StoreFactory
+from dueflow.consumers.tail import KeyTail
+from dueflow.logs import event
+from dueflow.metrics import Metrics
+from dueflow.schemas.fast import F_JOB_ID, F_MAX_ATTEMPTS, F_TASK, F_TIMEOUT_MS
+from dueflow.topics import names
+
+_LOG = logging.getLogger("dueflow.worker")
+_EXPIRE_EVERY_S = 60.0
+_GAUGES_EVERY_S = 1.0
+
+
+class Slots:
+    """The per-process concurrency bound, shared by every queue's runtime."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.free = total
+        self._waiting: list[Any] = []
+        self._scheduled = False
+
+    def wait(self, pump: Any) -> None:
+        """Call ``pump`` when a slot frees."""
+        if pump not in self._waiting:
+            self._waiting.append(pump)
+
+    def release(self) -> None:
+        self.free += 1
+        if self._waiting and not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._wake)
+
+    def _wake(self) -> None:
+        self._scheduled = False
+        waiting, self._waiting = self._waiting, []
+        for pump in waiting:
+            pump()
+
+
+class QueueRuntime:
+    """Consumes one queue's exec and retry topics and commits outcomes exactly once."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        queue: QueueSpec,
+        *,
+        registry: TaskRegistry,
+        executor: JobExecutor,
+        slots: Slots,
+        metrics: Metrics,
+        stores: StoreFactory,
+        quarantine: Quarantine,
+        worker_id: str,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._settings = settings
+        self._ws = settings.worker
+        self._queue = queue
+        self._registry = registry
+        self._executor = executor
+        self._slots = slots
+        self._metrics = metrics
+        n = names(settings)
+        self._exec_topic = n.exec(queue.name)
+        self._tier_topics = [n.retry(queue.name, tier) for tier in queue.retry_tiers_ms]
+        self._tier_of: dict[str, int | None] = {self._exec_topic: None}
+        self._tier_of.update(zip(self._tier_topics, queue.retry_tiers_ms, strict=True))
+        self._group = n.worker_group(queue.name)
+        # Unique per process and queue; zombies are fenced by the group generation (KIP-447).
+        self._txn_id = f"{self._group}.{worker_id}.{uuid.uuid4().hex[:8]}"
+        self._tail = KeyTail(
+            settings,
+            topic=n.idempotency(queue.name),
+            retention_ms=queue.idempotency_retention_ms,
+            stores=stores,
+            quarantine=quarantine,
+            group=self._group,
+        )
+        self._batch = BatchRecorder(
+            settings, queue, worker_id=worker_id, metrics=metrics, rng=rng or random.Random()
+        )
+        self._rates = QueueRates(
+            queue.rate_limit_per_s, partitions=queue.partitions, now=time.monotonic()
+        )
+        # Back pressure: a partition whose backlog reaches _high stops fetching until _low.
+        self._high = max(2 * self._ws.fetch_batch, 2 * self._ws.concurrency)
+        self._low = self._high // 2
+        self._feeds: dict[tuple[str, int], PartitionFeed] = {}
+        self._ready: deque[PartitionFeed] = deque()
+        self._running: dict[bytes, Delivery] = {}  # key -> its running attempt
+        self._held: dict[bytes, list[Delivery]] = {}  # key -> replays waiting for it
+        self._queue_held = False
+        self._pump_scheduled = False
+        self._closing = False
+        self._restarting = False
+        self._closed = False
+        self._inflight_changed = asyncio.Event()
+        self._commit_soon = asyncio.Event()
+        self._commit_lock = asyncio.Lock()
+        self._consumer: Consumer | None = None
+        self._committer: TransactionalCommitter | None = None
+        self._poller: GroupPoller | None = None
+        self._txn_thread = ThreadPoolExecutor(1, thread_name_prefix=f"dueflow-txn-{queue.name}")
+        self._commit_task: asyncio.Task[None] | None = None
+        self._tracing = False
+        self._loop = asyncio.get_running_loop()
+
+    # ================================================================== lifecycle
+
+    @property
+    def queue(self) -> str:
+        return self._queue.name
+
+    @property
+    def assigned(self) -> list[tuple[str, int]]:
+        return sorted(self._feeds)
+
+    async def start(self) -> None:
+        """Create the clients, join the group and start consuming."""
+        self._tracing = tracing.enabled()
+        self._tail.start()
+        await self._connect()
+        self._commit_task = self._loop.create_task(self._commit_loop())
+
+    async def _connect(self) -> None:
+        ws = self._ws
+        self._consumer = make_consumer(
+            self._settings,
+            self._group,
+            **{
+                "session.timeout.ms": ws.session_timeout_ms,
+                "heartbeat.interval.ms": max(100, min(3_000, ws.session_timeout_ms // 3)),
+                "fetch.wait.max.ms": 100,
+                "queued.max.messages.kbytes": 32_768,
+            },
+        )
+        poller = GroupPoller(
+            self._consumer,
+            [self._exec_topic, *self._tier_topics],
+            batch_size=ws.fetch_batch,
+            on_batch=self._on_batch,
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+            name=f"dueflow-poll-{self._queue.name}",
+        )
+        self._committer = TransactionalCommitter(
+            self._settings,
+            self._txn_id,
+            lambda: poller.group_metadata,
+            queue=self._queue.name,
+        )
+        await self._loop.run_in_executor(self._txn_thread, self._committer.start)
+        self._poller = poller
+        poller.start()
+
+    def stop_taking(self) -> None:
+        """Shutdown, step 1: start nothing new and stop fetching."""
+        self._closing = True
+        for feed in self._feeds.values():
+            self._sync_pause(feed)
+
+    @property
+    def in_flight(self) -> int:
+        return sum(f.inflight for f in self._feeds.values())
+
+    async def close(self) -> None:
+        """Shutdown, step 2: commit what finished, leave the group, close the clients."""
+        self._closing = True
+        if self._poller is not None:
+            self._poller.stop()
+            await self._poller.wait_closed()  # the final revoke commits
+        self._closed = True
+        self._commit_soon.set()
+        if self._commit_task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._commit_task
+        if self._committer is not None:
+            await self._loop.run_in_executor(self._txn_thread, self._committer.close)
+        await self._tail.close()
+        self._txn_thread.shutdown(wait=False)
+
+    async def _restart(self, reason: str) -> None:
+        """Forget all uncommitted work and rejoin: redelivery and the key store do the rest."""
+        event(_LOG, "worker restarting queue", logging.WARNING, queue=self.queue, reason=reason)
+        self._restarting = True
+        for feed in self._feeds.values():
+            self._forget(feed)
+        self._feeds.clear()
+        self._ready.clear()
+        self._batch.clear()
+        self._held.clear()
+        if self._poller is not None:
+            self._poller.stop()
+            await self._poller.wait_closed()
+        if self._committer is not None:
+            await self._loop.run_in_executor(self._txn_thread, self._committer.close)
+        if not self._closing:
+            await self._connect()
+        self._restarting = False
+
+    # ================================================================== rebalance
+
+    async def _on_assign(self, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            if (tp.topic, tp.partition) in self._feeds:
+                continue
+            keys = self._tail.attach(tp.partition)
+            feed = PartitionFeed(tp.topic, tp.partition, self._tier_of.get(tp.topic), keys)
+            self._feeds[(tp.topic, tp.partition)] = feed
+        self._tail.drop_parked()
+        self._recompute_rates()
+        event(
+            _LOG,
+            "partitions assigned",
+            queue=self.queue,
+            partitions=sorted({tp.partition for tp in partitions}),
+        )
+
+    async def _on_revoke(self, partitions: list[TopicPartition]) -> None:
+        feeds = [f for tp in partitions if (f := self._feeds.get((tp.topic, tp.partition)))]
+        for feed in feeds:
+            feed.revoked = True
+            feed.backlog.clear()  # undispatched: the next owner reads them again
+        self._ready = deque(f for f in self._ready if not f.revoked)
+        grace = 0.0 if self._closing or self._restarting else self._ws.rebalance_grace_s
+        deadline = self._loop.time() + grace
+        while any(f.inflight for f in feeds):
+            left = deadline - self._loop.time()
+            if left <= 0:
+                event(
+                    _LOG,
+                    "abandoning in-flight jobs of revoked partitions",
+                    logging.WARNING,
+                    queue=self.queue,
+                    jobs=sum(f.inflight for f in feeds),
+                )
+                break
+            self._inflight_changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._inflight_changed.wait(), left)
+        if not self._restarting:
+            # Commits what finished; never past an unfinished (or abandoned) job.
+            await self.commit_now()
+        for feed in feeds:
+            self._forget(feed)
+            self._feeds.pop((feed.topic, feed.partition), None)
+        for p in {f.partition for f in feeds}:
+            if not any(f.partition == p for f in self._feeds.values()):
+                self._tail.park(p)
+        self._recompute_rates()
+
+    async def _on_lost(self, partitions: list[TopicPartition]) -> None:
+        event(_LOG, "partitions lost", logging.WARNING, queue=self.queue)
+        for tp in partitions:
+            feed = self._feeds.pop((tp.topic, tp.partition), None)
+            if feed is not None:
+                self._forget(feed)
+        self._ready = deque(f for f in self._ready if not f.gone)
+        self._batch.lost()
+        for p in {tp.partition for tp in partitions}:
+            if not any(f.partition == p for f in self._feeds.values()):
+                self._tail.park(p)
+        self._recompute_rates()
+
+    def _forget(self, feed: PartitionFeed) -> None:
+        feed.gone = True
+        feed.backlog.clear()
+        if feed.timer is not None:
+            feed.timer.cancel()
+            feed.timer = None
+        self._held = {
+            k: kept for k, v in self._held.items() if (kept := [d for d in v if not d.feed.gone])
+        }
+
+    # ================================================================== intake
+
+    def _on_batch(self, msgs: list[Any]) -> None:
+        if self._poller is not None:
+            self._poller.batch_taken()
+        if self._restarting:
+            return
+        feeds = self._feeds
+        touched: list[PartitionFeed] = []
+        last: tuple[str, int] | None = None
+        feed: PartitionFeed | None = None
+        for msg in msgs:
+            err = msg.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    event(_LOG, "consume error", logging.WARNING, queue=self.queue, error=str(err))
+                continue
+            where = (msg.topic(), msg.partition())
+            if where != last:
+                last = where
+                feed = feeds.get(where)
+                if feed is not None and not feed.revoked:
+                    touched.append(feed)
+                else:
+                    feed = None
+            if feed is None:
+                continue  # no longer ours: the next owner reads it
+            offset = msg.offset()
+            feed.tracker.add(offset)
+            feed.backlog.append(Delivery(feed, msg, offset))
+        for feed in dict.fromkeys(touched):
+            if not feed.loading and not feed.loaded:
+                # First records since assignment: the group's offsets for this
+                # partition are stable now; load the keys up to now before any
+                # record of it runs.
+                feed.committed = feed.backlog[0].offset if feed.backlog else None
+                feed.loading = True
+                self._loop.create_task(self._load_keys(feed))
+            elif feed.loaded and not feed.held:
+                self._make_ready(feed)
+            self._sync_pause(feed)
+        self._pump()
+
+    async def _load_keys(self, feed: PartitionFeed) -> None:
+        try:
+            await self._tail.caught_up(feed.partition)
+        except asyncio.CancelledError:
+            return
+        except KafkaException as exc:
+            if not self._restarting:
+                await self._restart(f"key store load failed: {exc}")
+            return
+        feed.loading = False
+        if feed.gone:
+            return
+        feed.loaded = True
+        self._make_ready(feed)
+        self._pump()
+
+    def _make_ready(self, feed: PartitionFeed) -> None:
+        if not feed.in_ready and feed.backlog and feed.loaded and not feed.gone:
+            feed.in_ready = True
+            self._ready.append(feed)
+
+    def _schedule_pump(self) -> None:
+        if not self._pump_scheduled:
+            self._pump_scheduled = True
+            self._loop.call_soon(self._pump)
+
+    # ================================================================== dispatch
+
+    def _stalled(self) -> bool:
+        return self._closing or self._restarting or self._queue_held
+
+    def _pump(self) -> None:
+        """Start jobs from the ready partitions, round robin, while slots are free."""
+        self._pump_scheduled = False
+        if self._stalled():
+            return
+        ready = self._ready
+        slots = self._slots
+        while ready:
+            if slots.free <= 0:
+                slots.wait(self._pump)
+                return
+            feed = ready[0]
+            finished = self._dispatch(feed)
+            if self._stalled():
+                return
+            if finished:
+                if ready and ready[0] is feed:
+                    ready.popleft()
+                feed.in_ready = False
+            else:
+                ready.rotate(-1)
+
+    def _dispatch(self, feed: PartitionFeed) -> bool:
+        """Start what can start from ``feed``; True when it has nothing startable now."""
+        backlog = feed.backlog
+        slots = self._slots
+        pending_final = self._batch.pending_final
+        running = self._running
+        store = feed.keys
+        registry = self._registry
+        now_ms = int(time.time() * 1000)
+        budget = 256  # then let other partitions have a turn
+        while backlog:
+            if slots.free <= 0 or budget <= 0 or feed.gone:
+                self._sync_pause(feed)
+                return feed.gone
+            d = backlog[0]
+            if d.fields is None and d.bad is None:
+                prepare(d, registry)
+            if d.not_before > now_ms:
+                now_ms = int(time.time() * 1000)
+                if d.not_before > now_ms:
+                    self._hold(feed, d.not_before, now_ms)
+                    return True
+            key = d.key
+            if key:
+                state = store.get(key)
+                if state is None:
+                    state = pending_final.get(key)
+                if state is not None:
+                    backlog.popleft()
+                    self._batch.skipped(d, state, now_ms)
+                    feed.tracker.finish(d.offset)
+                    continue
+                if key in running:
+                    backlog.popleft()
+                    self._held.setdefault(key, []).append(d)
+                    continue
+            if d.bad is not None:
+                backlog.popleft()
+                reason, failure = d.bad
+                self._batch.dead(d, reason, failure, now_ms, started=False)
+                feed.tracker.finish(d.offset)
+                continue
+            if self._rates.limited and not self._take_token(feed, d):
+                return True
+            backlog.popleft()
+            budget -= 1
+            self._start(d)
+        self._sync_pause(feed)
+        return True
+
+    def _take_token(self, feed: PartitionFeed, d: Delivery) -> bool:
+        """Rate limits: False (and the partitions pause) when no token is available now."""
+        now = time.monotonic()
+        task_bucket = None
+        spec = d.task.spec if d.task is not None else None
+        if spec is not None and spec.rate_limit is not None:
+            task_bucket = self._rates.task(spec.name, spec.rate_limit, now=now)
+            wait = task_bucket.try_take(now)
+            if wait > 0:
+                self._metrics.rate_limited.labels(self.queue).inc()
+                feed.rate_held = True
+                self._sync_pause(feed)
+                feed.timer = self._loop.call_later(wait, self._release, feed)
+                return False
+        if self._rates.queue is not None:
+            wait = self._rates.queue.try_take(now)
+            if wait > 0:
+                if task_bucket is not None:
+                    task_bucket.refund()
+                self._metrics.rate_limited.labels(self.queue).inc()
+                self._queue_held = True
+                for f in self._feeds.values():
+                    self._sync_pause(f)
+                self._loop.call_later(wait, self._queue_release)
+                return False
+        return True
+
+    def _hold(self, feed: PartitionFeed, until_ms: int, now_ms: int) -> None:
+        """The head record is not due: the partition waits (paused) until it is."""
+        feed.held_until = until_ms
+        self._sync_pause(feed)
+        if feed.timer is not None:
+            feed.timer.cancel()
+        feed.timer = self._loop.call_later((until_ms - now_ms) / 1000, self._release, feed)
+
+    def _release(self, feed: PartitionFeed) -> None:
+        feed.timer = None
+        feed.held_until = 0
+        feed.rate_held = False
+        if feed.gone:
+            return
+        self._sync_pause(feed)
+        self._make_ready(feed)
+        self._pump()
+
+    def _queue_release(self) -> None:
+        self._queue_held = False
+        for feed in self._feeds.values():
+            self._sync_pause(feed)
+        self._pump()
+
+    def _sync_pause(self, feed: PartitionFeed) -> None:
+        """Pause fetching while a partition is held or its backlog is full; resume after.
+
+        Pausing is back pressure, not correctness: records fetched before the
+        pause takes effect simply join the backlog.
+        """
+        poller = self._poller
+        if feed.gone or poller is None:
+            return
+        size = len(feed.backlog)
+        held = feed.held or self._queue_held or self._closing
+        want = held or (size > self._low if feed.paused else size >= self._high)
+        if want == feed.paused:
+            return
+        feed.paused = want
+        tp = feed.tp
+        if want:
+            poller.post(lambda c: c.pause([tp]))
+        else:
+            poller.post(lambda c: c.resume([tp]))
+
+    # ================================================================== running
+
+    def _start(self, d: Delivery) -> None:
+        feed = d.feed
+        task = d.task
+        fields = d.fields
+        assert task is not None
+        assert fields is not None
+        self._slots.free -= 1
+        feed.inflight += 1
+        self._running[d.key] = d
+        spec = task.spec
+        ws = self._ws
+        # Precedence: the task's settings, then the job's, then the worker's defaults.
+        max_attempts = spec.max_attempts or fields[F_MAX_ATTEMPTS]
+        d.max_attempts = max_attempts if max_attempts >= 1 else ws.default_max_attempts
+        if spec.timeout_s is not None:
+            timeout_s = spec.timeout_s
+        elif fields[F_TIMEOUT_MS]:
+            timeout_s = fields[F_TIMEOUT_MS] / 1000
+        else:
+            timeout_s = ws.default_timeout_s
+        otel = None
+        if self._tracing:
+            d.span, otel = start_span(
+                task=fields[F_TASK],
+                job_id=fields[F_JOB_ID],
+                attempt=d.attempt,
+                topic=feed.topic,
+                headers=d.msg.headers(),
+            )
+        ctx = TaskContext(
+            fields,
+            attempt=d.attempt,
+            max_attempts=d.max_attempts,
+            headers=d.hmap,
+            source=(feed.topic, feed.partition, d.offset),
+            otel_context=otel,
+        )
+        self._executor.run(d, task, d.payload, ctx, timeout_s, self._finished)
+
+    def _finished(self, d: Delivery, failure: Failure | None, seconds: float) -> None:
+        """An attempt ended (maybe synchronously inside ``_start``)."""
+        self._slots.release()
+        feed = d.feed
+        feed.inflight -= 1
+        key = d.key
+        if self._running.get(key) is d:
+            del self._running[key]
+        held = self._held.pop(key, None)
+        if d.span is not None:
+            end_span(d.span, failure)
+        if feed.gone:
+            # Abandoned (revoked after the grace period, lost, restarting):
+            # nothing is written; the record is read again from the committed
+            # offset by whoever owns the partition now.
+            return
+        now_ms = int(time.time() * 1000)
+        if failure is None:
+            self._batch.succeeded(d, seconds, now_ms)
+        else:
+            self._batch.failed(d, failure, seconds, now_ms)
+        feed.tracker.finish(d.offset)
+        if held:
+            self._requeue(held)
+        if feed.revoked:
+            self._inflight_changed.set()
+        if len(self._batch) >= 2 * self._ws.commit_max_jobs:
+            self._commit_soon.set()
+
+    def _requeue(self, held: list[Delivery]) -> None:
+        """Replays of a key that just finished: decide again, first in their partitions."""
+        for d in reversed(held):
+            if not d.feed.gone and not d.feed.revoked:
+                d.feed.backlog.appendleft(d)
+                self._make_ready(d.feed)
+        self._schedule_pump()
+
+    # ================================================================== rates
+
+    def _recompute_rates(self) -> None:
+        owned = sum(1 for f in self._feeds.values() if f.tier_ms is None)
+        self._rates.set_owned(owned, now=time.monotonic())
+
+    # ================================================================== commits
+
+    async def _commit_loop(self) -> None:
+        interval = self._ws.commit_interval_ms / 1000
+        next_expiry = self._loop.time() + _EXPIRE_EVERY_S
+        next_gauges = self._loop.time()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._commit_soon.wait(), interval)
+            self._commit_soon.clear()
+            if self._closed:
+                return
+            if not self._restarting:
+                await self.commit_now()
+            now = self._loop.time()
+            if now >= next_gauges:
+                next_gauges = now + _GAUGES_EVERY_S
+                self._update_gauges()
+            if now >= next_expiry:
+                next_expiry = now + _EXPIRE_EVERY_S
+                self._tail.expire(int(time.time() * 1000))
+
+    async def commit_now(self) -> bool:
+        """Commit what finished so far in one transaction; False when it failed."""
+        async with self._commit_lock:
+            cut = self._batch.cut(list(self._feeds.values()))
+            if cut is None:
+                self._batch.flush_metrics()
+                return True
+            batch, finals, marks = cut
+            assert self._committer is not None
+            try:
+                await self._loop.run_in_executor(self._txn_thread, self._committer.commit, batch)
+            except CommitFailed as exc:
+                self._metrics.worker_transactions.labels(self.queue, "failed").inc()
+                if not self._restarting:
+                    await self._restart(str(exc))
+                return False
+            self._metrics.worker_transactions.labels(self.queue, "committed").inc()
+            self._batch.committed(finals, marks)
+            self._batch.flush_metrics()
+            return True
+
+    def _update_gauges(self) -> None:
+        m = self._metrics
+        m.in_flight.labels(self.queue).set(self.in_flight)
+        poller = self._poller
+        committed = {f.tp: f.committed for f in self._feeds.values() if f.committed is not None}
+        if poller is None or not committed:
+            return
+        lag = m.consumer_lag
+        group = self._group
+
+        def report(consumer: Consumer) -> None:
+            # On the consumer's thread; cached watermarks: no network round trip.
+            for tp, position in committed.items():
+                try:
+                    _low, high = consumer.get_watermark_offsets(tp, cached=True)
+                except KafkaException:
+                    continue
+                if high >= 0:
+                    lag.labels(group, tp.topic, str(tp.partition)).set(max(0, high - position))
+
+        poller.post(report)
+
+    def stats(self) -> dict[str, Any]:
+        """A snapshot for tests and the CLI."""
+        return {
+            "queue": self.queue,
+            "assigned": self.assigned,
+            "in_flight": self.in_flight,
+            "backlog": sum(len(f.backlog) for f in self._feeds.values()),
+            "keys": self._tail.keys,
+            "pending_records": len(self._batch),
+        }

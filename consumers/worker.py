@@ -1,0 +1,189 @@
+"""One worker process: a runtime per queue under one concurrency bound.
+
+Shutdown (SIGTERM or SIGINT, or :meth:`Worker.stop`): stop starting jobs and
+fetching records, let in-flight jobs finish for up to
+``worker.shutdown_grace_s``, commit what finished, leave the consumer
+groups, close. Jobs still running then are abandoned: nothing of them is
+committed, so they are read again by the next owner and either skipped (the
+key store says they are final) or run again. A second signal exits at once;
+what was not committed is redelivered in the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+from collections.abc import Callable, Sequence
+
+from dueflow.config import Settings
+from dueflow.consumers.execution import JobExecutor
+from dueflow.consumers.quarantine import Quarantine
+from dueflow.consumers.registry import TaskRegistry
+from dueflow.consumers.runtime import QueueRuntime, Slots
+from dueflow.consumers.store import StoreFactory, memory_stores, sqlite_stores
+from dueflow.errors import ConfigError
+from dueflow.logs import event
+from dueflow.metrics import Metrics
+
+_LOG = logging.getLogger("dueflow.worker")
+
+
+def select_queues(
+    settings: Settings, registry: TaskRegistry, queues: Sequence[str] | None
+) -> list[str]:
+    """The queues to consume: those asked for, else the registry's, else all configured."""
+    chosen = list(queues or registry.queues or settings.queue_names)
+    for name in chosen:
+        settings.queue(name)  # ConfigError naming the queue when it is not configured
+    if not chosen:
+        raise ConfigError("queues", chosen, "at least one queue to consume")
+    return chosen
+
+
+def default_stores(settings: Settings) -> StoreFactory:
+    if settings.worker.store == "disk":
+        return sqlite_stores(settings.worker.store_dir)
+    return memory_stores()
+
+
+class Worker:
+    """Runs the registry's handlers for ``queues`` until stopped."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        registry: TaskRegistry,
+        *,
+        queues: Sequence[str] | None = None,
+        metrics: Metrics | None = None,
+        stores: StoreFactory | None = None,
+        worker_id: str | None = None,
+    ) -> None:
+        self._settings = settings
+        self._registry = registry
+        self._queues = select_queues(settings, registry, queues)
+        self._metrics = metrics or Metrics()
+        self._stores = stores or default_stores(settings)
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
+        self._stop: asyncio.Event | None = None
+        self._runtimes: list[QueueRuntime] = []
+        self._executor: JobExecutor | None = None
+        self.exit_code = 0
+        self.started = False
+
+    @property
+    def runtimes(self) -> list[QueueRuntime]:
+        return list(self._runtimes)
+
+    @property
+    def metrics(self) -> Metrics:
+        return self._metrics
+
+    def stop(self) -> None:
+        """Begin a graceful shutdown (call on the worker's event loop)."""
+        if self._stop is not None:
+            self._stop.set()
+
+    def _fatal(self, reason: str) -> None:
+        event(_LOG, "worker stopping on error", logging.ERROR, reason=reason)
+        self.exit_code = 1
+        self.stop()
+
+    async def run(self, on_started: Callable[[Worker], None] | None = None) -> None:
+        """Start, run until :meth:`stop`, then shut down gracefully."""
+        self._stop = asyncio.Event()
+        ws = self._settings.worker
+        executor = JobExecutor(
+            concurrency=ws.concurrency,
+            metrics=self._metrics,
+            isolated_processes=ws.isolated_processes,
+            max_orphans=ws.max_orphaned_threads,
+            on_fatal=self._fatal,
+        )
+        self._executor = executor
+        slots = Slots(ws.concurrency)
+        quarantine = Quarantine(self._settings, self._metrics, component="worker")
+        self._runtimes = [
+            QueueRuntime(
+                self._settings,
+                self._settings.queue(name),
+                registry=self._registry,
+                executor=executor,
+                slots=slots,
+                metrics=self._metrics,
+                stores=self._stores,
+                quarantine=quarantine,
+                worker_id=self.worker_id,
+            )
+            for name in self._queues
+        ]
+        try:
+            for runtime in self._runtimes:
+                await runtime.start()
+            self.started = True
+            event(
+                _LOG,
+                "worker started",
+                worker=self.worker_id,
+                queues=self._queues,
+                tasks=sorted(t.spec.name for t in self._registry),
+                concurrency=ws.concurrency,
+            )
+            if on_started is not None:
+                on_started(self)
+            await self._stop.wait()
+        finally:
+            await self._shutdown(executor)
+            quarantine.close()
+
+    async def _shutdown(self, executor: JobExecutor) -> None:
+        for runtime in self._runtimes:
+            runtime.stop_taking()
+        if not await executor.wait_idle(self._settings.worker.shutdown_grace_s):
+            event(
+                _LOG,
+                "abandoning in-flight jobs at shutdown",
+                logging.WARNING,
+                jobs=executor.in_flight,
+            )
+            executor.abandon()
+        for runtime in self._runtimes:
+            await runtime.close()
+        await executor.close()
+        event(_LOG, "worker stopped", worker=self.worker_id)
+
+
+def run_worker(
+    settings: Settings,
+    registry: TaskRegistry,
+    *,
+    queues: Sequence[str] | None = None,
+    metrics: Metrics | None = None,
+    stores: StoreFactory | None = None,
+) -> int:
+    """Run a :class:`Worker` in this process until SIGTERM/SIGINT; return the exit code."""
+
+    async def main() -> int:
+        worker = Worker(settings, registry, queues=queues, metrics=metrics, stores=stores)
+        loop = asyncio.get_running_loop()
+        received: list[int] = []
+
+        def on_signal(signum: int) -> None:
+            received.append(signum)
+            if len(received) == 1:
+                event(_LOG, "shutting down", signal=signal.Signals(signum).name)
+                worker.stop()
+            else:
+                event(_LOG, "second signal: exiting now", logging.WARNING)
+                logging.shutdown()
+                os._exit(128 + signum)
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, on_signal, signum)
+        await worker.run()
+        return worker.exit_code
+
+    return asyncio.run(main())
