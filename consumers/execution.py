@@ -368,6 +368,8 @@ class JobExecutor:
                 running.handle.cancel()
             elif running.kind == "process":
                 self._children.kill(job)
+            else:
+                self._threads.orphaned()
         return jobs
 
     async def close(self) -> None:

@@ -28,7 +28,7 @@ import inspect
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 from dueflow.errors import InvalidInput
 from dueflow.model import Backoff
@@ -75,6 +75,23 @@ class TaskSpec:
         if self.isolation not in ("thread", "process"):
             raise InvalidInput("task.isolation", self.isolation, "'thread' or 'process'")
         return self
+
+
+@overload
+def task(name: F, /) -> F: ...
+
+
+@overload
+def task(
+    name: str | None = None,
+    *,
+    queue: str = "default",
+    timeout: float | None = None,
+    max_attempts: int | None = None,
+    backoff: Backoff | None = None,
+    rate_limit: float | None = None,
+    isolation: Isolation = "thread",
+) -> Callable[[F], F]: ...
 
 
 def task(

@@ -108,7 +108,9 @@ class KeyTail:
             self._drop(self._parked.pop(partition), partition)
 
     def drop(self, partition: int) -> None:
-        store = self._owned.pop(partition, None) or self._parked.pop(partition, None)
+        store = self._owned.pop(partition, None)
+        if store is None:
+            store = self._parked.pop(partition, None)
         if store is not None:
             self._drop(store, partition)
 
@@ -181,7 +183,10 @@ class KeyTail:
                 continue
             records.append((key, STATE_OF[state], at_ms))
         for partition, position in positions.items():
-            store = self._owned.get(partition) or self._parked.get(partition)
+            # (``is None``, not truthiness: an empty store is falsy)
+            store = self._owned.get(partition)
+            if store is None:
+                store = self._parked.get(partition)
             if store is None:
                 continue  # dropped meanwhile
             store.apply(by_partition.get(partition, ()), position)

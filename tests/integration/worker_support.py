@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from dueflow.clients import make_admin
 from dueflow.config import Settings
@@ -208,7 +208,12 @@ def read_topic(
 
 
 def _caught_up(consumer: Consumer, topic: str, partition: int) -> bool:
-    low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=False)
+    try:
+        low, high = consumer.get_watermark_offsets(
+            TopicPartition(topic, partition), timeout=5, cached=False
+        )
+    except KafkaException:  # e.g. leadership settling on a new topic: ask again
+        return False
     position = consumer.position([TopicPartition(topic, partition)])[0].offset
     return bool(high <= low or position >= high)
 

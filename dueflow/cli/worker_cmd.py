@@ -1,0 +1,120 @@
+"""``dueflow worker``: run task handlers.
+
+    dueflow worker --app mypkg.tasks --queues billing,default --concurrency 64 --processes 2
+
+``--app`` names modules whose ``@task`` functions are the handlers
+(repeatable or comma-separated). ``--queues`` selects the queues to consume:
+queues configured in the settings (TOML or ``DUEFLOW_QUEUES``) keep their
+partitions, retry tiers and limits; a queue that is not configured is
+added with the defaults (``name:partitions`` sets its partition count).
+Without ``--queues``: the queues the registered tasks name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import tempfile
+from typing import Any
+
+from dueflow import logs
+from dueflow.cli.common import add_global_options, settings_from_args
+from dueflow.config import QueueSpec, Settings
+from dueflow.errors import InvalidInput
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "worker",
+        help="run task handlers for one or more queues",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_global_options(p)
+    p.add_argument(
+        "--app",
+        action="append",
+        required=True,
+        help="module(s) with @task handlers, e.g. mypkg.tasks (repeatable, comma-separated)",
+    )
+    p.add_argument("--concurrency", type=int, help="jobs running at once per process")
+    p.add_argument("--processes", type=int, help="worker processes (group members) to run")
+    p.add_argument(
+        "--drain-timeout", type=float, help="seconds in-flight jobs may finish at shutdown"
+    )
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    p.set_defaults(func=_run)
+
+
+def _selected(text: str | None) -> list[tuple[str, int | None]]:
+    out: list[tuple[str, int | None]] = []
+    for part in filter(None, (x.strip() for x in (text or "").split(","))):
+        name, _, partitions = part.partition(":")
+        try:
+            out.append((name.strip(), int(partitions) if partitions else None))
+        except ValueError as exc:
+            raise InvalidInput("--queues", part, "name or name:partitions") from exc
+    return out
+
+
+def worker_settings(args: argparse.Namespace) -> tuple[Settings, list[str] | None]:
+    """Settings from the usual sources plus this command's flags; the queues to consume."""
+    selection = _selected(getattr(args, "queues", None))
+    args.queues = None  # a selection here, not a redefinition of the configured queues
+    settings = settings_from_args(args)
+    known = {q.name for q in settings.queues}
+    extra = [
+        QueueSpec(name, partitions) if partitions else QueueSpec(name)
+        for name, partitions in selection
+        if name not in known
+    ]
+    worker = settings.worker
+    changes: dict[str, Any] = {}
+    if args.concurrency is not None:
+        changes["concurrency"] = args.concurrency
+    if args.processes is not None:
+        changes["processes"] = args.processes
+    if args.drain_timeout is not None:
+        changes["shutdown_grace_s"] = args.drain_timeout
+    settings = dataclasses.replace(
+        settings,
+        queues=settings.queues + tuple(extra),
+        worker=dataclasses.replace(worker, **changes),
+    )
+    if args.metrics_port is not None:
+        settings = dataclasses.replace(
+            settings,
+            observability=dataclasses.replace(
+                settings.observability, metrics_port=args.metrics_port
+            ),
+        )
+    return settings.validate(), [name for name, _ in selection] or None
+
+
+def _run(args: argparse.Namespace) -> int:
+    settings, queues = worker_settings(args)
+    app = [m.strip() for item in args.app for m in item.split(",") if m.strip()]
+    obs = settings.observability
+    logs.configure(obs.log_format, obs.log_level)
+    from dueflow.metrics import Metrics, serve
+
+    if settings.worker.processes > 1:
+        from dueflow.consumers.supervisor import Supervisor
+
+        if obs.metrics_port is not None:
+            if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+                os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="dueflow-metrics-")
+            serve(Metrics(), obs.metrics_port)
+        return Supervisor(
+            settings, app=app, queues=queues, processes=settings.worker.processes
+        ).run()
+
+    from dueflow.consumers.registry import TaskRegistry
+    from dueflow.consumers.worker import run_worker
+
+    registry = TaskRegistry.from_modules(app)
+    metrics = Metrics()
+    if obs.metrics_port is not None:
+        serve(metrics, obs.metrics_port)
+    return run_worker(settings, registry, queues=queues, metrics=metrics)
