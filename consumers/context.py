@@ -44,7 +44,6 @@ class TaskContext:
     def __init__(
         self,
         fields: JobFields,
-        *,
         attempt: int,
         max_attempts: int,
         headers: Mapping[str, bytes],

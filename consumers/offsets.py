@@ -32,6 +32,15 @@ class OffsetTracker:
         self._open.append(offset)
         self._next = offset + 1
 
+    def extend(self, offsets: list[int]) -> None:
+        """Records at ``offsets`` (increasing, after the last one seen) were delivered."""
+        if not offsets:
+            return
+        if self._next is not None and offsets[0] < self._next:
+            raise ValueError(f"offset {offsets[0]} delivered after {self._next - 1}")
+        self._open.extend(offsets)
+        self._next = offsets[-1] + 1
+
     def finish(self, offset: int) -> None:
         """The record at ``offset`` finished (its outcome is in a commit batch)."""
         opened = self._open

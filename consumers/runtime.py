@@ -340,12 +340,15 @@ class QueueRuntime:
         if self._restarting:
             return
         feeds = self._feeds
-        touched: list[PartitionFeed] = []
+        # Offsets per feed, added to its tracker once per batch (hot path).
+        touched: dict[PartitionFeed, list[int]] = {}
         last: tuple[str, int] | None = None
         feed: PartitionFeed | None = None
+        offsets: list[int] = []
+        append = None
         for msg in msgs:
-            err = msg.error()
-            if err is not None:
+            if msg.error() is not None:
+                err = msg.error()
                 if err.code() != KafkaError._PARTITION_EOF:
                     event(_LOG, "consume error", logging.WARNING, queue=self.queue, error=str(err))
                 continue
@@ -354,15 +357,18 @@ class QueueRuntime:
                 last = where
                 feed = feeds.get(where)
                 if feed is not None and not feed.revoked:
-                    touched.append(feed)
+                    offsets = touched.setdefault(feed, [])
+                    append = feed.backlog.append
                 else:
                     feed = None
-            if feed is None:
+            if feed is None or append is None:
                 continue  # no longer ours: the next owner reads it
             offset = msg.offset()
-            feed.tracker.add(offset)
-            feed.backlog.append(Delivery(feed, msg, offset))
-        for feed in dict.fromkeys(touched):
+            offsets.append(offset)
+            append(Delivery(feed, msg, offset))
+        for feed, seen in touched.items():
+            feed.tracker.extend(seen)
+        for feed in touched:
             if not feed.loading and not feed.loaded:
                 # First records since assignment: the group's offsets for this
                 # partition are stable now; load the keys up to now before any
@@ -436,6 +442,7 @@ class QueueRuntime:
         running = self._running
         store = feed.keys
         registry = self._registry
+        limited = self._rates.limited
         now_ms = int(time.time() * 1000)
         budget = 256  # then let other partitions have a turn
         while backlog:
@@ -470,7 +477,7 @@ class QueueRuntime:
                 self._batch.dead(d, reason, failure, now_ms, started=False)
                 feed.tracker.finish(d.offset)
                 continue
-            if self._rates.limited and not self._take_token(feed, d):
+            if limited and not self._take_token(feed, d):
                 return True
             backlog.popleft()
             budget -= 1
@@ -582,12 +589,7 @@ class QueueRuntime:
                 headers=d.msg.headers(),
             )
         ctx = TaskContext(
-            fields,
-            attempt=d.attempt,
-            max_attempts=d.max_attempts,
-            headers=d.hmap,
-            source=(feed.topic, feed.partition, d.offset),
-            otel_context=otel,
+            fields, d.attempt, d.max_attempts, d.hmap, (feed.topic, feed.partition, d.offset), otel
         )
         self._executor.run(d, task, d.payload, ctx, timeout_s, self._finished)
 

@@ -157,6 +157,7 @@ class KeyTail:
         self._thread.batch_taken()
         by_partition: dict[int, list[tuple[bytes, int | None, int]]] = {}
         positions: dict[int, int] = {}
+        stores = {**self._parked, **self._owned}
         for msg in msgs:
             err = msg.error()
             partition = msg.partition()
@@ -175,6 +176,11 @@ class KeyTail:
             records = by_partition.setdefault(partition, [])
             if value is None:  # a tombstone forgets the key
                 records.append((key, None, 0))
+                continue
+            store = stores.get(partition)
+            if store is not None and store.get(key) is not None:
+                # Final already (most often: this worker's own record read back).
+                # Any final state means "skip it", so there is nothing to learn.
                 continue
             try:
                 state, at_ms = decode_key_state(value, _schema(msg))

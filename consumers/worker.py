@@ -12,6 +12,7 @@ what was not committed is redelivered in the same way.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -156,6 +157,22 @@ class Worker:
         event(_LOG, "worker stopped", worker=self.worker_id)
 
 
+def tune_gc(threshold: int = 50_000) -> None:
+    """Fewer cyclic-GC passes in a worker process.
+
+    A job allocates a handful of container objects (record wrapper, context,
+    tuples) that die by reference counting; with the default gen-0
+    threshold (700) the collector runs every ~100 jobs and costs about a
+    third of a no-op job. Objects from start-up are frozen (never scanned
+    again) and the gen-0 threshold is raised. Only for processes that run a
+    worker and nothing else: :func:`run_worker` calls it, an application
+    that embeds :class:`Worker` decides for itself.
+    """
+    gc.freeze()
+    _gen0, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(threshold, gen1, gen2)
+
+
 def run_worker(
     settings: Settings,
     registry: TaskRegistry,
@@ -165,6 +182,8 @@ def run_worker(
     stores: StoreFactory | None = None,
 ) -> int:
     """Run a :class:`Worker` in this process until SIGTERM/SIGINT; return the exit code."""
+
+    tune_gc()
 
     async def main() -> int:
         worker = Worker(settings, registry, queues=queues, metrics=metrics, stores=stores)

@@ -11,7 +11,9 @@ the children start (see :func:`serve`), so the parent serves one merged view.
 
 from __future__ import annotations
 
+import bisect
 import os
+from collections.abc import Iterable
 
 from prometheus_client import (
     CollectorRegistry,
@@ -209,6 +211,33 @@ class Metrics:
             ["component", "reason"],
             registry=r,
         )
+
+
+def observe_many(histogram: Histogram, values: Iterable[float]) -> None:
+    """``histogram.observe(v)`` for each value, with one lock round per bucket.
+
+    Workers record a duration per job; at tens of thousands of jobs per
+    second, observing them one by one costs a microsecond each. This adds
+    them up per bucket first (using the client's per-bucket counters when
+    it has them, else plain ``observe``).
+    """
+    bounds = getattr(histogram, "_upper_bounds", None)
+    buckets = getattr(histogram, "_buckets", None)
+    total = getattr(histogram, "_sum", None)
+    if bounds is None or buckets is None or total is None:
+        for value in values:
+            histogram.observe(value)
+        return
+    counts = [0] * len(bounds)
+    summed = 0.0
+    index = bisect.bisect_left
+    for value in values:
+        summed += value
+        counts[index(bounds, value)] += 1
+    for bucket, count in zip(buckets, counts, strict=True):
+        if count:
+            bucket.inc(count)
+    total.inc(summed)
 
 
 def serve(metrics: Metrics, port: int, *, addr: str = "127.0.0.1") -> int:

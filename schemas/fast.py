@@ -303,7 +303,7 @@ def decode_key_state(data: bytes, schema: bytes | None = None) -> tuple[str, int
 # --------------------------------------------------------------------------- encoding
 
 
-def _zigzag(n: int) -> bytes:
+def _zigzag_raw(n: int) -> bytes:
     z = n << 1 if n >= 0 else ((-n) << 1) - 1
     if z < 0x80:
         return bytes((z,))
@@ -315,30 +315,52 @@ def _zigzag(n: int) -> bytes:
     return bytes(out)
 
 
-_SMALL = [_zigzag(i) for i in range(64)]
+_SMALL = [_zigzag_raw(i) for i in range(128)]
+_BIG: dict[int, bytes] = {}
+
+
+def _zigzag(n: int) -> bytes:
+    """Avro long. Large values repeat (the same millisecond for many jobs): memoized."""
+    if 0 <= n < 128:
+        return _SMALL[n]
+    out = _BIG.get(n)
+    if out is None:
+        if len(_BIG) >= 4_096:
+            _BIG.clear()
+        out = _BIG[n] = _zigzag_raw(n)
+    return out
+
+
 _STRINGS: dict[str, bytes] = {}
 
 
 def _s(text: str) -> bytes:
-    """Length-prefixed UTF-8, cached for the short strings that repeat (queue, task)."""
-    cached = _STRINGS.get(text)
-    if cached is not None:
-        return cached
+    """Length-prefixed UTF-8 of a string that differs per record (ids, keys, messages)."""
     raw = text.encode()
-    out = _zigzag(len(raw)) + raw
-    if len(text) <= 64:
-        if len(_STRINGS) > 10_000:
+    size = len(raw)
+    return (_SMALL[size] if size < 128 else _zigzag(size)) + raw
+
+
+def _sc(text: str) -> bytes:
+    """:func:`_s` for the few strings that repeat on every record (queue, task, worker)."""
+    cached = _STRINGS.get(text)
+    if cached is None:
+        if len(_STRINGS) >= 1_024:
             _STRINGS.clear()
-        _STRINGS[text] = out
-    return out
+        cached = _STRINGS[text] = _s(text)
+    return cached
 
 
 def _l(n: int) -> bytes:
-    return _SMALL[n] if 0 <= n < 64 else _zigzag(n)
+    return _SMALL[n] if 0 <= n < 128 else _zigzag(n)
 
 
 def _opt_s(text: str | None) -> bytes:
     return b"\x00" if text is None else b"\x02" + _s(text)
+
+
+def _opt_sc(text: str | None) -> bytes:
+    return b"\x00" if text is None else b"\x02" + _sc(text)
 
 
 def encode_outcome(
@@ -362,17 +384,17 @@ def encode_outcome(
     return b"".join(
         (
             _s(job_id),
-            _s(queue),
-            _s(task),
+            _sc(queue),
+            _sc(task),
             _s(idempotency_key),
             _SMALL[_JOB_STATE_INDEX[state]],
             _l(attempt),
             _zigzag(at_ms),
             b"\x00" if due_ms is None else b"\x02" + _zigzag(due_ms),
             b"\x00" if duration_ms is None else b"\x02" + _DOUBLE.pack(duration_ms),
-            _opt_s(error_type),
+            _opt_sc(error_type),
             _opt_s(error),
-            _opt_s(worker),
+            _opt_sc(worker),
             _opt_s(trace_id),
             _opt_s(schedule_id),
         )
@@ -398,4 +420,52 @@ def encode_key_state(
             _l(attempts),
             _opt_s(content_hash),
         )
+    )
+
+
+_DONE = _SMALL[_KEY_STATE_INDEX["done"]]
+_SUCCEEDED = _SMALL[_JOB_STATE_INDEX["succeeded"]]
+
+
+def encode_success(
+    job_id: str,
+    idempotency_key: str,
+    queue: str,
+    task: str,
+    attempt: int,
+    at_ms: int,
+    due_ms: int,
+    duration_ms: float,
+    worker: str,
+    trace_id: str | None,
+    schedule_id: str | None,
+) -> tuple[bytes, bytes]:
+    """The two records of a successful job, sharing their encoded fields (hot path).
+
+    ``(IdempotencyRecord done, Outcome succeeded)``, byte for byte what
+    :func:`encode_key_state` and :func:`encode_outcome` write.
+    """
+    jid = _s(job_id)
+    key = _s(idempotency_key)
+    at = _zigzag(at_ms)
+    att = _l(attempt)
+    return (
+        b"".join((key, jid, _DONE, at, att, b"\x00")),
+        b"".join(
+            (
+                jid,
+                _sc(queue),
+                _sc(task),
+                key,
+                _SUCCEEDED,
+                att,
+                at,
+                b"\x02" + _zigzag(due_ms),
+                b"\x02" + _DOUBLE.pack(duration_ms),
+                b"\x00\x00",  # no error type, no error
+                _opt_sc(worker),
+                _opt_s(trace_id),
+                _opt_s(schedule_id),
+            )
+        ),
     )

@@ -134,3 +134,51 @@ def test_key_state_rejects_bad_enum() -> None:
     data[4] = 0x08  # state index 4 does not exist
     with pytest.raises(UndecodableRecord):
         fast.decode_key_state(bytes(data))
+
+
+@given(
+    st.tuples(texts, texts, texts, texts),
+    ints,
+    longs,
+    longs,
+    doubles,
+    st.none() | texts,
+    st.none() | texts,
+    texts,
+)
+def test_encode_success_matches_the_general_encoders(
+    names: tuple[str, str, str, str],
+    attempt: int,
+    at_ms: int,
+    due_ms: int,
+    duration: float,
+    trace_id: str | None,
+    schedule_id: str | None,
+    worker: str,
+) -> None:
+    job_id, key, queue, task = names
+    key_state, outcome = fast.encode_success(
+        job_id, key, queue, task, attempt, at_ms, due_ms, duration, worker, trace_id, schedule_id
+    )
+    assert key_state == fast.encode_key_state(
+        idempotency_key=key, job_id=job_id, state="done", at_ms=at_ms, attempts=attempt
+    )
+    assert outcome == codec.encode(
+        "outcome",
+        {
+            "job_id": job_id,
+            "queue": queue,
+            "task": task,
+            "idempotency_key": key,
+            "state": "succeeded",
+            "attempt": attempt,
+            "at_ms": at_ms,
+            "due_ms": due_ms,
+            "duration_ms": duration,
+            "error_type": None,
+            "error": None,
+            "worker": worker,
+            "trace_id": trace_id,
+            "schedule_id": schedule_id,
+        },
+    )
