@@ -77,17 +77,25 @@ def _capacity(rate: float) -> float:
 class QueueRates:
     """The buckets of one queue: the queue's limit and each task's, by partition share."""
 
-    def __init__(self, queue_rate: float | None, *, partitions: int, now: float) -> None:
+    def __init__(
+        self,
+        queue_rate: float | None,
+        *,
+        task_rates: dict[str, float],
+        partitions: int,
+        now: float,
+    ) -> None:
         self._queue_rate = queue_rate
         self._partitions = partitions
         self._owned = 0
         self.queue: TokenBucket | None = (
             TokenBucket(0.0, now=now) if queue_rate is not None else None
         )
-        self._tasks: dict[str, tuple[float, TokenBucket]] = {}
+        self._tasks = {name: (rate, TokenBucket(0.0, now=now)) for name, rate in task_rates.items()}
 
     @property
     def limited(self) -> bool:
+        """Is any limit configured (else the worker skips token checks entirely)."""
         return self.queue is not None or bool(self._tasks)
 
     def set_owned(self, owned: int, *, now: float) -> None:
@@ -98,12 +106,10 @@ class QueueRates:
         for rate, bucket in self._tasks.values():
             bucket.set_rate(self._share(rate), now=now)
 
-    def task(self, name: str, rate: float, *, now: float) -> TokenBucket:
-        """The bucket of task ``name`` (created on first use)."""
+    def task(self, name: str) -> TokenBucket | None:
+        """The bucket of task ``name``, if it has a limit."""
         entry = self._tasks.get(name)
-        if entry is None:
-            entry = self._tasks[name] = (rate, TokenBucket(self._share(rate), now=now))
-        return entry[1]
+        return None if entry is None else entry[1]
 
     def _share(self, rate: float) -> float:
         return share_of(rate, owned=self._owned, total=self._partitions)

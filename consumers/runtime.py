@@ -66,6 +66,7 @@ from dueflow.topics import names
 _LOG = logging.getLogger("dueflow.worker")
 _EXPIRE_EVERY_S = 60.0
 _GAUGES_EVERY_S = 1.0
+_DLQ_DEPTH_EVERY_S = 15.0
 
 
 class Slots:
@@ -139,7 +140,12 @@ class QueueRuntime:
             settings, queue, worker_id=worker_id, metrics=metrics, rng=rng or random.Random()
         )
         self._rates = QueueRates(
-            queue.rate_limit_per_s, partitions=queue.partitions, now=time.monotonic()
+            queue.rate_limit_per_s,
+            task_rates={
+                t.spec.name: t.spec.rate_limit for t in registry if t.spec.rate_limit is not None
+            },
+            partitions=queue.partitions,
+            now=time.monotonic(),
         )
         # Back pressure: a partition whose backlog reaches _high stops fetching until _low.
         self._high = max(2 * self._ws.fetch_batch, 2 * self._ws.concurrency)
@@ -488,10 +494,8 @@ class QueueRuntime:
     def _take_token(self, feed: PartitionFeed, d: Delivery) -> bool:
         """Rate limits: False (and the partitions pause) when no token is available now."""
         now = time.monotonic()
-        task_bucket = None
-        spec = d.task.spec if d.task is not None else None
-        if spec is not None and spec.rate_limit is not None:
-            task_bucket = self._rates.task(spec.name, spec.rate_limit, now=now)
+        task_bucket = self._rates.task(d.task.spec.name) if d.task is not None else None
+        if task_bucket is not None:
             wait = task_bucket.try_take(now)
             if wait > 0:
                 self._metrics.rate_limited.labels(self.queue).inc()
@@ -642,6 +646,7 @@ class QueueRuntime:
         interval = self._ws.commit_interval_ms / 1000
         next_expiry = self._loop.time() + _EXPIRE_EVERY_S
         next_gauges = self._loop.time()
+        next_depth = self._loop.time() + 1.0
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._commit_soon.wait(), interval)
@@ -657,6 +662,9 @@ class QueueRuntime:
             if now >= next_expiry:
                 next_expiry = now + _EXPIRE_EVERY_S
                 self._tail.expire(int(time.time() * 1000))
+            if now >= next_depth:
+                next_depth = now + _DLQ_DEPTH_EVERY_S
+                self._report_dlq_depth()
 
     async def commit_now(self) -> bool:
         """Commit what finished so far in one transaction; False when it failed."""
@@ -698,6 +706,29 @@ class QueueRuntime:
                     continue
                 if high >= 0:
                     lag.labels(group, tp.topic, str(tp.partition)).set(max(0, high - position))
+
+        poller.post(report)
+
+    def _report_dlq_depth(self) -> None:
+        """Records in the DLQ partitions this member owns (sum over the group = the queue's)."""
+        poller = self._poller
+        owned = sorted({f.partition for f in self._feeds.values()})
+        if poller is None:
+            return
+        topic = names(self._settings).dlq(self.queue)
+        gauge = self._metrics.dlq_depth.labels(self.queue)
+
+        def report(consumer: Consumer) -> None:
+            depth = 0
+            for partition in owned:
+                try:
+                    low, high = consumer.get_watermark_offsets(
+                        TopicPartition(topic, partition), timeout=2, cached=False
+                    )
+                except KafkaException:
+                    return
+                depth += max(0, high - low)
+            gauge.set(depth)
 
         poller.post(report)
 

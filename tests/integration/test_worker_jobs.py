@@ -516,3 +516,43 @@ def test_a_revoked_partition_lets_its_jobs_finish_and_commits_them(
     assert ledger.effects() == dict.fromkeys(keys, 1)
     assert len(ledger.runs()) == 8  # finished in the grace period, committed, never re-run
     assert sorted(o["idempotency_key"] for o in outs if o["state"] == "succeeded") == keys
+
+
+def test_a_task_rate_limit_paces_its_jobs(kafka: KafkaCluster, prefix: str) -> None:
+    s = queue_settings(kafka, prefix)
+    started: list[float] = []
+
+    @task("paced", queue=QUEUE, rate_limit=20)
+    async def paced(payload: Any, ctx: TaskContext) -> None:
+        started.append(time.monotonic())
+
+    with WorkerThread(s, TaskRegistry([paced])):
+        write(s, *(make_job("paced", queue=QUEUE) for _ in range(70)))
+        wait_for("every job", lambda: len(started) == 70)
+    # One process owns every partition: the whole limit is its own.
+    steady = started[10:]  # past the short initial burst
+    rate = (len(steady) - 1) / (steady[-1] - steady[0])
+    assert abs(rate - 20) <= 2, f"{rate:.1f} jobs/s"
+
+
+def test_a_malformed_idempotency_record_is_quarantined_and_work_goes_on(
+    kafka: KafkaCluster, prefix: str
+) -> None:
+    s = queue_settings(kafka, prefix)
+    ran: list[str] = []
+
+    @task("effect", queue=QUEUE)
+    def effect(payload: Any, ctx: TaskContext) -> None:
+        ran.append(ctx.idempotency_key)
+
+    producer = make_producer(s)
+    producer.produce(names(s).idempotency(QUEUE), b"\xff garbage", b"k-bad-record")
+    assert producer.flush(10) == 0
+    with WorkerThread(s, TaskRegistry([effect])):
+        write(s, *(make_job("effect", queue=QUEUE, key=f"k-{i}") for i in range(10)))
+        wait_for("every job", lambda: len(ran) == 10)
+        (quarantined,) = read_topic(s, names(s).quarantine, until=lambda r: len(r) == 1)
+    rec = codec.decode("quarantined", quarantined.value or b"")
+    assert rec["source_topic"] == names(s).idempotency(QUEUE)
+    assert rec["key"] == b"k-bad-record"
+    assert "undecodable idempotency record" in rec["reason"]

@@ -91,3 +91,20 @@ def test_token_bucket_rate_change_and_zero_rate() -> None:
 )
 def test_share_of_a_group_rate(owned: int, total: int, share: float) -> None:
     assert share_of(100.0, owned=owned, total=total) == pytest.approx(share)
+
+
+def test_queue_rates_scale_every_bucket_by_partition_share() -> None:
+    from dueflow.consumers.ratelimit import QueueRates
+
+    rates = QueueRates(60.0, task_rates={"send": 30.0}, partitions=6, now=0.0)
+    assert rates.limited
+    assert rates.task("other") is None
+    rates.set_owned(2, now=0.0)
+    assert rates.queue is not None
+    assert rates.queue.rate == pytest.approx(20.0)
+    send = rates.task("send")
+    assert send is not None
+    assert send.rate == pytest.approx(10.0)
+    rates.set_owned(6, now=1.0)
+    assert send.rate == pytest.approx(30.0)
+    assert not QueueRates(None, task_rates={}, partitions=6, now=0.0).limited
