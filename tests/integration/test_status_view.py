@@ -186,8 +186,9 @@ def test_table_survives_a_restart_from_its_changelog(settings: Settings, tmp_pat
         _low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
         ends.append(TopicPartition(topic, p, high))
     consumer.close()
-    for fut in make_admin(settings).delete_records(ends).values():
-        fut.result()
+    admin = make_admin(settings)  # keep a reference: the futures die with the client
+    for fut in admin.delete_records(ends, request_timeout=10).values():
+        fut.result(timeout=20)
 
     second = start_view(settings, port=port, data_dir=tmp_path / "d2", log_path=tmp_path / "2.log")
     try:
