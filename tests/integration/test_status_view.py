@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from collections.abc import Iterator
@@ -11,6 +12,7 @@ import pytest
 from confluent_kafka import Producer, TopicPartition
 
 from dueflow import headers as hdr
+from dueflow.cli.main import main
 from dueflow.clients import make_admin, make_consumer
 from dueflow.config import Settings
 from dueflow.schemas import codec
@@ -55,7 +57,9 @@ def _now() -> int:
 
 
 @pytest.mark.timeout(150)
-def test_folds_outcomes_and_answers_over_http(settings: Settings, view: ViewProcess) -> None:
+def test_folds_outcomes_and_answers_over_http(
+    settings: Settings, view: ViewProcess, capsys: pytest.CaptureFixture[str]
+) -> None:
     t = _now()
     write_outcomes(
         settings,
@@ -155,6 +159,19 @@ def test_folds_outcomes_and_answers_over_http(settings: Settings, view: ViewProc
     assert [j["job_id"] for j in overview["recent_jobs"]][:1] == ["job-c"]
     assert {j["job_id"] for j in overview["recent_failures"]} == {"job-a", "job-c"}
     assert overview["cluster"]["dlq_depth"] == {"default": 0}
+
+    # The commands ask the view when it runs.
+    common = ["--bootstrap", settings.bootstrap, "--topic-prefix", settings.topic_prefix]
+    assert main(["status", *common, "--url", view.url, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["source"] == "status-view"
+    assert doc["queues"]["default"]["counts"] == {"succeeded": 1, "scheduled": 1, "dead": 1}
+    assert main(["job", "job-a", *common, "--url", view.url, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["source"] == "status-view"
+    assert doc["job"]["state"] == "succeeded"
+    assert main(["job", "job-zzz", *common, "--url", view.url]) == 1
+    assert "not known to the status view" in capsys.readouterr().out
 
 
 @pytest.mark.timeout(200)
