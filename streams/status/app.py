@@ -22,7 +22,8 @@ faust's own ``exactly_once`` mode crashes on the first table change, see
 ``faust_transport``.
 
 Finished jobs leave the table ``status_retention_ms`` after their last change
-(a sweep every minute), so memory is bounded by the jobs of that window.
+(a sweep every minute, or every half retention if shorter; the removal is a
+tombstone in the changelog), so memory is bounded by the jobs of that window.
 A background thread re-reads the cluster view (lag, DLQ, timers, emitter)
 every ``cluster_refresh_ms``; requests never wait for Kafka.
 """
@@ -133,7 +134,8 @@ class StatusView:
         )
         app.agent(topic, name="dueflow-status-outcomes")(self._consume)
         app.task(self._serve)
-        app.timer(SWEEP_INTERVAL_S, name="dueflow-status-sweep")(self._sweep)
+        sweep_s = max(0.5, min(SWEEP_INTERVAL_S, s.observability.status_retention_ms / 2000))
+        app.timer(sweep_s, name="dueflow-status-sweep")(self._sweep)
         app.timer(s.observability.cluster_refresh_ms / 1000.0, name="dueflow-status-cluster")(
             self._refresh_cluster
         )

@@ -138,7 +138,13 @@ class ViewProcess:
 
 
 def start_view(
-    settings: Settings, *, port: int, data_dir: Path, log_path: Path, queues: str = "default:3"
+    settings: Settings,
+    *,
+    port: int,
+    data_dir: Path,
+    log_path: Path,
+    queues: str = "default:3",
+    env: dict[str, str] | None = None,
 ) -> ViewProcess:
     cmd = [
         sys.executable,
@@ -158,8 +164,9 @@ def start_view(
         "--log-format",
         "json",
     ]
-    env = dict(os.environ)
-    env["DUEFLOW_OBSERVABILITY_CLUSTER_REFRESH_MS"] = "500"
+    full_env = dict(os.environ)
+    full_env["DUEFLOW_OBSERVABILITY_CLUSTER_REFRESH_MS"] = "500"
+    full_env.update(env or {})
     with log_path.open("ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env)
     return ViewProcess(proc, port, log_path)

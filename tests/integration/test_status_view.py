@@ -225,3 +225,43 @@ def test_table_survives_a_restart_from_its_changelog(settings: Settings, tmp_pat
         assert second.get("/queues")[1]["queues"]["default"]["counts"] == {"succeeded": 2}
     finally:
         assert second.stop() == 0
+
+
+@pytest.mark.timeout(150)
+def test_finished_jobs_leave_the_table_after_the_retention(
+    settings: Settings, tmp_path: Path
+) -> None:
+    env = {"DUEFLOW_OBSERVABILITY_STATUS_RETENTION_MS": "1500"}
+    port = free_port()
+    first = start_view(
+        settings, port=port, data_dir=tmp_path / "d1", log_path=tmp_path / "1.log", env=env
+    )
+    t = _now()
+    try:
+        first.wait_ready()
+        write_outcomes(
+            settings,
+            [
+                outcome("done", "succeeded", at_ms=t, attempt=1),
+                outcome("busy", "started", at_ms=t, attempt=1),
+            ],
+        )
+        first.wait_job("busy", "started")
+        deadline = time.monotonic() + 30
+        while first.get("/jobs/done")[0] != 404:
+            assert time.monotonic() < deadline, f"finished job never swept:\n{first.log()}"
+            time.sleep(0.2)
+        assert first.get("/jobs/busy")[0] == 200, "unfinished jobs stay"
+        assert first.get("/queues")[1]["queues"]["default"]["counts"] == {"started": 1}
+    finally:
+        assert first.stop() == 0
+    second = start_view(
+        settings, port=port, data_dir=tmp_path / "d2", log_path=tmp_path / "2.log", env=env
+    )
+    try:
+        second.wait_ready()
+        assert second.get("/jobs/done")[0] == 404, "the removal is in the changelog"
+        assert second.get("/jobs/busy")[0] == 200
+        assert second.get("/queues")[1]["queues"]["default"]["counts"] == {"started": 1}
+    finally:
+        assert second.stop() == 0
