@@ -28,6 +28,14 @@ _RESERVED = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"me
 JOB_FIELDS = ("job_id", "queue", "task", "attempt", "duration_ms", "outcome", "trace_id")
 FORMATS = ("json", "text")
 
+# Event names operators search for (workers and the emitter log these).
+JOB_STARTED = "job.started"
+JOB_SUCCEEDED = "job.succeeded"
+JOB_RETRY = "job.retry"
+JOB_FAILED = "job.failed"
+JOB_DEAD_LETTER = "job.dead_letter"
+EMITTER_LEADERSHIP = "emitter.leadership"
+
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
     return {
@@ -98,3 +106,33 @@ def event(logger: logging.Logger, name: str, /, level: int = logging.INFO, **fie
     if not _RESERVED.isdisjoint(fields):
         fields = {(f"{k}_" if k in _RESERVED else k): v for k, v in fields.items()}
     logger.log(level, name, extra=fields, stacklevel=2)
+
+
+def job_event(
+    logger: logging.Logger,
+    name: str,
+    /,
+    *,
+    job_id: str,
+    queue: str,
+    task: str,
+    attempt: int,
+    duration_ms: float | None = None,
+    outcome: str | None = None,
+    trace_id: str | None = None,
+    level: int = logging.INFO,
+    **extra: Any,
+) -> None:
+    """A job event (:data:`JOB_STARTED`, ...) with every field of :data:`JOB_FIELDS`.
+
+    Fields that are ``None`` are left out, except that ``trace_id`` falls back
+    to the current span's.
+    """
+    fields: dict[str, Any] = {"job_id": job_id, "queue": queue, "task": task, "attempt": attempt}
+    if duration_ms is not None:
+        fields["duration_ms"] = round(duration_ms, 3)
+    if outcome is not None:
+        fields["outcome"] = outcome
+    if trace_id is not None:
+        fields["trace_id"] = trace_id
+    event(logger, name, level, **fields, **extra)

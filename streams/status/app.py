@@ -167,7 +167,21 @@ class StatusView:
             return None
         job_id = outcome["job_id"]
         prev = self.jobs.get(job_id)
-        view = state.apply_outcome(prev, outcome, partition=partition)
+        try:
+            view = state.apply_outcome(prev, outcome, partition=partition)
+        except (KeyError, TypeError, ValueError) as exc:  # a record the fold cannot use
+            self.metrics.skipped.labels("status_view", "unusable").inc()
+            event(
+                log,
+                "status.outcome_skipped",
+                logging.WARNING,
+                topic=self._names.outcomes,
+                partition=partition,
+                offset=offset,
+                reason=repr(exc),
+            )
+            return None
+        # Table writes are not guarded: a broken table must stop the view, not lose data.
         self.jobs[job_id] = view
         self._count(prev, view, partition)
         self._recent.append(job_id)
@@ -354,6 +368,11 @@ class StatusView:
         report = admin.ensure(self.internal_topics())
         if not report.ok:
             raise TopicMismatch("; ".join(str(d) for d in report.differences))
+        # Wait until the new topics show in metadata with leaders: faust's consumer
+        # must see them when it joins, or its tables fail until the next rebalance.
+        for state_ in admin.describe(self.internal_topics(), must_exist=True):
+            if state_.partitions is None:
+                raise TopicMismatch(f"topic {state_.name} did not appear in the cluster metadata")
 
     def run(self, *, loglevel: str = "warning") -> None:
         """Run the app until SIGTERM/SIGINT (blocks; exits the process)."""

@@ -86,3 +86,27 @@ def test_text_format_puts_job_fields_first(stream: io.StringIO) -> None:
     assert "job.retry  job_id=j attempt=1 extra_x=1" in line
     with pytest.raises(ValueError, match="json, text"):
         logs.configure("xml")
+
+
+def test_job_event_helper(stream: io.StringIO) -> None:
+    logs.configure("json", "INFO", stream)
+    log = logging.getLogger("dueflow.worker")
+    logs.job_event(
+        log,
+        logs.JOB_RETRY,
+        job_id="j",
+        queue="q",
+        task="t",
+        attempt=1,
+        duration_ms=1.23456,
+        outcome="retrying",
+        trace_id="c" * 32,
+        tier="1s",
+        level=logging.WARNING,
+    )
+    rec = json.loads(stream.getvalue())
+    assert rec["event"] == "job.retry"
+    assert rec["level"] == "warning"
+    assert rec["duration_ms"] == 1.235
+    assert rec["tier"] == "1s"
+    assert set(logs.JOB_FIELDS) <= set(rec)
