@@ -53,7 +53,7 @@ MACROS = {
 }
 
 _SHAPE = (
-    "5 fields (minute hour day-of-month month day-of-week), 6 fields with seconds first, "
+    "5 or 6 fields (minute hour day-of-month month day-of-week, optionally seconds first) "
     "or a macro (" + ", ".join(MACROS) + ")"
 )
 
@@ -293,7 +293,7 @@ def _parse(expr: str) -> CronExpr:
     if len(parts) == 5:
         parts = ["0", *parts]
     elif len(parts) != 6:
-        raise _bad(expr, f"{_SHAPE}, got {len(parts)} fields")
+        raise _bad(expr, f"{_SHAPE}; got {len(parts)} fields")
     second, minute, hour, day, month, weekday = (
         _parse_field(expr, spec, part)
         for spec, part in zip((_SECOND, _MINUTE, _HOUR, _DOM, _MONTH, _DOW), parts, strict=True)
