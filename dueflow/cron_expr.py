@@ -84,6 +84,7 @@ _ALL_DAYS = _full(1, 31)
 _ALL_WEEKDAYS = _full(0, 6)
 # Longest month length: February may have 29 days, so Feb 30/31, Apr 31... never occur.
 _MAX_DAYS = (0, 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+_DAYS_IN_MONTH = (0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 
 
 def _next_bit(mask: int, start: int) -> int | None:
@@ -157,7 +158,8 @@ class CronExpr:
             mask = self.days | by_weekday
         else:
             mask = self.days & by_weekday
-        return mask & _full(1, calendar.monthrange(year, month)[1])
+        last = 29 if month == 2 and calendar.isleap(year) else _DAYS_IN_MONTH[month]
+        return mask & ((1 << (last + 1)) - 2)
 
     def matches(self, wall: datetime) -> bool:
         """Whether the wall-clock fields of ``wall`` (tzinfo ignored) match."""

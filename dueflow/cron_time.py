@@ -115,9 +115,9 @@ def _transition(tz: ZoneInfo, lo: int, hi: int) -> int:
     return hi
 
 
-def _instants(expr: CronExpr, tz: ZoneInfo, wall: int) -> tuple[int, ...]:
-    """The instants (s) at which the matching wall time ``wall`` fires."""
-    off0, off1 = _wall_offsets(tz, wall)
+def _instants(expr: CronExpr, wall: int, off0: int, off1: int) -> tuple[int, ...]:
+    """The instants (s) at which the matching wall time ``wall`` fires, given
+    its fold=0 and fold=1 offsets."""
     if off0 <= off1 or not expr.every_hour:  # normal, gap (fold=0), or repeat fired once
         return (wall - off0,)
     return (wall - off0, wall - off1)  # repeat, every hour: both real instants
@@ -152,8 +152,8 @@ def _first_from(expr: CronExpr, tz: ZoneInfo, t0: int) -> int | None:
     # From w0 on, wall order is instant order except right after a gap.
     wall = expr.next_wall(w0)
     while wall is not None:
-        found = [i for i in _instants(expr, tz, wall) if i >= t0]
         off0, off1 = _wall_offsets(tz, wall)
+        found = [i for i in _instants(expr, wall, off0, off1) if i >= t0]
         if found:
             best = _earliest(best, min(found))
             if off0 < off1:
@@ -161,7 +161,8 @@ def _first_from(expr: CronExpr, tz: ZoneInfo, t0: int) -> int | None:
                 change = _transition(tz, wall - off1, wall - off0)
                 after_gap = expr.next_wall(change + off1)
                 if after_gap is not None:
-                    later = [i for i in _instants(expr, tz, after_gap) if i >= t0]
+                    offs = _wall_offsets(tz, after_gap)
+                    later = [i for i in _instants(expr, after_gap, *offs) if i >= t0]
                     if later:
                         best = _earliest(best, min(later))
             return best
