@@ -19,6 +19,7 @@ Prints a table and writes JSON. Numbers are microseconds per call.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import timeit
@@ -85,10 +86,8 @@ def _measure(expr: str, tz_name: str, start: str, number: int, croniter: Any) ->
 
 def run(number: int) -> list[dict[str, Any]]:
     croniter: Any = None
-    try:  # optional baseline, not a dependency of dueflow
+    with contextlib.suppress(ImportError):  # optional baseline, not a dependency of dueflow
         croniter = importlib.import_module("croniter").croniter
-    except ImportError:  # pragma: no cover
-        pass
     return [_measure(expr, tz_name, start, number, croniter) for expr, tz_name, start in CASES]
 
 
