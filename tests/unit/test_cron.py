@@ -599,7 +599,7 @@ def test_impossible_dates_never_fire(expr: str) -> None:
     )
 
 
-def test_end_of_supported_range_is_never() -> None:
+def test_far_future_within_the_supported_range() -> None:
     assert next_fire(parse_cron("0 0 1 1 *"), after_ms=utc("8999-06-01T00:00"), tz="UTC") == utc(
         "9000-01-01T00:00"
     )
