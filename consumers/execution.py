@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import threading
 import time
 import types
@@ -27,6 +28,8 @@ from collections import deque
 from collections.abc import Callable, Coroutine, Generator
 from queue import SimpleQueue
 from typing import Any
+
+from opentelemetry import context as otel_context
 
 from dueflow.consumers.context import TaskContext
 from dueflow.consumers.failures import Failure, failure_of, timeout_failure
@@ -124,6 +127,15 @@ async def _resume(coro: Coroutine[Any, Any, Any], yielded: Any) -> Any:
     return await _continue(coro, yielded)
 
 
+def _context_with(otel: Any) -> contextvars.Context:
+    """A copy of the current contextvars with ``otel`` as OpenTelemetry's context."""
+    token = otel_context.attach(otel)
+    try:
+        return contextvars.copy_context()
+    finally:
+        otel_context.detach(token)
+
+
 class _Running:
     __slots__ = ("deadline", "done", "handle", "kind", "started", "timeout_s")
 
@@ -217,6 +229,9 @@ class JobExecutor:
         done: Done,
     ) -> None:
         started = time.perf_counter()
+        # Traced: the handler's own spans nest under its attempt (the task made
+        # below copies the attached context).
+        token = otel_context.attach(ctx.otel_context) if ctx.otel_context is not None else None
         try:
             coro = task.fn(payload, ctx)
             yielded = coro.send(None)
@@ -228,8 +243,16 @@ class JobExecutor:
         except BaseException as exc:
             done(job, failure_of(exc), time.perf_counter() - started)
             return
+        finally:
+            if token is not None:
+                otel_context.detach(token)
         running = self._track(job, "async", done, timeout_s, started)
-        handle = self._loop.create_task(_resume(coro, yielded))
+        if ctx.otel_context is not None:
+            handle = self._loop.create_task(
+                _resume(coro, yielded), context=_context_with(ctx.otel_context)
+            )
+        else:
+            handle = self._loop.create_task(_resume(coro, yielded))
         running.handle = handle
         handle.add_done_callback(lambda t: self._async_finished(job, t))
 
@@ -263,13 +286,19 @@ class JobExecutor:
         started = time.perf_counter()
         self._track(job, "thread", done, timeout_s, started)
 
+        otel = ctx.otel_context
+
         def work() -> None:
             t0 = time.perf_counter()
             failure: Failure | None = None
+            token = otel_context.attach(otel) if otel is not None else None
             try:
                 fn(payload, ctx)
             except BaseException as exc:
                 failure = failure_of(exc)
+            finally:
+                if token is not None:
+                    otel_context.detach(token)
             completions.append((job, failure, time.perf_counter() - t0))
             if not self._wake_pending:
                 self._wake_pending = True

@@ -214,7 +214,10 @@ def identity(d: Delivery) -> tuple[str, str, str]:
 
 
 def trace_id(d: Delivery) -> str | None:
-    """The trace id of the job (``traceparent`` header, else the job's trace map)."""
+    """The trace id of the job (its attempt's span, the ``traceparent`` header, else
+    the job's trace map)."""
+    if d.span is not None and d.span.trace_id is not None:
+        return str(d.span.trace_id)
     raw = d.hmap.get(hdr.TRACEPARENT)
     if raw is None and d.fields is not None:
         text = d.fields[F_TRACE].get(hdr.TRACEPARENT)

@@ -33,12 +33,12 @@ def retry_headers(
     failed_ms: int,
     failure: Failure,
     origin: str,
-    trace: Sequence[tuple[str, bytes]] = (),
+    trace: Sequence[tuple[str, bytes | None]] = (),
 ) -> hdr.Headers:
     """The failed record's headers with the retry's attempt, due time and failure.
 
-    ``trace``: headers of the failed run's span (``traceparent``), so the retry
-    runs as a child of it in the same trace; empty keeps the job's own.
+    ``trace``: the headers of the failed attempt's trace step (the link to it,
+    see :mod:`dueflow.tracing`); empty keeps the job's own trace headers.
     """
     updates: list[tuple[str, str | int | bytes | None]] = [
         (hdr.ATTEMPT, attempt),

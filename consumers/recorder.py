@@ -39,7 +39,6 @@ from dueflow.consumers.outputs import (
     parse_origin,
     retry_headers,
 )
-from dueflow.consumers.spans import span_headers
 from dueflow.consumers.store import CANCELLED, DEAD, DONE
 from dueflow.logs import event
 from dueflow.metrics import Metrics, observe_many
@@ -55,6 +54,7 @@ from dueflow.schemas.fast import (
     encode_success,
 )
 from dueflow.topics import names, tier_label
+from dueflow.tracing import JobTracer
 
 _LOG = logging.getLogger("dueflow.worker")
 
@@ -72,9 +72,11 @@ class BatchRecorder:
         *,
         worker_id: str,
         metrics: Metrics,
+        tracer: JobTracer,
         rng: random.Random,
     ) -> None:
         n = names(settings)
+        self._tracer = tracer
         self._queue = queue
         self._name = queue.name
         self._tiers = queue.retry_tiers_ms
@@ -172,7 +174,7 @@ class BatchRecorder:
             failed_ms=now_ms,
             failure=failure,
             origin=origin.decode() if origin else f"{feed.topic}:{feed.partition}:{d.offset}",
-            trace=span_headers(d.span) if d.span is not None else (),
+            trace=d.span.headers if d.span is not None else (),
         )
         key = d.msg.key()
         self.records.append(
@@ -216,6 +218,15 @@ class BatchRecorder:
                 origin = parse_origin(origin_raw.decode())
         attempts = d.attempt if started else d.attempt - 1
         raw_headers = d.msg.headers()
+        if self._tracer.enabled:
+            # The dead-letter step: a sibling of the attempts, linked to the last one.
+            if d.span is not None:
+                raw_headers = hdr.replace(raw_headers, d.span.headers)
+            step = self._tracer.span_for_dead_letter(
+                raw_headers, reason=reason, job_id=job_id, queue=self._name, attempts=attempts
+            )
+            raw_headers = hdr.replace(raw_headers, step.headers)
+            step.end()
         value = dead_letter_value(
             job_id=job_id,
             queue=self._name,

@@ -42,7 +42,6 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from dueflow import tracing
 from dueflow.clients import make_consumer
 from dueflow.config import QueueSpec, Settings
 from dueflow.consumers.committer import CommitFailed, TransactionalCommitter
@@ -55,13 +54,14 @@ from dueflow.consumers.quarantine import Quarantine
 from dueflow.consumers.ratelimit import QueueRates
 from dueflow.consumers.recorder import BatchRecorder
 from dueflow.consumers.registry import TaskRegistry
-from dueflow.consumers.spans import end_span, start_span
+from dueflow.consumers.spans import end_attempt, start_attempt
 from dueflow.consumers.store import StoreFactory
 from dueflow.consumers.tail import KeyTail
 from dueflow.logs import event
 from dueflow.metrics import Metrics
 from dueflow.schemas.fast import F_JOB_ID, F_MAX_ATTEMPTS, F_TASK, F_TIMEOUT_MS
 from dueflow.topics import names
+from dueflow.tracing import JobTracer
 
 _LOG = logging.getLogger("dueflow.worker")
 _EXPIRE_EVERY_S = 60.0
@@ -111,9 +111,12 @@ class QueueRuntime:
         stores: StoreFactory,
         quarantine: Quarantine,
         worker_id: str,
+        tracer: JobTracer | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self._settings = settings
+        self._tracer = tracer or JobTracer()
+        self._tracing = self._tracer.enabled
         self._ws = settings.worker
         self._queue = queue
         self._registry = registry
@@ -137,7 +140,12 @@ class QueueRuntime:
             group=self._group,
         )
         self._batch = BatchRecorder(
-            settings, queue, worker_id=worker_id, metrics=metrics, rng=rng or random.Random()
+            settings,
+            queue,
+            worker_id=worker_id,
+            metrics=metrics,
+            tracer=self._tracer,
+            rng=rng or random.Random(),
         )
         self._rates = QueueRates(
             queue.rate_limit_per_s,
@@ -167,7 +175,6 @@ class QueueRuntime:
         self._poller: GroupPoller | None = None
         self._txn_thread = ThreadPoolExecutor(1, thread_name_prefix=f"dueflow-txn-{queue.name}")
         self._commit_task: asyncio.Task[None] | None = None
-        self._tracing = False
         self._loop = asyncio.get_running_loop()
 
     # ================================================================== lifecycle
@@ -182,7 +189,6 @@ class QueueRuntime:
 
     async def start(self) -> None:
         """Create the clients, join the group and start consuming."""
-        self._tracing = tracing.enabled()
         self._tail.start()
         await self._connect()
         self._commit_task = self._loop.create_task(self._commit_loop())
@@ -585,12 +591,13 @@ class QueueRuntime:
             timeout_s = ws.default_timeout_s
         otel = None
         if self._tracing:
-            d.span, otel = start_span(
-                task=fields[F_TASK],
-                job_id=fields[F_JOB_ID],
-                attempt=d.attempt,
-                topic=feed.topic,
+            d.span, otel = start_attempt(
+                self._tracer,
                 headers=d.msg.headers(),
+                attempt=d.attempt,
+                job_id=fields[F_JOB_ID],
+                queue=self._queue.name,
+                task=fields[F_TASK],
             )
         ctx = TaskContext(
             fields, d.attempt, d.max_attempts, d.hmap, (feed.topic, feed.partition, d.offset), otel
@@ -606,8 +613,6 @@ class QueueRuntime:
         if self._running.get(key) is d:
             del self._running[key]
         held = self._held.pop(key, None)
-        if d.span is not None:
-            end_span(d.span, failure)
         if feed.gone:
             # Abandoned (revoked after the grace period, lost, restarting):
             # nothing is written; the record is read again from the committed
@@ -618,6 +623,8 @@ class QueueRuntime:
             self._batch.succeeded(d, seconds, now_ms)
         else:
             self._batch.failed(d, failure, seconds, now_ms)
+        if d.span is not None:
+            end_attempt(d.span, failure)
         feed.tracker.finish(d.offset)
         if held:
             self._requeue(held)
@@ -710,10 +717,11 @@ class QueueRuntime:
         poller.post(report)
 
     def _report_dlq_depth(self) -> None:
-        """Records in the DLQ partitions this member owns (sum over the group = the queue's)."""
+        """Records in the queue's whole DLQ topic (every reporter reports the same total;
+        dashboards take the max per queue)."""
         poller = self._poller
-        owned = sorted({f.partition for f in self._feeds.values()})
-        if poller is None:
+        owned = range(self._queue.partitions)
+        if poller is None or not self._feeds:
             return
         topic = names(self._settings).dlq(self.queue)
         gauge = self._metrics.dlq_depth.labels(self.queue)

@@ -1,7 +1,9 @@
-"""One OpenTelemetry span per attempt, child of the trace the job carries.
+"""The worker's trace steps (see :mod:`dueflow.tracing`): one ``execute`` span per
+attempt and a ``dead_letter`` span when a job is parked.
 
-Only used when tracing is on (:func:`dueflow.tracing.enabled`); the hot
-path does no span work otherwise.
+Only called when the worker's :class:`~dueflow.tracing.JobTracer` is enabled;
+off, the hot path does no span work at all and the records keep the trace
+headers they came with.
 """
 
 from __future__ import annotations
@@ -11,35 +13,27 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
-from dueflow import tracing
 from dueflow.consumers.failures import Failure
+from dueflow.tracing import JobTracer, TraceStep
 
 
-def start_span(
-    *, task: str, job_id: str, attempt: int, topic: str, headers: Any
-) -> tuple[Any, Any]:
-    """A started span for one attempt and the context to hand to the handler."""
-    span = tracing.tracer().start_span(
-        f"run {task}",
-        context=tracing.extract(headers),
-        kind=trace.SpanKind.CONSUMER,
-        attributes={
-            "dueflow.job_id": job_id,
-            "dueflow.task": task,
-            "dueflow.attempt": attempt,
-            "messaging.destination.name": topic,
-        },
-    )
-    return span, trace.set_span_in_context(span)
+def start_attempt(
+    tracer: JobTracer,
+    *,
+    headers: Any,
+    attempt: int,
+    job_id: str,
+    queue: str,
+    task: str,
+) -> tuple[TraceStep, Any]:
+    """The attempt's step and the OpenTelemetry context a handler's spans nest under."""
+    step = tracer.span_for_attempt(headers, attempt=attempt, job_id=job_id, queue=queue, task=task)
+    context = trace.set_span_in_context(step.span) if step.span is not None else None
+    return step, context
 
 
-def end_span(span: Any, failure: Failure | None) -> None:
-    if failure is not None:
-        span.set_status(Status(StatusCode.ERROR, failure.summary))
-        span.set_attribute("dueflow.error_type", failure.error_type)
-    span.end()
-
-
-def span_headers(span: Any) -> list[tuple[str, bytes]]:
-    """``traceparent`` of ``span``: a retry then runs as its child, in the same trace."""
-    return tracing.inject_headers(trace.set_span_in_context(span))
+def end_attempt(step: TraceStep, failure: Failure | None) -> None:
+    if step.span is not None and failure is not None:
+        step.span.set_status(Status(StatusCode.ERROR, failure.summary))
+        step.set(error_type=failure.error_type, timed_out=failure.timed_out)
+    step.end()

@@ -9,9 +9,9 @@ graceful shutdown in every child, a second one makes them exit at once.
 A child that dies while the parent is not stopping is restarted (at most
 once per second); its partitions are rebalanced meanwhile.
 
-Metrics: with ``PROMETHEUS_MULTIPROC_DIR`` set before the children start,
-each child writes its samples there and the parent serves the merged view
-(see :func:`dueflow.metrics.serve`).
+Metrics: the CLI calls :func:`dueflow.metrics.enable_multiprocess` before the
+children start; each child writes its samples there, the parent serves the
+merged view and drops a dead child's live gauges.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from types import FrameType
 from dueflow import logs
 from dueflow.config import Settings
 from dueflow.logs import event
+from dueflow.metrics import process_exited
 
 _LOG = logging.getLogger("dueflow.worker")
 _RESTART_INTERVAL_S = 1.0
@@ -101,7 +102,8 @@ class Supervisor:
                     if child.exitcode is None:
                         continue
                     del self._children[index]
-                    _mark_dead(child.pid)
+                    if child.pid is not None:
+                        process_exited(child.pid)
                     if self._signals:
                         failed = failed or child.exitcode != 0
                         continue
@@ -122,12 +124,3 @@ class Supervisor:
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
-
-
-def _mark_dead(pid: int | None) -> None:
-    if pid is None or not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        return
-    from prometheus_client import multiprocess
-
-    with contextlib.suppress(Exception):
-        multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]

@@ -28,6 +28,7 @@ from dueflow.consumers.store import StoreFactory, memory_stores, sqlite_stores
 from dueflow.errors import ConfigError
 from dueflow.logs import event
 from dueflow.metrics import Metrics
+from dueflow.tracing import JobTracer
 
 _LOG = logging.getLogger("dueflow.worker")
 
@@ -62,8 +63,10 @@ class Worker:
         metrics: Metrics | None = None,
         stores: StoreFactory | None = None,
         worker_id: str | None = None,
+        tracer: JobTracer | None = None,
     ) -> None:
         self._settings = settings
+        self._tracer = tracer or JobTracer()
         self._registry = registry
         self._queues = select_queues(settings, registry, queues)
         self._metrics = metrics or Metrics()
@@ -118,6 +121,7 @@ class Worker:
                 stores=self._stores,
                 quarantine=quarantine,
                 worker_id=self.worker_id,
+                tracer=self._tracer,
             )
             for name in self._queues
         ]
@@ -185,8 +189,12 @@ def run_worker(
 
     tune_gc()
 
+    tracer = JobTracer.from_env(os.environ, service_name="dueflow-worker")
+
     async def main() -> int:
-        worker = Worker(settings, registry, queues=queues, metrics=metrics, stores=stores)
+        worker = Worker(
+            settings, registry, queues=queues, metrics=metrics, stores=stores, tracer=tracer
+        )
         loop = asyncio.get_running_loop()
         received: list[int] = []
 
@@ -205,4 +213,7 @@ def run_worker(
         await worker.run()
         return worker.exit_code
 
-    return asyncio.run(main())
+    try:
+        return asyncio.run(main())
+    finally:
+        tracer.close()

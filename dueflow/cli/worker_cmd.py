@@ -97,14 +97,16 @@ def _run(args: argparse.Namespace) -> int:
     app = [m.strip() for item in args.app for m in item.split(",") if m.strip()]
     obs = settings.observability
     logs.configure(obs.log_format, obs.log_level)
-    from dueflow.metrics import Metrics, serve
+    from dueflow.metrics import Metrics, enable_multiprocess, serve
 
     if settings.worker.processes > 1:
         from dueflow.consumers.supervisor import Supervisor
 
         if obs.metrics_port is not None:
-            if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-                os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="dueflow-metrics-")
+            directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(
+                prefix="dueflow-metrics-"
+            )
+            enable_multiprocess(directory)  # before the children start
             serve(Metrics(), obs.metrics_port)
         return Supervisor(
             settings, app=app, queues=queues, processes=settings.worker.processes

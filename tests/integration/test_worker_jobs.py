@@ -556,3 +556,51 @@ def test_a_malformed_idempotency_record_is_quarantined_and_work_goes_on(
     assert rec["source_topic"] == names(s).idempotency(QUEUE)
     assert rec["key"] == b"k-bad-record"
     assert "undecodable idempotency record" in rec["reason"]
+
+
+def test_attempts_and_the_dead_letter_are_spans_of_the_job_trace(
+    kafka: KafkaCluster, prefix: str
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from dueflow.tracing import JobTracer
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    s = queue_settings(kafka, prefix)
+    seen: list[Any] = []
+
+    @task("traced", queue=QUEUE, max_attempts=2)
+    def traced(payload: Any, ctx: TaskContext) -> None:
+        seen.append(ctx.otel_context)
+        raise RuntimeError("still failing")
+
+    job = make_job("traced", queue=QUEUE, key="k-traced")
+    with WorkerThread(s, TaskRegistry([traced]), tracer=JobTracer(provider)):
+        writer = ExecWriter(s)
+        value = codec.encode("job", job.to_record())
+        writer.write_raw(
+            QUEUE, b"k-traced", value, [*exec_headers(job), (hdr.TRACEPARENT, TRACEPARENT)]
+        )
+        writer.flush()
+        (dead,) = read_topic(s, names(s).dlq(QUEUE), until=lambda r: len(r) == 1)
+    spans: dict[str, list[Any]] = {}
+    for sp in exporter.get_finished_spans():
+        spans.setdefault(sp.name, []).append(sp)
+    attempts = sorted(spans["dueflow.execute"], key=lambda sp: sp.attributes["dueflow.attempt"])
+    (parked,) = spans["dueflow.dead_letter"]
+    trace_id = 0x0AF7651916CD43DD8448EB211C80319C
+    for sp in [*attempts, parked]:
+        assert sp.context.trace_id == trace_id  # one trace: the job's
+        assert sp.parent is not None
+        assert sp.parent.span_id == 0xB7AD6B7169203331  # siblings under the fire step
+    assert [sp.attributes["dueflow.attempt"] for sp in attempts] == [1, 2]
+    assert [link.context.span_id for link in attempts[1].links] == [attempts[0].context.span_id]
+    assert [link.context.span_id for link in parked.links] == [attempts[1].context.span_id]
+    assert all(sp.status.status_code.name == "ERROR" for sp in attempts)
+    assert all(c is not None for c in seen)  # handlers got their attempt's context
+    assert hdr.TRACE_LINK in dead.headers
+    assert codec.decode("dead_letter", dead.value or b"")["trace_id"] == format(trace_id, "032x")

@@ -21,6 +21,7 @@ from dueflow.consumers.worker import Worker
 from dueflow.metrics import Metrics
 from dueflow.topic_admin import TopicAdmin
 from dueflow.topics import topic_layout
+from dueflow.tracing import JobTracer
 
 
 def ensure_topics(settings: Settings) -> None:
@@ -100,8 +101,11 @@ class WorkerThread:
         *,
         queues: Sequence[str] | None = None,
         metrics: Metrics | None = None,
+        tracer: JobTracer | None = None,
     ) -> None:
-        self.worker = Worker(settings, registry, queues=queues, metrics=metrics or Metrics())
+        self.worker = Worker(
+            settings, registry, queues=queues, metrics=metrics or Metrics(), tracer=tracer
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = threading.Event()
         self._error: BaseException | None = None
