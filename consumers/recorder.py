@@ -40,7 +40,7 @@ from dueflow.consumers.outputs import (
     retry_headers,
 )
 from dueflow.consumers.store import CANCELLED, DEAD, DONE
-from dueflow.logs import event
+from dueflow.logs import JOB_DEAD_LETTER, JOB_RETRY, JOB_SUCCEEDED, job_event
 from dueflow.metrics import Metrics, observe_many
 from dueflow.schemas.fast import (
     F_BACKOFF,
@@ -131,15 +131,17 @@ class BatchRecorder:
         ok[task] = ok.get(task, 0) + 1
         self._durations.append((task, seconds))
         if _LOG.isEnabledFor(logging.DEBUG):
-            event(
+            job_event(
                 _LOG,
-                "job succeeded",
-                logging.DEBUG,
+                JOB_SUCCEEDED,
                 job_id=job_id,
                 queue=self._name,
-                task=fields[F_TASK],
+                task=task,
                 attempt=d.attempt,
-                duration_ms=round(seconds * 1000, 3),
+                duration_ms=seconds * 1000,
+                outcome="succeeded",
+                trace_id=trace_id(d),
+                level=logging.DEBUG,
             )
 
     def failed(self, d: Delivery, failure: Failure, seconds: float, now_ms: int) -> None:
@@ -190,18 +192,19 @@ class BatchRecorder:
         self._outcome(d, "retrying", now_ms, failure=failure, seconds=seconds)
         self._metrics.retries.labels(self._name, tier_label(tier)).inc()
         self._tally[(task, "retrying")] += 1
-        event(
+        job_event(
             _LOG,
-            "job failed, will retry",
-            logging.INFO,
+            JOB_RETRY,
             job_id=fields[F_JOB_ID],
             queue=self._name,
             task=task,
             attempt=d.attempt,
+            duration_ms=seconds * 1000,
+            outcome="retrying",
+            trace_id=trace_id(d),
             retry_in_ms=delay,
             tier=tier_label(tier),
             error=failure.summary,
-            trace_id=trace_id(d),
         )
 
     def dead(
@@ -276,17 +279,18 @@ class BatchRecorder:
         self._metrics.dead_letters.labels(self._name, reason).inc()
         self._tally[(task, "dead")] += 1
         fields = d.fields
-        event(
+        job_event(
             _LOG,
-            "job dead-lettered",
-            logging.WARNING,
+            JOB_DEAD_LETTER,
             job_id=job_id,
             queue=self._name,
             task=task,
             attempt=attempts,
+            outcome="dead",
+            trace_id=trace_id(d),
+            level=logging.WARNING,
             reason=reason,
             error=failure.summary,
-            trace_id=trace_id(d),
             schedule_id=fields[F_SCHEDULE_ID] if fields else None,
         )
 
