@@ -38,8 +38,18 @@ def _resolve(ref: str) -> Callable[..., Any]:
     return obj  # type: ignore[no-any-return]
 
 
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this child when its parent dies, even by kill -9 or os._exit."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def _child_main(conn: Connection) -> None:
     """Run jobs sent by the parent until the pipe closes."""
+    _die_with_parent()
     # The parent owns shutdown: a Ctrl-C in the terminal must not break a job.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     cache: dict[str, Callable[..., Any]] = {}

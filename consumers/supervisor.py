@@ -34,6 +34,10 @@ from dueflow.metrics import process_exited
 
 _LOG = logging.getLogger("dueflow.worker")
 _RESTART_INTERVAL_S = 1.0
+# A child that dies this soon after it started, this many times in a row, is
+# not worth restarting again (a broken app module, bad settings): give up.
+_EARLY_DEATH_S = 10.0
+_EARLY_DEATHS = 3
 
 
 def child_main(
@@ -71,6 +75,8 @@ class Supervisor:
         self._children: dict[int, BaseProcess] = {}
         self._signals = 0
         self._restarts: dict[int, float] = {}
+        self._started: dict[int, float] = {}
+        self._early_deaths = 0
 
     def _start(self, index: int) -> None:
         child = self._ctx.Process(
@@ -80,6 +86,7 @@ class Supervisor:
         )
         child.start()
         self._children[index] = child
+        self._started[index] = time.monotonic()
         event(_LOG, "worker process started", index=index, pid=child.pid)
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
@@ -106,6 +113,18 @@ class Supervisor:
                         process_exited(child.pid)
                     if self._signals:
                         failed = failed or child.exitcode != 0
+                        continue
+                    early = time.monotonic() - self._started[index] < _EARLY_DEATH_S
+                    self._early_deaths = self._early_deaths + 1 if early else 0
+                    if self._early_deaths >= _EARLY_DEATHS:
+                        event(
+                            _LOG,
+                            "worker processes keep dying at start; giving up",
+                            logging.ERROR,
+                            exitcode=child.exitcode,
+                        )
+                        self._on_signal(signal.SIGTERM, None)
+                        failed = True
                         continue
                     event(
                         _LOG,

@@ -293,3 +293,31 @@ def test_sigterm_drains_and_a_second_signal_exits_at_once(procs: Processes) -> N
     assert time.monotonic() - began < 5
     assert "k-forced" not in procs.ledger.effects()
     assert "second signal" in procs.logs()
+
+
+def test_the_supervisor_gives_up_on_children_that_die_at_start(procs: Processes) -> None:
+    procs.configure(partitions=1)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dueflow",
+            "worker",
+            "--app",
+            "no_such_module_anywhere",
+            "--queues",
+            QUEUE,
+            "--processes",
+            "2",
+        ],
+        env=procs.env(),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    procs.procs.append(proc)
+    _out, err = proc.communicate(timeout=90)
+    assert proc.returncode == 1
+    assert b"keep dying at start" in err
+    assert b"no_such_module_anywhere" in err  # the children said why
