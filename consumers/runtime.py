@@ -337,6 +337,8 @@ class QueueRuntime:
     def _forget(self, feed: PartitionFeed) -> None:
         feed.gone = True
         feed.backlog.clear()
+        with contextlib.suppress(KeyError):  # its lag is the new owner's to report now
+            self._metrics.consumer_lag.remove(self._group, feed.topic, str(feed.partition))
         if feed.timer is not None:
             feed.timer.cancel()
             feed.timer = None

@@ -134,7 +134,10 @@ def group_assignment(settings: Settings) -> dict[str, list[tuple[str, int]]]:
     """Member id -> assigned partitions of the queue's worker group (when it is stable)."""
     admin = AdminClient(settings.client_config())
     group = names(settings).worker_group(QUEUE)
-    desc = admin.describe_consumer_groups([group])[group].result(10)
+    try:
+        desc = admin.describe_consumer_groups([group])[group].result(10)
+    except Exception:  # coordinator not ready yet (e.g. a broker that just started): not stable
+        return {}
     if str(desc.state).split(".")[-1].upper() != "STABLE":
         return {}
     return {
