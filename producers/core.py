@@ -1,0 +1,224 @@
+"""What the sync and the asyncio scheduling clients share, apart from waiting.
+
+:class:`TimerPlanner` turns a request into a timer record ready to produce,
+or into an earlier result (an idempotent repeat), or raises for bad input.
+It does no Kafka I/O: the clients produce what it returns.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+
+from dueflow import tracing
+from dueflow.clients import kafka_error
+from dueflow.config import Settings
+from dueflow.errors import ConflictError, InvalidInput, KafkaOperationError
+from dueflow.ids import RANDOM_HEX_DIGITS, uuid7_hex
+from dueflow.job_request import JobRequest, JobRules, PreparedJob, prepare_job
+from dueflow.metrics import Metrics
+from dueflow.producers.recent import RecentJobs
+from dueflow.producers.results import Scheduled
+from dueflow.timer_record import TimerPlacer, TimerRecord, timer_record
+from dueflow.topics import names
+
+# The broker's default max.message.bytes, used until the topic is described.
+DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
+
+
+def wall_ms() -> int:
+    """Wall-clock UTC epoch milliseconds (the default clock of the clients)."""
+    return time.time_ns() // 1_000_000
+
+
+class JobIds:
+    """Draws UUIDv7 job ids; random digits come in batches from ``random_bytes``."""
+
+    def __init__(self, random_bytes: Callable[[int], bytes] = os.urandom, batch: int = 4096):
+        self._random = random_bytes
+        self._batch = batch
+        self._pool = ""
+        self._pos = 0
+
+    def new(self, now_ms: int) -> str:
+        pos = self._pos
+        end = pos + RANDOM_HEX_DIGITS
+        if end > len(self._pool):
+            self._pool = self._random(RANDOM_HEX_DIGITS * self._batch // 2).hex()
+            pos, end = 0, RANDOM_HEX_DIGITS
+        self._pos = end
+        return uuid7_hex(now_ms=now_ms, random_hex=self._pool[pos:end])
+
+
+class PlannedTimer(NamedTuple):
+    """A job ready to produce: the checked job and its record."""
+
+    job: PreparedJob
+    record: TimerRecord
+
+    def result(self) -> Scheduled:
+        """What ``schedule`` reports once the record is written."""
+        job = self.job
+        return Scheduled(
+            job.job_id,
+            job.due_ms,
+            job.queue,
+            job.task,
+            job.idempotency_key,
+            job.content_hash or "",
+            self.record.partition,
+        )
+
+
+class TimerPlanner:
+    """Checks requests and builds timer records; remembers recent jobs (no I/O)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        recent: RecentJobs,
+        ids: JobIds,
+        max_record_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.settings = settings
+        self.rules = JobRules.from_settings(settings)
+        self.topic = names(settings).timers
+        self.placer = TimerPlacer(settings.wheel)
+        self.recent = recent
+        self.ids = ids
+        self.max_record_bytes = max_record_bytes
+        self.metrics = metrics
+
+    def plan(
+        self,
+        req: JobRequest,
+        *,
+        now_ms: int,
+        trace_headers: Sequence[tuple[str, bytes]] = (),
+    ) -> PlannedTimer | Scheduled:
+        """The record to write for ``req``, or the earlier result of an idempotent repeat.
+
+        Raises :class:`InvalidInput` for bad input (payload too large included)
+        and :class:`~dueflow.errors.ConflictError` for a job id this client
+        scheduled with other content. A returned plan is claimed in the
+        recent-jobs memory: call :meth:`failed` if writing it fails.
+        """
+        try:
+            job = prepare_job(
+                req,
+                now_ms=now_ms,
+                rules=self.rules,
+                new_job_id=self.ids.new,
+                trace=_trace_map(trace_headers) if trace_headers else None,
+            )
+            record = timer_record(
+                job, now_ms=now_ms, placer=self.placer, trace_headers=trace_headers
+            )
+            if record.size > self.max_record_bytes:
+                raise self._too_large(job, record)
+            earlier = self.recent.claim(
+                job.job_id,
+                (
+                    job.content_hash or "",
+                    job.due_ms,
+                    job.queue,
+                    job.task,
+                    job.idempotency_key,
+                    record.partition,
+                ),
+                job.task,
+            )
+        except (InvalidInput, ConflictError):
+            self.count_error(req.queue)
+            raise
+        if earlier is not None:
+            return earlier
+        return PlannedTimer(job, record)
+
+    def _too_large(self, job: PreparedJob, record: TimerRecord) -> InvalidInput:
+        return InvalidInput(
+            "payload",
+            f"{len(job.payload)} bytes (a timer record of {record.size} bytes)",
+            f"a timer record of at most {self.max_record_bytes} bytes "
+            f"(max.message.bytes of {self.topic})",
+        )
+
+    def delivered(self, queue: str, n: int = 1) -> None:
+        if self.metrics is not None:
+            self.metrics.schedules_produced.labels(queue).inc(n)
+
+    def failed(self, planned: PlannedTimer) -> None:
+        """Forget a plan whose write failed, so that a retry writes it again."""
+        self.recent.forget(planned.job.job_id)
+        self.count_error(planned.job.queue)
+
+    def count_error(self, queue: str, n: int = 1) -> None:
+        if self.metrics is not None:
+            label = queue if queue in self.rules.queues else "unknown"
+            self.metrics.schedule_errors.labels(label).inc(n)
+
+
+class ScheduleSpan:
+    """A producer span per scheduled job, when tracing is on; its context goes in headers."""
+
+    def __init__(self, req: JobRequest) -> None:
+        from opentelemetry import trace
+
+        self._span = tracing.tracer().start_span(
+            "dueflow.schedule",
+            kind=trace.SpanKind.PRODUCER,
+            attributes={"dueflow.task": str(req.task), "dueflow.queue": str(req.queue)},
+        )
+        self.headers = tracing.inject_headers(trace.set_span_in_context(self._span))
+
+    def end(self, job_id: str | None, error: BaseException | None = None) -> None:
+        if job_id is not None:
+            self._span.set_attribute("dueflow.job_id", job_id)
+        if error is not None:
+            self._span.record_exception(error)
+            from opentelemetry.trace import Status, StatusCode
+
+            self._span.set_status(Status(StatusCode.ERROR, str(error)))
+        self._span.end()
+
+
+def _trace_map(trace_headers: Sequence[tuple[str, bytes]]) -> Mapping[str, str]:
+    return {k: v.decode("ascii", "replace") for k, v in trace_headers}
+
+
+def read_max_message_bytes(admin: AdminClient, topic: str, *, timeout_s: float = 15.0) -> int:
+    """``max.message.bytes`` of ``topic``; a clear error when the topic does not exist."""
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    futures = admin.describe_configs([resource], request_timeout=timeout_s)
+    try:
+        entries = futures[resource].result()
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args else None
+        if isinstance(err, KafkaError) and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            raise KafkaOperationError(
+                f"topic {topic} does not exist: create dueflow's topics first "
+                "(`dueflow topics ensure`)",
+                cause=exc,
+            ) from exc
+        raise kafka_error(f"describe configs of {topic}", exc) from exc
+    entry = entries.get("max.message.bytes")
+    return int(entry.value) if entry is not None and entry.value else DEFAULT_MAX_MESSAGE_BYTES
+
+
+def delivery_error(what: str, err: KafkaError) -> KafkaOperationError:
+    """A delivery report's error as a dueflow error (retriability kept)."""
+    out = KafkaOperationError(f"{what}: {err.str()}", cause=KafkaException(err))
+    out.retriable = bool(err.retriable())
+    return out
+
+
+def producer_settings(max_record_bytes: int) -> dict[str, Any]:
+    """Producer overrides so that any record the topic accepts can be sent."""
+    return {"message.max.bytes": max(1_000_000, max_record_bytes + 65_536)}

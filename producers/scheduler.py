@@ -1,0 +1,444 @@
+"""The scheduling client: schedule, schedule_many, cancel, and cron schedules.
+
+::
+
+    with Scheduler(settings) as s:
+        job = s.schedule("send_email", {"to": "a@example.com"}, delay="10m")
+        s.add_schedule("nightly", cron="0 3 * * *", timezone="Europe/Paris", task="report")
+
+Every call checks its input completely before anything is written and
+raises :class:`~dueflow.errors.InvalidInput` naming the field, the value and
+what is accepted. ``schedule`` returns once the broker has acknowledged the
+timer record (acks=all). A job id reused with the same content returns the
+first result and writes nothing; with other content it raises
+:class:`~dueflow.errors.ConflictError`. That memory is per client instance
+and bounded (``recent_jobs``, default 100,000 jobs): see
+:mod:`dueflow.producers.recent`.
+
+Thread-safe: one instance may be shared by threads.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from types import TracebackType
+from typing import Any, cast
+
+from confluent_kafka import KafkaError, Message, Producer
+
+from dueflow import headers as hdr
+from dueflow import tracing
+from dueflow.clients import make_admin, make_producer
+from dueflow.config import Settings
+from dueflow.errors import ConflictError, DueflowError, InvalidInput, KafkaOperationError
+from dueflow.job_request import Duration, Instant, JobRequest, as_request
+from dueflow.metrics import Metrics
+from dueflow.model import Backoff
+from dueflow.producers.cancel import OutgoingRecord, cancel_records
+from dueflow.producers.core import (
+    JobIds,
+    PlannedTimer,
+    ScheduleSpan,
+    TimerPlanner,
+    delivery_error,
+    producer_settings,
+    read_max_message_bytes,
+    wall_ms,
+)
+from dueflow.producers.recent import DEFAULT_CAPACITY, RecentJobs
+from dueflow.producers.results import BulkError, BulkResult, Cancelled, Scheduled
+from dueflow.topics import names
+
+
+class Delivery:
+    """Delivery report of one record (set by the producer's callback)."""
+
+    __slots__ = ("done", "error", "partition")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.error: KafkaError | None = None
+        self.partition = -1
+
+    def __call__(self, err: KafkaError | None, msg: Message) -> None:
+        self.error = err
+        partition = msg.partition() if err is None else None
+        self.partition = -1 if partition is None else partition
+        self.done = True
+
+
+class BulkDeliveries:
+    """Delivery callback of a ``schedule_many`` call: keeps only the failures."""
+
+    __slots__ = ("failures",)
+
+    def __init__(self) -> None:
+        self.failures: list[tuple[str, str, KafkaError]] = []
+
+    def __call__(self, err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            headers = cast("list[tuple[str, bytes]] | None", msg.headers())
+            job_id = hdr.header_text(headers, hdr.JOB_ID) or ""
+            queue = hdr.header_text(headers, hdr.QUEUE) or ""
+            self.failures.append((job_id, queue, err))
+
+
+# schedule_many writes through a producer of its own, tuned for throughput:
+# longer batches, and delivery reports only for failures (a report per record
+# would cost a Python call each). flush() at the end sends without lingering.
+BULK_PRODUCER = {"delivery.report.only.error": True, "linger.ms": 50}
+
+
+class Scheduler:
+    """Schedules jobs and cron schedules through Kafka (blocking calls)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        metrics: Metrics | None = None,
+        clock: Callable[[], int] = wall_ms,
+        random_bytes: Callable[[int], bytes] = os.urandom,
+        recent_jobs: int = DEFAULT_CAPACITY,
+        delivery_timeout_s: float = 30.0,
+        producer_config: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.names = names(settings)
+        self.metrics = metrics
+        self.clock = clock
+        self.delivery_timeout_s = delivery_timeout_s
+        self._random_bytes = random_bytes
+        self._recent_capacity = recent_jobs
+        self._producer_config = dict(producer_config or {})
+        self._producer: Producer | None = None
+        self._bulk_producer: Producer | None = None
+        self._planner: TimerPlanner | None = None
+
+    # ------------------------------------------------------------- lifecycle
+    def start(self) -> Scheduler:
+        """Connect: read the timer topic's size limit, create the producer."""
+        if self._producer is not None:
+            return self
+        admin = make_admin(self.settings)
+        limit = read_max_message_bytes(admin, self.names.timers)
+        self._planner = TimerPlanner(
+            self.settings,
+            recent=RecentJobs(self._recent_capacity),
+            ids=JobIds(self._random_bytes),
+            max_record_bytes=limit,
+            metrics=self.metrics,
+        )
+        conf = {
+            "message.timeout.ms": int(self.delivery_timeout_s * 1000),
+            **producer_settings(limit),
+            **self._producer_config,
+        }
+        self._producer = make_producer(self.settings, **conf)
+        self._bulk_producer = make_producer(self.settings, **{**BULK_PRODUCER, **conf})
+        return self
+
+    def close(self) -> None:
+        """Wait for outstanding records (up to the delivery timeout), then drop the producer."""
+        producers = (self._producer, self._bulk_producer)
+        self._producer = self._bulk_producer = None
+        for producer in producers:
+            if producer is not None:
+                producer.flush(self.delivery_timeout_s)
+
+    def __enter__(self) -> Scheduler:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def producer(self) -> Producer:
+        if self._producer is None:
+            raise DueflowError("the scheduler is not started: use start() or `with`")
+        return self._producer
+
+    @property
+    def planner(self) -> TimerPlanner:
+        if self._planner is None:
+            raise DueflowError("the scheduler is not started: use start() or `with`")
+        return self._planner
+
+    # ------------------------------------------------------------ one job
+    def schedule(
+        self,
+        task: str,
+        payload: Any = None,
+        *,
+        run_at: Instant | None = None,
+        delay: Duration | None = None,
+        queue: str = "default",
+        job_id: str | None = None,
+        idempotency_key: str | None = None,
+        max_attempts: int | None = None,
+        backoff: Backoff | str | Mapping[str, Any] | None = None,
+        timeout: Duration | None = None,
+        jitter: Duration | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> Scheduled:
+        """Schedule ``task(payload)`` at ``run_at``, after ``delay``, or now.
+
+        Returns the job id and the UTC due time (jitter applied) once the
+        broker has the timer. Raises :class:`InvalidInput` (nothing written),
+        :class:`ConflictError`, or :class:`KafkaOperationError` when the
+        broker did not take the record.
+        """
+        return self.schedule_request(
+            JobRequest(
+                task,
+                payload,
+                run_at=run_at,
+                delay=delay,
+                queue=queue,
+                job_id=job_id,
+                idempotency_key=idempotency_key,
+                max_attempts=max_attempts,
+                backoff=backoff,
+                timeout=timeout,
+                jitter=jitter,
+                labels=labels,
+            )
+        )
+
+    def schedule_request(self, req: JobRequest) -> Scheduled:
+        """:meth:`schedule` for a prepared :class:`JobRequest`."""
+        span = ScheduleSpan(req) if tracing.enabled() else None
+        try:
+            planned = self.planner.plan(
+                req, now_ms=self.clock(), trace_headers=span.headers if span else ()
+            )
+            result = planned if isinstance(planned, Scheduled) else self._write_one(planned)
+        except DueflowError as exc:
+            if span is not None:
+                span.end(req.job_id, exc)
+            raise
+        if span is not None:
+            span.end(result.job_id)
+        return result
+
+    def _write_one(self, planned: PlannedTimer) -> Scheduled:
+        rec = planned.record
+        delivery = Delivery()
+        self._produce(self.planner.topic, rec.value, rec.key, rec.partition, rec.headers, delivery)
+        self._wait(delivery)
+        if delivery.error is not None:
+            self.planner.failed(planned)
+            raise delivery_error(f"scheduling job {planned.job.job_id!r}", delivery.error)
+        self.planner.delivered(planned.job.queue)
+        return planned.result()
+
+    # ------------------------------------------------------------ bulk
+    def schedule_many(
+        self, jobs: Iterable[JobRequest | Mapping[str, Any]], *, poll_every: int = 1000
+    ) -> BulkResult:
+        """Schedule many jobs in one call; errors are reported per job, not raised.
+
+        ``jobs`` may be any iterable (a generator of 100k items is fine): records
+        are produced as they come, delivery reports are served every
+        ``poll_every`` jobs and whenever the producer queue is full, so memory
+        stays bounded by the producer's queue, not by the input. Returns once
+        every record is acknowledged or failed.
+        """
+        planner = self.planner
+        producer = self._bulk_producer
+        if producer is None:
+            raise DueflowError("the scheduler is not started: use start() or `with`")
+        result = BulkResult()
+        ids = result.job_ids
+        dues = result.due_ms
+        deliveries = BulkDeliveries()
+        produce: Callable[..., None] = producer.produce  # headers: list[tuple[str, bytes]]
+        poll = producer.poll
+        plan = planner.plan
+        clock = self.clock
+        topic = planner.topic
+        traced = tracing.enabled()
+        produced = 0
+        per_queue: dict[str, int] = {}
+        index = -1
+        for index, item in enumerate(jobs):
+            span = None
+            try:
+                req = item if type(item) is JobRequest else as_request(item, field=f"jobs[{index}]")
+                if traced:
+                    span = ScheduleSpan(req)
+                    planned = plan(req, now_ms=clock(), trace_headers=span.headers)
+                else:
+                    planned = plan(req, now_ms=clock())
+            except (InvalidInput, ConflictError) as exc:
+                result.errors.append(BulkError(index, _job_id_of(item), exc))
+                ids.append(None)
+                dues.append(None)
+                if span is not None:
+                    span.end(None, exc)
+                continue
+            if type(planned) is Scheduled:
+                result.duplicates += 1
+                job_id, due_ms = planned.job_id, planned.due_ms
+            else:
+                assert isinstance(planned, PlannedTimer)
+                job, rec = planned
+                while True:
+                    try:
+                        produce(
+                            topic,
+                            rec.value,
+                            rec.key,
+                            rec.partition,
+                            on_delivery=deliveries,
+                            headers=rec.headers,
+                        )
+                        break
+                    except BufferError:  # the producer queue is full: let it drain
+                        poll(0.05)
+                produced += 1
+                if produced % poll_every == 0:
+                    poll(0)
+                job_id, due_ms, queue = job.job_id, job.due_ms, job.queue
+                per_queue[queue] = per_queue.get(queue, 0) + 1
+            ids.append(job_id)
+            dues.append(due_ms)
+            if span is not None:
+                span.end(job_id)
+        result.total = index + 1
+        _flush(producer, self.delivery_timeout_s + 30.0)
+        self._settle_bulk(result, deliveries, per_queue)
+        return result
+
+    def _settle_bulk(
+        self, result: BulkResult, deliveries: BulkDeliveries, per_queue: dict[str, int]
+    ) -> None:
+        failures = deliveries.failures
+        result.scheduled = sum(per_queue.values()) - len(failures)
+        if failures:
+            where = {job_id: i for i, job_id in enumerate(result.job_ids) if job_id is not None}
+            for job_id, queue, err in failures:
+                index = where.get(job_id, -1)
+                self.planner.recent.forget(job_id)
+                self.planner.count_error(queue)
+                per_queue[queue] = per_queue.get(queue, 0) - 1
+                if index >= 0:
+                    result.job_ids[index] = None
+                    result.due_ms[index] = None
+                result.errors.append(
+                    BulkError(index, job_id, delivery_error(f"scheduling job {job_id!r}", err))
+                )
+            result.errors.sort(key=lambda e: e.index)
+        for queue, n in per_queue.items():
+            if n > 0:
+                self.planner.delivered(queue, n)
+
+    # ------------------------------------------------------------ cancel
+    def cancel(
+        self, job_id: str, *, queue: str | None = None, idempotency_key: str | None = None
+    ) -> Cancelled:
+        """Cancel ``job_id``: workers skip it if it has not run yet.
+
+        ``queue`` defaults to the queue this client scheduled the job to, else
+        ``default``; ``idempotency_key`` defaults to the key this client scheduled the job
+        with, else to the job id. Returns what was cancelled once both records
+        (idempotency state ``cancelled`` and the outcome) are acknowledged.
+        """
+        idem, outcome, cancelled = self.cancel_plan(
+            job_id, queue=queue, idempotency_key=idempotency_key
+        )
+        first, second = Delivery(), Delivery()
+        self._produce_record(idem, first)
+        self._produce_record(outcome, second)
+        self._wait(first)
+        self._wait(second)
+        for d, rec in ((first, idem), (second, outcome)):
+            if d.error is not None:
+                raise delivery_error(f"cancelling job {job_id!r} ({rec.topic})", d.error)
+        return cancelled._replace(partition=first.partition)
+
+    def cancel_plan(
+        self, job_id: str, *, queue: str | None = None, idempotency_key: str | None = None
+    ) -> tuple[OutgoingRecord, OutgoingRecord, Cancelled]:
+        """The records that cancel ``job_id`` and the result (partition not known yet)."""
+        planner = self.planner
+        known = planner.recent.get(job_id) if isinstance(job_id, str) else None
+        if queue is None:
+            queue = known.queue if known else "default"
+        if queue not in planner.rules.queues:
+            raise InvalidInput(
+                "queue", queue, f"one of the configured queues {sorted(planner.rules.queues)}"
+            )
+        if known is not None and known.queue != queue:
+            raise InvalidInput(
+                "queue", queue, f"the queue job {job_id!r} was scheduled to ({known.queue!r})"
+            )
+        key = idempotency_key or (known.idempotency_key if known else job_id)
+        at_ms = self.clock()
+        idem, outcome = cancel_records(
+            names=self.names,
+            job_id=job_id,
+            queue=queue,
+            idempotency_key=key,
+            at_ms=at_ms,
+            task=known.task if known else "",
+            due_ms=known.due_ms if known else None,
+            content_hash=known.content_hash if known else None,
+        )
+        return idem, outcome, Cancelled(job_id, queue, key, -1, at_ms, known is not None)
+
+    # ------------------------------------------------------------ plumbing
+    def _produce_record(self, rec: OutgoingRecord, delivery: Delivery) -> None:
+        self._produce(rec.topic, rec.value, rec.key, rec.partition, rec.headers, delivery)
+
+    def _produce(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes,
+        partition: int | None,
+        headers: list[tuple[str, bytes]],
+        delivery: Delivery,
+    ) -> None:
+        producer = self.producer
+        produce: Callable[..., None] = producer.produce  # headers: list[tuple[str, bytes]]
+        while True:
+            try:
+                if partition is None:
+                    produce(topic, value, key, on_delivery=delivery, headers=headers)
+                else:
+                    produce(topic, value, key, partition, on_delivery=delivery, headers=headers)
+                return
+            except BufferError:
+                producer.poll(0.05)
+
+    def _wait(self, delivery: Delivery) -> None:
+        deadline = time.monotonic() + self.delivery_timeout_s + 30.0
+        while not delivery.done:
+            self.producer.poll(0.05)
+            if time.monotonic() > deadline:
+                raise KafkaOperationError("no delivery report from the producer in time")
+
+
+def _flush(producer: Producer, timeout_s: float) -> None:
+    remaining = producer.flush(timeout_s)
+    if remaining:
+        raise KafkaOperationError(
+            f"{remaining} records still unacknowledged after the delivery timeout"
+        )
+
+
+def _job_id_of(item: object) -> str | None:
+    if isinstance(item, JobRequest):
+        return item.job_id
+    if isinstance(item, Mapping):
+        value = item.get("job_id")
+        return value if isinstance(value, str) else None
+    return None
