@@ -18,7 +18,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 from dueflow import tracing
 from dueflow.clients import kafka_error
 from dueflow.config import Settings
-from dueflow.errors import ConflictError, InvalidInput, KafkaOperationError
+from dueflow.errors import ConflictError, InvalidInput, KafkaOperationError, TopicMismatch
 from dueflow.ids import RANDOM_HEX_DIGITS, uuid7_hex
 from dueflow.job_request import JobRequest, JobRules, PreparedJob, prepare_job
 from dueflow.metrics import Metrics
@@ -191,6 +191,25 @@ class ScheduleSpan:
 
 def _trace_map(trace_headers: Sequence[tuple[str, bytes]]) -> Mapping[str, str]:
     return {k: v.decode("ascii", "replace") for k, v in trace_headers}
+
+
+def check_timer_topic(
+    admin: AdminClient, topic: str, *, partitions: int, timeout_s: float = 15.0
+) -> int:
+    """Check that ``topic`` exists with the wheel's partition count; return its
+    ``max.message.bytes``. Raises a clear error otherwise."""
+    try:
+        md = admin.list_topics(topic, timeout=timeout_s)
+    except KafkaException as exc:
+        raise kafka_error(f"describe {topic}", exc) from exc
+    found = md.topics.get(topic)
+    if found is not None and found.error is None and len(found.partitions) != partitions:
+        raise TopicMismatch(
+            f"topic {topic} has {len(found.partitions)} partitions but the timing wheel of "
+            f"these settings needs {partitions}: the settings (wheel) differ from those the "
+            "topic was created with"
+        )
+    return read_max_message_bytes(admin, topic, timeout_s=timeout_s)
 
 
 def read_max_message_bytes(admin: AdminClient, topic: str, *, timeout_s: float = 15.0) -> int:

@@ -24,31 +24,31 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any, cast
+from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from dueflow import headers as hdr
 from dueflow import tracing
-from dueflow.clients import make_admin, make_producer
+from dueflow.clients import kafka_error, make_admin, make_producer
 from dueflow.config import Settings
-from dueflow.errors import ConflictError, DueflowError, InvalidInput, KafkaOperationError
-from dueflow.job_request import Duration, Instant, JobRequest, as_request
+from dueflow.errors import DueflowError, InvalidInput, KafkaOperationError
+from dueflow.job_request import Duration, Instant, JobRequest
 from dueflow.metrics import Metrics
 from dueflow.model import Backoff
+from dueflow.producers.bulk import BulkRun
 from dueflow.producers.cancel import OutgoingRecord, cancel_records
 from dueflow.producers.core import (
     JobIds,
     PlannedTimer,
     ScheduleSpan,
     TimerPlanner,
+    check_timer_topic,
     delivery_error,
     producer_settings,
-    read_max_message_bytes,
     wall_ms,
 )
 from dueflow.producers.recent import DEFAULT_CAPACITY, RecentJobs
-from dueflow.producers.results import BulkError, BulkResult, Cancelled, Scheduled
+from dueflow.producers.results import BulkResult, Cancelled, Scheduled
 from dueflow.topics import names
 
 
@@ -67,22 +67,6 @@ class Delivery:
         partition = msg.partition() if err is None else None
         self.partition = -1 if partition is None else partition
         self.done = True
-
-
-class BulkDeliveries:
-    """Delivery callback of a ``schedule_many`` call: keeps only the failures."""
-
-    __slots__ = ("failures",)
-
-    def __init__(self) -> None:
-        self.failures: list[tuple[str, str, KafkaError]] = []
-
-    def __call__(self, err: KafkaError | None, msg: Message) -> None:
-        if err is not None:
-            headers = cast("list[tuple[str, bytes]] | None", msg.headers())
-            job_id = hdr.header_text(headers, hdr.JOB_ID) or ""
-            queue = hdr.header_text(headers, hdr.QUEUE) or ""
-            self.failures.append((job_id, queue, err))
 
 
 # schedule_many writes through a producer of its own, tuned for throughput:
@@ -123,7 +107,9 @@ class Scheduler:
         if self._producer is not None:
             return self
         admin = make_admin(self.settings)
-        limit = read_max_message_bytes(admin, self.names.timers)
+        limit = check_timer_topic(
+            admin, self.names.timers, partitions=self.settings.wheel.total_partitions
+        )
         self._planner = TimerPlanner(
             self.settings,
             recent=RecentJobs(self._recent_capacity),
@@ -245,100 +231,18 @@ class Scheduler:
     ) -> BulkResult:
         """Schedule many jobs in one call; errors are reported per job, not raised.
 
-        ``jobs`` may be any iterable (a generator of 100k items is fine): records
-        are produced as they come, delivery reports are served every
-        ``poll_every`` jobs and whenever the producer queue is full, so memory
-        stays bounded by the producer's queue, not by the input. Returns once
-        every record is acknowledged or failed.
+        ``jobs`` may be any iterable of :class:`JobRequest` or dicts of its
+        fields (a generator of 100k items is fine): records are produced as
+        they come, delivery reports are served every ``poll_every`` jobs and
+        whenever the producer queue is full, so memory stays bounded by the
+        producer's queue, not by the input. Returns once every record is
+        acknowledged or failed; see :class:`BulkResult`.
         """
-        planner = self.planner
         producer = self._bulk_producer
         if producer is None:
             raise DueflowError("the scheduler is not started: use start() or `with`")
-        result = BulkResult()
-        ids = result.job_ids
-        dues = result.due_ms
-        deliveries = BulkDeliveries()
-        produce: Callable[..., None] = producer.produce  # headers: list[tuple[str, bytes]]
-        poll = producer.poll
-        plan = planner.plan
-        clock = self.clock
-        topic = planner.topic
-        traced = tracing.enabled()
-        produced = 0
-        per_queue: dict[str, int] = {}
-        index = -1
-        for index, item in enumerate(jobs):
-            span = None
-            try:
-                req = item if type(item) is JobRequest else as_request(item, field=f"jobs[{index}]")
-                if traced:
-                    span = ScheduleSpan(req)
-                    planned = plan(req, now_ms=clock(), trace_headers=span.headers)
-                else:
-                    planned = plan(req, now_ms=clock())
-            except (InvalidInput, ConflictError) as exc:
-                result.errors.append(BulkError(index, _job_id_of(item), exc))
-                ids.append(None)
-                dues.append(None)
-                if span is not None:
-                    span.end(None, exc)
-                continue
-            if type(planned) is Scheduled:
-                result.duplicates += 1
-                job_id, due_ms = planned.job_id, planned.due_ms
-            else:
-                assert isinstance(planned, PlannedTimer)
-                job, rec = planned
-                while True:
-                    try:
-                        produce(
-                            topic,
-                            rec.value,
-                            rec.key,
-                            rec.partition,
-                            on_delivery=deliveries,
-                            headers=rec.headers,
-                        )
-                        break
-                    except BufferError:  # the producer queue is full: let it drain
-                        poll(0.05)
-                produced += 1
-                if produced % poll_every == 0:
-                    poll(0)
-                job_id, due_ms, queue = job.job_id, job.due_ms, job.queue
-                per_queue[queue] = per_queue.get(queue, 0) + 1
-            ids.append(job_id)
-            dues.append(due_ms)
-            if span is not None:
-                span.end(job_id)
-        result.total = index + 1
-        _flush(producer, self.delivery_timeout_s + 30.0)
-        self._settle_bulk(result, deliveries, per_queue)
-        return result
-
-    def _settle_bulk(
-        self, result: BulkResult, deliveries: BulkDeliveries, per_queue: dict[str, int]
-    ) -> None:
-        failures = deliveries.failures
-        result.scheduled = sum(per_queue.values()) - len(failures)
-        if failures:
-            where = {job_id: i for i, job_id in enumerate(result.job_ids) if job_id is not None}
-            for job_id, queue, err in failures:
-                index = where.get(job_id, -1)
-                self.planner.recent.forget(job_id)
-                self.planner.count_error(queue)
-                per_queue[queue] = per_queue.get(queue, 0) - 1
-                if index >= 0:
-                    result.job_ids[index] = None
-                    result.due_ms[index] = None
-                result.errors.append(
-                    BulkError(index, job_id, delivery_error(f"scheduling job {job_id!r}", err))
-                )
-            result.errors.sort(key=lambda e: e.index)
-        for queue, n in per_queue.items():
-            if n > 0:
-                self.planner.delivered(queue, n)
+        run = BulkRun(self.planner, producer, clock=self.clock, poll_every=poll_every)
+        return run.run(jobs, flush_timeout_s=self.delivery_timeout_s + 30.0)
 
     # ------------------------------------------------------------ cancel
     def cancel(
@@ -380,7 +284,10 @@ class Scheduler:
             raise InvalidInput(
                 "queue", queue, f"the queue job {job_id!r} was scheduled to ({known.queue!r})"
             )
-        key = idempotency_key or (known.idempotency_key if known else job_id)
+        if idempotency_key is not None:
+            key = idempotency_key
+        else:
+            key = known.idempotency_key if known else job_id
         at_ms = self.clock()
         idem, outcome = cancel_records(
             names=self.names,
@@ -418,6 +325,8 @@ class Scheduler:
                 return
             except BufferError:
                 producer.poll(0.05)
+            except KafkaException as exc:
+                raise kafka_error(f"producing to {topic}", exc) from exc
 
     def _wait(self, delivery: Delivery) -> None:
         deadline = time.monotonic() + self.delivery_timeout_s + 30.0
@@ -425,20 +334,3 @@ class Scheduler:
             self.producer.poll(0.05)
             if time.monotonic() > deadline:
                 raise KafkaOperationError("no delivery report from the producer in time")
-
-
-def _flush(producer: Producer, timeout_s: float) -> None:
-    remaining = producer.flush(timeout_s)
-    if remaining:
-        raise KafkaOperationError(
-            f"{remaining} records still unacknowledged after the delivery timeout"
-        )
-
-
-def _job_id_of(item: object) -> str | None:
-    if isinstance(item, JobRequest):
-        return item.job_id
-    if isinstance(item, Mapping):
-        value = item.get("job_id")
-        return value if isinstance(value, str) else None
-    return None

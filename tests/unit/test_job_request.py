@@ -42,7 +42,9 @@ def test_defaults() -> None:
     assert job.payload == b'{"to":"a@example.com"}'
     assert job.content_type == "application/json"
     assert job.max_attempts == 5  # the cluster's default
-    assert job.backoff is None and job.timeout_ms is None and job.jitter_ms == 0
+    assert job.backoff is None
+    assert job.timeout_ms is None
+    assert job.jitter_ms == 0
     assert job.content_hash == content_hash("send_email", job.payload, "application/json")
 
 

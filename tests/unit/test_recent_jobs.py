@@ -14,7 +14,8 @@ def test_first_claim_writes_then_same_content_is_a_duplicate() -> None:
     r = RecentJobs()
     assert r.claim("j", entry(), "send_email") is None
     again = r.claim("j", entry(due_ms=999), "send_email")  # same content, later call
-    assert again is not None and again.duplicate
+    assert again is not None
+    assert again.duplicate
     assert (again.job_id, again.due_ms, again.partition) == ("j", 5, 3)  # the first result
     assert r.get("j") == again
 

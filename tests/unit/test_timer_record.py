@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dueflow import headers as hdr
-from dueflow.config import ConfigError
+from dueflow.errors import ConfigError
 from dueflow.job_request import JobRequest, JobRules, prepare_job
 from dueflow.model import Job
 from dueflow.schemas import codec
