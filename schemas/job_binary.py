@@ -295,3 +295,27 @@ def encode_job_values(values: JobValues, job_id: bytes, key: bytes) -> bytes:
             _map(labels) if labels else _NULL,
         )
     )
+
+
+def leading_strings(data: bytes, count: int = 2) -> list[str]:
+    """The first ``count`` string fields of an Avro record (of a Job: job id and
+    queue), read without decoding the rest. Raises ``ValueError`` on bad bytes."""
+    out: list[str] = []
+    pos = 0
+    for _ in range(count):
+        shift = z = 0
+        while True:
+            if pos >= len(data) or shift > 63:
+                raise ValueError("truncated varint")
+            b = data[pos]
+            pos += 1
+            z |= (b & 0x7F) << shift
+            shift += 7
+            if b < 0x80:
+                break
+        n = (z >> 1) ^ -(z & 1)
+        if n < 0 or pos + n > len(data):
+            raise ValueError("bad string length")
+        out.append(data[pos : pos + n].decode())
+        pos += n
+    return out
