@@ -118,7 +118,7 @@ class PreparedJob(NamedTuple):
     labels: Mapping[str, str]
 
     def to_job(self) -> Job:
-        return Job.from_record(self._asdict())
+        return Job(**self._asdict())
 
 
 _NO_STRINGS: Mapping[str, str] = MappingProxyType({})
