@@ -16,6 +16,7 @@ thread. Input checks, errors and results are exactly those of
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -26,6 +27,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from dueflow import tracing
 from dueflow.config import Settings
+from dueflow.cron import CronSchedule
 from dueflow.errors import DueflowError
 from dueflow.job_request import Duration, Instant, JobRequest
 from dueflow.metrics import Metrics
@@ -228,6 +230,43 @@ class AsyncScheduler:
             partition,
             cancelled.at_ms,
             cancelled.known,
+        )
+
+    # ------------------------------------------------------------ cron
+    async def add_schedule(self, schedule_id: str, **definition: Any) -> CronSchedule:
+        """See :meth:`Scheduler.add_schedule` (same keywords; runs in a worker thread)."""
+        self._require_started()
+        return await asyncio.to_thread(
+            functools.partial(self.sync.add_schedule, schedule_id, **definition)
+        )
+
+    async def update_schedule(self, schedule_id: str, **changes: Any) -> CronSchedule:
+        """See :meth:`Scheduler.update_schedule`."""
+        self._require_started()
+        return await asyncio.to_thread(
+            functools.partial(self.sync.update_schedule, schedule_id, **changes)
+        )
+
+    async def pause_schedule(self, schedule_id: str) -> CronSchedule:
+        self._require_started()
+        return await asyncio.to_thread(self.sync.pause_schedule, schedule_id)
+
+    async def resume_schedule(self, schedule_id: str) -> CronSchedule:
+        self._require_started()
+        return await asyncio.to_thread(self.sync.resume_schedule, schedule_id)
+
+    async def delete_schedule(self, schedule_id: str) -> bool:
+        self._require_started()
+        return await asyncio.to_thread(self.sync.delete_schedule, schedule_id)
+
+    async def get_schedule(self, schedule_id: str) -> CronSchedule | None:
+        self._require_started()
+        return await asyncio.to_thread(self.sync.get_schedule, schedule_id)
+
+    async def list_schedules(self, *, include_paused: bool = True) -> list[CronSchedule]:
+        self._require_started()
+        return await asyncio.to_thread(
+            functools.partial(self.sync.list_schedules, include_paused=include_paused)
         )
 
     # ------------------------------------------------------------ plumbing

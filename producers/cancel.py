@@ -27,7 +27,7 @@ class OutgoingRecord:
 
     topic: str
     key: bytes
-    value: bytes
+    value: bytes | None  # None: a tombstone
     headers: list[tuple[str, bytes]]
     partition: int | None = None
 

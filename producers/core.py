@@ -197,19 +197,45 @@ def check_timer_topic(
     admin: AdminClient, topic: str, *, partitions: int, timeout_s: float = 15.0
 ) -> int:
     """Check that ``topic`` exists with the wheel's partition count; return its
-    ``max.message.bytes``. Raises a clear error otherwise."""
-    try:
-        md = admin.list_topics(topic, timeout=timeout_s)
-    except KafkaException as exc:
-        raise kafka_error(f"describe {topic}", exc) from exc
-    found = md.topics.get(topic)
-    if found is not None and found.error is None and len(found.partitions) != partitions:
-        raise TopicMismatch(
-            f"topic {topic} has {len(found.partitions)} partitions but the timing wheel of "
-            f"these settings needs {partitions}: the settings (wheel) differ from those the "
-            "topic was created with"
-        )
-    return read_max_message_bytes(admin, topic, timeout_s=timeout_s)
+    ``max.message.bytes``. Raises a clear error otherwise.
+
+    A topic created a moment ago may not be visible (or describable) yet:
+    missing answers are retried for a few seconds before they count.
+    """
+    deadline = time.monotonic() + timeout_s
+    missing_since: float | None = None
+    while True:
+        try:
+            md = admin.list_topics(topic, timeout=timeout_s)
+        except KafkaException as exc:
+            raise kafka_error(f"describe {topic}", exc) from exc
+        found = md.topics.get(topic)
+        if found is None or found.error is not None or not found.partitions:
+            now = time.monotonic()
+            missing_since = now if missing_since is None else missing_since
+            if now - missing_since > _SETTLE_S or now > deadline:
+                raise KafkaOperationError(
+                    f"topic {topic} does not exist: create dueflow's topics first "
+                    "(`dueflow topics ensure`)"
+                )
+            time.sleep(0.1)
+            continue
+        if len(found.partitions) != partitions:
+            raise TopicMismatch(
+                f"topic {topic} has {len(found.partitions)} partitions but the timing wheel "
+                f"of these settings needs {partitions}: the settings (wheel) differ from those "
+                "the topic was created with"
+            )
+        try:
+            return read_max_message_bytes(admin, topic, timeout_s=timeout_s)
+        except KafkaOperationError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+# How long a topic may stay invisible before it counts as missing.
+_SETTLE_S = 3.0
 
 
 def read_max_message_bytes(admin: AdminClient, topic: str, *, timeout_s: float = 15.0) -> int:

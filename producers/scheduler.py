@@ -31,6 +31,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from dueflow import tracing
 from dueflow.clients import kafka_error, make_admin, make_producer
 from dueflow.config import Settings
+from dueflow.cron import CronSchedule, MisfirePolicy
 from dueflow.errors import DueflowError, InvalidInput, KafkaOperationError
 from dueflow.job_request import Duration, Instant, JobRequest
 from dueflow.metrics import Metrics
@@ -49,6 +50,7 @@ from dueflow.producers.core import (
 )
 from dueflow.producers.recent import DEFAULT_CAPACITY, RecentJobs
 from dueflow.producers.results import BulkResult, Cancelled, Scheduled
+from dueflow.producers.schedules import ScheduleStore
 from dueflow.topics import names
 
 
@@ -99,6 +101,7 @@ class Scheduler:
         self._producer_config = dict(producer_config or {})
         self._producer: Producer | None = None
         self._bulk_producer: Producer | None = None
+        self._schedules: ScheduleStore | None = None
         self._planner: TimerPlanner | None = None
 
     # ------------------------------------------------------------- lifecycle
@@ -124,12 +127,14 @@ class Scheduler:
         }
         self._producer = make_producer(self.settings, **conf)
         self._bulk_producer = make_producer(self.settings, **{**BULK_PRODUCER, **conf})
+        self._schedules = ScheduleStore(self.settings, write=self.write_record, clock=self.clock)
         return self
 
     def close(self) -> None:
         """Wait for outstanding records (up to the delivery timeout), then drop the producer."""
         producers = (self._producer, self._bulk_producer)
         self._producer = self._bulk_producer = None
+        self._schedules = None
         for producer in producers:
             if producer is not None:
                 producer.flush(self.delivery_timeout_s)
@@ -301,7 +306,95 @@ class Scheduler:
         )
         return idem, outcome, Cancelled(job_id, queue, key, -1, at_ms, known is not None)
 
+    # ------------------------------------------------------------ cron
+    @property
+    def schedules(self) -> ScheduleStore:
+        """The cron schedules of the cluster (see :class:`ScheduleStore`)."""
+        if self._schedules is None:
+            raise DueflowError("the scheduler is not started: use start() or `with`")
+        return self._schedules
+
+    def add_schedule(
+        self,
+        schedule_id: str,
+        *,
+        cron: str,
+        timezone: str,
+        task: str,
+        payload: Any = None,
+        queue: str = "default",
+        misfire: MisfirePolicy | str = MisfirePolicy.FIRE_ONCE,
+        jitter: Duration | None = None,
+        start: Instant | None = None,
+        end: Instant | None = None,
+        max_attempts: int | None = None,
+        backoff: Backoff | str | Mapping[str, Any] | None = None,
+        timeout: Duration | None = None,
+        labels: Mapping[str, str] | None = None,
+        paused: bool = False,
+    ) -> CronSchedule:
+        """Run ``task(payload)`` at every occurrence of ``cron`` read in ``timezone``.
+
+        ``misfire`` says what happens to occurrences missed during downtime
+        (``fire_once``, ``fire_all``, ``skip``); ``jitter`` spreads each
+        occurrence over ``[0, jitter]``; ``start``/``end`` bound the window.
+        The expression, zone, queue and policy are checked before anything is
+        written. Adding the same definition again is a no-op; another one
+        under the same id is a :class:`ConflictError` (use :meth:`update_schedule`).
+        """
+        return self.schedules.add(
+            schedule_id,
+            cron=cron,
+            timezone=timezone,
+            task=task,
+            payload=payload,
+            queue=queue,
+            misfire=misfire,
+            jitter=jitter,
+            start=start,
+            end=end,
+            max_attempts=max_attempts,
+            backoff=backoff,
+            timeout=timeout,
+            labels=labels,
+            paused=paused,
+        )
+
+    def update_schedule(self, schedule_id: str, **changes: Any) -> CronSchedule:
+        """Change fields of a schedule (the keywords of :meth:`add_schedule`; omitted or
+        ``None`` ones are kept). Writes a new version."""
+        return self.schedules.update(schedule_id, **changes)
+
+    def pause_schedule(self, schedule_id: str) -> CronSchedule:
+        """Stop firing ``schedule_id`` until it is resumed."""
+        return self.schedules.pause(schedule_id)
+
+    def resume_schedule(self, schedule_id: str) -> CronSchedule:
+        """Fire ``schedule_id`` again from its next occurrence."""
+        return self.schedules.resume(schedule_id)
+
+    def delete_schedule(self, schedule_id: str) -> bool:
+        """Delete ``schedule_id``; False when it did not exist."""
+        return self.schedules.delete(schedule_id)
+
+    def get_schedule(self, schedule_id: str) -> CronSchedule | None:
+        """The schedule ``schedule_id``, or None."""
+        return self.schedules.get(schedule_id)
+
+    def list_schedules(self, *, include_paused: bool = True) -> list[CronSchedule]:
+        """Every schedule of the cluster, by id (reads the schedules topic to its end)."""
+        return self.schedules.list_all(include_paused=include_paused)
+
     # ------------------------------------------------------------ plumbing
+    def write_record(self, rec: OutgoingRecord) -> int:
+        """Produce one record and wait for the broker; return its partition."""
+        delivery = Delivery()
+        self._produce_record(rec, delivery)
+        self._wait(delivery)
+        if delivery.error is not None:
+            raise delivery_error(f"writing to {rec.topic}", delivery.error)
+        return delivery.partition
+
     def _produce_record(self, rec: OutgoingRecord, delivery: Delivery) -> None:
         self._produce(rec.topic, rec.value, rec.key, rec.partition, rec.headers, delivery)
 

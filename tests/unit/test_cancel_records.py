@@ -21,7 +21,7 @@ def test_cancel_writes_idempotency_state_and_outcome() -> None:
         content_hash="h",
     )
     assert (idem.topic, idem.key, idem.partition) == ("df.idempotency.billing", b"invoice:1", None)
-    assert codec.decode("idempotency", idem.value) == {
+    assert codec.decode("idempotency", idem.value or b"") == {
         "idempotency_key": "invoice:1",
         "job_id": "j-1",
         "state": "cancelled",
@@ -31,7 +31,7 @@ def test_cancel_writes_idempotency_state_and_outcome() -> None:
     }
     assert codec.parse_schema_header(hdr.header(idem.headers, hdr.SCHEMA), expected="idempotency")
     assert (outcome.topic, outcome.key) == ("df.outcomes", b"j-1")
-    got = codec.decode("outcome", outcome.value)
+    got = codec.decode("outcome", outcome.value or b"")
     assert (got["state"], got["task"], got["due_ms"], got["at_ms"]) == (
         "cancelled",
         "charge",
