@@ -79,6 +79,6 @@ def read_all(settings: Settings, topic: str, *, timeout_s: float = 30.0) -> list
 
 def headers_of(msg: Message) -> list[tuple[str, bytes]]:
     """A record's headers as ``(name, bytes)`` pairs (the client types them loosely)."""
-    return [
-        (k, v if isinstance(v, bytes) else str(v or "").encode()) for k, v in msg.headers() or []
-    ]
+    raw = msg.headers() or []
+    pairs = list(raw.items()) if isinstance(raw, dict) else list(raw)
+    return [(k, v if isinstance(v, bytes) else str(v or "").encode()) for k, v in pairs]
