@@ -106,7 +106,8 @@ class ScheduleStore:
         (nothing written); another definition under a live id is a
         :class:`ConflictError` (use :meth:`update`)."""
         now = self._clock()
-        fields = self._checked_fields(
+        fields = schedule_fields(
+            self.settings,
             schedule_id=schedule_id,
             cron=cron,
             timezone=timezone,
@@ -191,7 +192,7 @@ class ScheduleStore:
             "paused": current.paused,
         }
         merged.update({k: v for k, v in given.items() if v is not None})
-        fields = self._checked_fields(payload=payload, **merged)
+        fields = schedule_fields(self.settings, payload=payload, **merged)
         if payload is None:
             fields["payload"], fields["content_type"] = current.payload, current.content_type
         if start is None:
@@ -256,78 +257,6 @@ class ScheduleStore:
         if stored is None or stored.schedule is None:
             raise InvalidInput("schedule_id", schedule_id, "the id of an existing schedule")
         return stored.schedule
-
-    def _checked_fields(
-        self,
-        *,
-        schedule_id: str,
-        cron: str,
-        timezone: str,
-        task: str,
-        payload: Any,
-        queue: str,
-        misfire: MisfirePolicy | str,
-        jitter: Duration | None,
-        start: datetime | str | None,
-        end: datetime | str | None,
-        max_attempts: int | None,
-        backoff: Backoff | str | Mapping[str, Any] | None,
-        timeout: Duration | None,
-        labels: Mapping[str, str] | None,
-        paused: bool,
-    ) -> dict[str, Any]:
-        """Every field checked, each error naming its field; nothing is written before."""
-        _check_id(schedule_id)
-        parse_cron(cron)
-        zone(timezone)
-        if not isinstance(task, str) or not task or len(task) > MAX_NAME_CHARS:
-            raise InvalidInput("task", task, f"a non-empty string of at most {MAX_NAME_CHARS}")
-        if queue not in self.settings.queue_names:
-            raise InvalidInput(
-                "queue", queue, f"one of the configured queues {sorted(self.settings.queue_names)}"
-            )
-        try:
-            policy = MisfirePolicy(misfire)
-        except ValueError:
-            raise InvalidInput(
-                "misfire", misfire, ", ".join(p.value for p in MisfirePolicy)
-            ) from None
-        body, content_type = encode_payload(payload)
-        start_ms = None if start is None else to_utc_ms(start, field="start")
-        end_ms = None if end is None else to_utc_ms(end, field="end")
-        if start_ms is not None and end_ms is not None and end_ms < start_ms:
-            raise InvalidInput("end", end, f"a time at or after start ({start})")
-        attempts = (
-            self.settings.worker.default_max_attempts if max_attempts is None else max_attempts
-        )
-        if type(attempts) is not int or not 1 <= attempts <= MAX_INT32:
-            raise InvalidInput("max_attempts", max_attempts, f"an integer from 1 to {MAX_INT32}")
-        timeout_ms = None if timeout is None else parse_duration(timeout, field="timeout")
-        if timeout_ms is not None and timeout_ms < 1:
-            raise InvalidInput("timeout", timeout, "a duration of at least 1 ms, or None")
-        if labels is not None and not (
-            isinstance(labels, Mapping)
-            and all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items())
-        ):
-            raise InvalidInput("labels", labels, "a dict of strings to strings")
-        return {
-            "schedule_id": schedule_id,
-            "cron": cron,
-            "timezone": timezone,
-            "queue": queue,
-            "task": task,
-            "payload": body,
-            "content_type": content_type,
-            "jitter_ms": 0 if jitter is None else parse_duration(jitter, field="jitter"),
-            "misfire": policy,
-            "start_ms": start_ms,
-            "end_ms": end_ms,
-            "paused": bool(paused),
-            "max_attempts": attempts,
-            "backoff": parse_backoff(backoff),
-            "timeout_ms": timeout_ms,
-            "labels": dict(labels or {}),
-        }
 
     # ------------------------------------------------------------------ reads
     def get(self, schedule_id: str) -> CronSchedule | None:
@@ -447,6 +376,76 @@ def _high_watermark(consumer: Consumer, tp: TopicPartition, timeout_s: float) ->
             if not settling or time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+def schedule_fields(
+    settings: Settings,
+    *,
+    schedule_id: str,
+    cron: str,
+    timezone: str,
+    task: str,
+    payload: Any,
+    queue: str,
+    misfire: MisfirePolicy | str,
+    jitter: Duration | None,
+    start: datetime | str | None,
+    end: datetime | str | None,
+    max_attempts: int | None,
+    backoff: Backoff | str | Mapping[str, Any] | None,
+    timeout: Duration | None,
+    labels: Mapping[str, str] | None,
+    paused: bool,
+) -> dict[str, Any]:
+    """The fields of a :class:`CronSchedule` from what a caller gives, every one
+    checked; :class:`InvalidInput` names the first bad field (pure)."""
+    _check_id(schedule_id)
+    parse_cron(cron)
+    zone(timezone)
+    if not isinstance(task, str) or not task or len(task) > MAX_NAME_CHARS:
+        raise InvalidInput("task", task, f"a non-empty string of at most {MAX_NAME_CHARS}")
+    if queue not in settings.queue_names:
+        raise InvalidInput(
+            "queue", queue, f"one of the configured queues {sorted(settings.queue_names)}"
+        )
+    try:
+        policy = MisfirePolicy(misfire)
+    except ValueError:
+        raise InvalidInput("misfire", misfire, ", ".join(p.value for p in MisfirePolicy)) from None
+    body, content_type = encode_payload(payload)
+    start_ms = None if start is None else to_utc_ms(start, field="start")
+    end_ms = None if end is None else to_utc_ms(end, field="end")
+    if start_ms is not None and end_ms is not None and end_ms < start_ms:
+        raise InvalidInput("end", end, f"a time at or after start ({start})")
+    attempts = settings.worker.default_max_attempts if max_attempts is None else max_attempts
+    if type(attempts) is not int or not 1 <= attempts <= MAX_INT32:
+        raise InvalidInput("max_attempts", max_attempts, f"an integer from 1 to {MAX_INT32}")
+    timeout_ms = None if timeout is None else parse_duration(timeout, field="timeout")
+    if timeout_ms is not None and timeout_ms < 1:
+        raise InvalidInput("timeout", timeout, "a duration of at least 1 ms, or None")
+    if labels is not None and not (
+        isinstance(labels, Mapping)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items())
+    ):
+        raise InvalidInput("labels", labels, "a dict of strings to strings")
+    return {
+        "schedule_id": schedule_id,
+        "cron": cron,
+        "timezone": timezone,
+        "queue": queue,
+        "task": task,
+        "payload": body,
+        "content_type": content_type,
+        "jitter_ms": 0 if jitter is None else parse_duration(jitter, field="jitter"),
+        "misfire": policy,
+        "start_ms": start_ms,
+        "end_ms": end_ms,
+        "paused": bool(paused),
+        "max_attempts": attempts,
+        "backoff": parse_backoff(backoff),
+        "timeout_ms": timeout_ms,
+        "labels": dict(labels or {}),
+    }
 
 
 def _check_id(schedule_id: object) -> None:
