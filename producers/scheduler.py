@@ -99,6 +99,7 @@ class Scheduler:
         self._random_bytes = random_bytes
         self._recent_capacity = recent_jobs
         self._producer_config = dict(producer_config or {})
+        self._producer_conf: dict[str, Any] = {}
         self._producer: Producer | None = None
         self._bulk_producer: Producer | None = None
         self._schedules: ScheduleStore | None = None
@@ -125,6 +126,7 @@ class Scheduler:
             **producer_settings(limit),
             **self._producer_config,
         }
+        self._producer_conf = conf
         self._producer = make_producer(self.settings, **conf)
         self._bulk_producer = make_producer(self.settings, **{**BULK_PRODUCER, **conf})
         self._schedules = ScheduleStore(self.settings, write=self.write_record, clock=self.clock)
@@ -149,6 +151,11 @@ class Scheduler:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+    def producer_settings(self) -> dict[str, Any]:
+        """The librdkafka settings the producers got on top of ``dueflow.clients``'
+        defaults (the bulk producer adds :data:`BULK_PRODUCER`)."""
+        return dict(self._producer_conf)
 
     @property
     def producer(self) -> Producer:
