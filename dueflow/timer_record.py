@@ -38,6 +38,11 @@ RECORD_OVERHEAD = 21
 HEADER_OVERHEAD = 10
 
 
+# NamedTuple's generated __new__ is a Python function; the scheduling client
+# builds one record per job, so it builds the tuple directly.
+_new_tuple = tuple.__new__
+
+
 class TimerRecord(NamedTuple):
     """One record for the timer topic, and its estimated size in a batch."""
 
@@ -142,7 +147,7 @@ def timer_record(
         headers.extend(trace_headers)
         size = record_size(key, value, headers)
     partition = placer.partition(due_ms=due_ms, now_ms=now_ms, spread=zlib.crc32(key))
-    return TimerRecord(partition, key, value, headers, size)
+    return _new_tuple(TimerRecord, (partition, key, value, headers, size))
 
 
 def record_size(

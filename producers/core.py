@@ -27,6 +27,8 @@ from dueflow.producers.results import Scheduled
 from dueflow.timer_record import TimerPlacer, TimerRecord, timer_record
 from dueflow.topics import names
 
+_new_tuple = tuple.__new__  # NamedTuple without its Python-level __new__ (hot path)
+
 # The broker's default max.message.bytes, used until the topic is described.
 DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
 
@@ -140,7 +142,7 @@ class TimerPlanner:
             raise
         if earlier is not None:
             return earlier
-        return PlannedTimer(job, record)
+        return _new_tuple(PlannedTimer, (job, record))
 
     def _too_large(self, job: PreparedJob, record: TimerRecord) -> InvalidInput:
         return InvalidInput(

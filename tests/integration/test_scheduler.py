@@ -26,7 +26,7 @@ from dueflow.topic_admin import TopicAdmin
 from dueflow.topics import names, topic_layout
 from dueflow.wheel import place_timer
 from tests.conftest import KafkaCluster
-from tests.integration.records import high_watermarks, read_all
+from tests.integration.records import headers_of, high_watermarks, read_all
 
 # A small wheel: 2 near partitions and 2 levels of 10 slots (22 partitions).
 WHEEL = {
@@ -383,3 +383,37 @@ def test_delivery_failures_are_reported_per_job(settings: Settings, clock: Fixed
         assert s.planner.recent.get("j0") is None
         assert s.planner.recent.get("single") is None
     assert [m.key() for m in timers(settings)] == [b"fine"]
+
+
+def test_trace_context_travels_in_headers_and_value(
+    settings: Settings, scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from dueflow import tracing
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(tracing, "enabled", lambda: True)
+    monkeypatch.setattr(tracing, "tracer", lambda: provider.get_tracer("test"))
+
+    one = scheduler.schedule("send_email", {"to": "a"}, job_id="traced-1")
+    bulk = scheduler.schedule_many([JobRequest("t", i) for i in range(3)])
+    assert bulk.scheduled == 3
+    spans = exporter.get_finished_spans()
+    assert [s.name for s in spans] == ["dueflow.schedule"] * 4
+    assert spans[0].attributes is not None
+    assert spans[0].attributes["dueflow.job_id"] == one.job_id
+    by_job = {bytes(m.key() or b"").decode(): m for m in timers(settings)}
+    trace_ids = set()
+    for span, job_id in zip(spans, [one.job_id, *bulk.job_ids], strict=True):
+        msg = by_job[str(job_id)]
+        trace_id = tracing.trace_id_of(headers_of(msg))
+        assert trace_id == f"{span.context.trace_id:032x}"
+        value = codec.decode("job", msg.value() or b"")
+        assert value["trace"]["traceparent"] == hdr.header_text(headers_of(msg), hdr.TRACEPARENT)
+        trace_ids.add(trace_id)
+    assert len(trace_ids) == 4  # one trace per job
