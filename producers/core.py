@@ -8,6 +8,7 @@ It does no Kafka I/O: the clients produce what it returns.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -39,22 +40,27 @@ def wall_ms() -> int:
 
 
 class JobIds:
-    """Draws UUIDv7 job ids; random digits come in batches from ``random_bytes``."""
+    """Draws UUIDv7 job ids; random digits come in batches from ``random_bytes``.
+
+    Thread-safe: threads never share random digits."""
 
     def __init__(self, random_bytes: Callable[[int], bytes] = os.urandom, batch: int = 4096):
         self._random = random_bytes
         self._batch = batch
         self._pool = ""
         self._pos = 0
+        self._lock = threading.Lock()
 
     def new(self, now_ms: int) -> str:
-        pos = self._pos
-        end = pos + RANDOM_HEX_DIGITS
-        if end > len(self._pool):
-            self._pool = self._random(RANDOM_HEX_DIGITS * self._batch // 2).hex()
-            pos, end = 0, RANDOM_HEX_DIGITS
-        self._pos = end
-        return uuid7_hex(now_ms=now_ms, random_hex=self._pool[pos:end])
+        with self._lock:
+            pos = self._pos
+            end = pos + RANDOM_HEX_DIGITS
+            if end > len(self._pool):
+                self._pool = self._random(RANDOM_HEX_DIGITS * self._batch // 2).hex()
+                pos, end = 0, RANDOM_HEX_DIGITS
+            self._pos = end
+            digits = self._pool[pos:end]
+        return uuid7_hex(now_ms=now_ms, random_hex=digits)
 
 
 class PlannedTimer(NamedTuple):

@@ -31,3 +31,20 @@ def test_random_source_is_injected() -> None:
     ids = JobIds(random_bytes=lambda n: bytes(n), batch=4)
     assert ids.new(0) == "00000000000070008000000000000000"
     assert uuid7_time_ms("not-a-uuid") is None
+
+
+def test_threads_never_share_random_digits() -> None:
+    import threading
+
+    ids = JobIds(batch=7)
+    made: list[str] = []
+
+    def draw() -> None:
+        made.extend(ids.new(0) for _ in range(2_000))
+
+    threads = [threading.Thread(target=draw) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(made)) == len(made) == 8_000
