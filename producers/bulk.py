@@ -14,7 +14,7 @@ locals and avoids per-job objects on purpose.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, cast
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
@@ -95,11 +95,8 @@ class BulkRun:
             except (InvalidInput, ConflictError) as exc:
                 self._reject(index, _job_id_of(item), exc, span)
                 continue
-            if type(planned) is Scheduled:
-                result.duplicates += 1
-                job_id, due_ms = planned.job_id, planned.due_ms
-            else:
-                job, rec = cast(PlannedTimer, planned)
+            if type(planned) is PlannedTimer:
+                job, rec = planned
                 refused = None
                 while True:
                     try:
@@ -118,7 +115,7 @@ class BulkRun:
                         refused = exc
                         break
                 if refused is not None:
-                    self.planner.failed(cast(PlannedTimer, planned))
+                    self.planner.failed(planned)
                     error = kafka_error(f"producing to {topic}", refused)
                     self._reject(index, job.job_id, error, span)
                     continue
@@ -127,6 +124,10 @@ class BulkRun:
                     poll(0)
                 job_id, due_ms, queue = job.job_id, job.due_ms, job.queue
                 per_queue[queue] = per_queue.get(queue, 0) + 1
+            else:  # an idempotent repeat: nothing to write
+                assert type(planned) is Scheduled
+                result.duplicates += 1
+                job_id, due_ms = planned.job_id, planned.due_ms
             ids.append(job_id)
             dues.append(due_ms)
             if span is not None:
