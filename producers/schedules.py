@@ -460,5 +460,5 @@ def _next_version(stored: StoredSchedule | None, now: int) -> int:
 
 
 def _definition(s: CronSchedule) -> CronSchedule:
-    """A schedule without its bookkeeping, to compare definitions."""
-    return replace(s, version=0, created_ms=0, updated_ms=0)
+    """A schedule without its bookkeeping and state, to compare definitions."""
+    return replace(s, version=0, created_ms=0, updated_ms=0, paused=False)

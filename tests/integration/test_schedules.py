@@ -145,6 +145,13 @@ def test_adding_the_same_definition_is_idempotent_another_is_a_conflict(
     with pytest.raises(ConflictError, match="schedule_id 's' already exists"):
         scheduler.add_schedule("s", cron="*/10 * * * *", timezone="UTC", task="t", payload=1)
     assert sum(high_watermarks(settings, [names(settings).schedules]).values()) == 1
+    paused = scheduler.pause_schedule("s")
+    # the same definition again leaves a paused schedule paused
+    assert (
+        scheduler.add_schedule("s", cron="*/5 * * * *", timezone="UTC", task="t", payload=1)
+        == paused
+    )
+    assert sum(high_watermarks(settings, [names(settings).schedules]).values()) == 2
 
 
 def bad_schedules() -> list[tuple[dict[str, Any], str]]:
