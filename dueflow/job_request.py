@@ -121,7 +121,7 @@ class PreparedJob(NamedTuple):
         return Job(**self._asdict())
 
 
-_NO_STRINGS: Mapping[str, str] = MappingProxyType({})
+NO_STRINGS: Mapping[str, str] = MappingProxyType({})
 # NamedTuple's generated __new__ is a Python function; building the tuple
 # directly skips that frame (schedule_many builds one per job).
 _new_prepared = tuple.__new__
@@ -145,10 +145,10 @@ def prepare_job(
     """
     task = req.task
     if type(task) is not str or not 0 < len(task) <= MAX_NAME_CHARS:
-        raise _bad_name("task", task)
+        raise bad_name("task", task)
     queue = req.queue
     if queue not in rules.queues:
-        raise InvalidInput("queue", queue, f"one of the configured queues {sorted(rules.queues)}")
+        raise unknown_queue(queue, rules.queues)
     payload = req.payload
     if type(payload) is bytes:
         content_type = OCTET_STREAM
@@ -158,12 +158,12 @@ def prepare_job(
     if job_id is None:
         job_id = new_job_id(now_ms)
     elif type(job_id) is not str or not 0 < len(job_id) <= MAX_NAME_CHARS:
-        raise _bad_name("job_id", job_id)
+        raise bad_name("job_id", job_id)
     key = req.idempotency_key
     if key is None:
         key = job_id
     elif type(key) is not str or not 0 < len(key) <= MAX_NAME_CHARS:
-        raise _bad_name("idempotency_key", key)
+        raise bad_name("idempotency_key", key)
     due_ms = _due_ms(req, now_ms)
     jitter_ms = 0
     if req.jitter is not None:
@@ -174,10 +174,10 @@ def prepare_job(
     if max_attempts is None:
         max_attempts = rules.default_max_attempts
     elif type(max_attempts) is not int or not 1 <= max_attempts <= MAX_INT32:
-        raise InvalidInput("max_attempts", max_attempts, f"an integer from 1 to {MAX_INT32}")
+        raise bad_attempts(max_attempts)
     backoff = None if req.backoff is None else parse_backoff(req.backoff)
     timeout_ms = None if req.timeout is None else _timeout_ms(req.timeout)
-    labels = _NO_STRINGS if req.labels is None else _labels(req.labels)
+    labels = NO_STRINGS if req.labels is None else _labels(req.labels)
     return _new_prepared(
         PreparedJob,
         (
@@ -193,7 +193,7 @@ def prepare_job(
             timeout_ms,
             jitter_ms,
             now_ms,
-            trace or _NO_STRINGS,
+            trace or NO_STRINGS,
             None,
             None,
             content_hash(task, payload, content_type),
@@ -299,8 +299,17 @@ def _checked_backoff(b: Backoff, shown: object) -> Backoff:
     return b
 
 
-def _bad_name(field: str, value: object) -> InvalidInput:
+def bad_name(field: str, value: object) -> InvalidInput:
+    """The error for a task, job id or key that is not a usable name."""
     return InvalidInput(field, value, f"a non-empty string of at most {MAX_NAME_CHARS} chars")
+
+
+def unknown_queue(queue: object, queues: frozenset[str]) -> InvalidInput:
+    return InvalidInput("queue", queue, f"one of the configured queues {sorted(queues)}")
+
+
+def bad_attempts(value: object) -> InvalidInput:
+    return InvalidInput("max_attempts", value, f"an integer from 1 to {MAX_INT32}")
 
 
 def _due_ms(req: JobRequest, now_ms: int) -> int:

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 from dueflow import headers as hdr
 from dueflow.schemas.codec import schema_header
-from dueflow.schemas.job_binary import JobFields, encode_job_values, job_values
+from dueflow.schemas.job_binary import JobFields, JobValues, encode_job_values, job_values
 from dueflow.wheel import WheelGeometry
 
 JOB_SCHEMA = schema_header("job")
@@ -122,13 +122,27 @@ def timer_record(
     """The record that schedules ``job`` (a :class:`~dueflow.model.Job` or a prepared
     job) when written at ``now_ms``. Headers are in the order of the contract."""
     values = job_values(job)
-    job_id_text, queue, task, _, _, due_ms, key_text = values[:7]
-    schedule_id = values[13]
-    key = key_text.encode()
-    job_id = job_id_text.encode()
+    key = values[6].encode()
+    job_id = values[0].encode()
     value = encode_job_values(values, job_id, key)
+    return record_of(values, job_id, key, value, now_ms, placer, trace_headers)
+
+
+def record_of(
+    values: JobValues,
+    job_id: bytes,
+    key: bytes,
+    value: bytes,
+    now_ms: int,
+    placer: TimerPlacer,
+    trace_headers: Sequence[tuple[str, bytes]] = (),
+) -> TimerRecord:
+    """The timer record of a job whose value is encoded already: headers, size,
+    partition. ``values`` is the job in schema order, ``job_id``/``key`` UTF-8."""
+    due_ms = values[5]
+    schedule_id = values[13]
     due = b"%d" % due_ms
-    queue_header, task_header, names_size = _name_headers(queue, task)
+    queue_header, task_header, names_size = _name_headers(values[1], values[2])
     headers = [
         (hdr.DUE, due),
         queue_header,

@@ -21,11 +21,27 @@ from dueflow.clients import kafka_error
 from dueflow.config import Settings
 from dueflow.errors import ConflictError, InvalidInput, KafkaOperationError, TopicMismatch
 from dueflow.ids import RANDOM_HEX_DIGITS, uuid7_hex
-from dueflow.job_request import JobRequest, JobRules, PreparedJob, prepare_job
+from dueflow.job_request import (
+    MAX_INT32,
+    MAX_NAME_CHARS,
+    NO_STRINGS,
+    OCTET_STREAM,
+    JobRequest,
+    JobRules,
+    PreparedJob,
+    bad_attempts,
+    bad_name,
+    content_hash,
+    encode_payload,
+    prepare_job,
+    unknown_queue,
+)
 from dueflow.metrics import Metrics
 from dueflow.producers.recent import RecentJobs
 from dueflow.producers.results import Scheduled
-from dueflow.timer_record import TimerPlacer, TimerRecord, timer_record
+from dueflow.schemas.job_binary import encode_plain_job
+from dueflow.timer_record import TimerPlacer, TimerRecord, record_of, timer_record
+from dueflow.timeutil import parse_duration
 from dueflow.topics import names
 
 _new_tuple = tuple.__new__  # NamedTuple without its Python-level __new__ (hot path)
@@ -118,6 +134,21 @@ class TimerPlanner:
         scheduled with other content. A returned plan is claimed in the
         recent-jobs memory: call :meth:`failed` if writing it fails.
         """
+        if (
+            req.run_at is None
+            and req.jitter is None
+            and req.backoff is None
+            and req.timeout is None
+            and req.labels is None
+            and not trace_headers
+        ):
+            return self._plan_plain(req, now_ms)
+        return self._plan_general(req, now_ms, trace_headers)
+
+    def _plan_general(
+        self, req: JobRequest, now_ms: int, trace_headers: Sequence[tuple[str, bytes]]
+    ) -> PlannedTimer | Scheduled:
+        """:meth:`plan` for any request: :func:`prepare_job`, then :func:`timer_record`."""
         try:
             job = prepare_job(
                 req,
@@ -142,6 +173,85 @@ class TimerPlanner:
                     record.partition,
                 ),
                 job.task,
+            )
+        except (InvalidInput, ConflictError):
+            self.count_error(req.queue)
+            raise
+        if earlier is not None:
+            return earlier
+        return _new_tuple(PlannedTimer, (job, record))
+
+    def _plan_plain(self, req: JobRequest, now_ms: int) -> PlannedTimer | Scheduled:
+        """:meth:`plan` for the common request: only task, payload, delay, queue,
+        ids and attempts given. The same checks, errors and bytes as
+        :func:`prepare_job` + :func:`timer_record` (a property test compares
+        the two on random requests), in one frame: the per-job path of
+        ``schedule_many`` at 100k jobs/s."""
+        try:
+            task = req.task
+            if type(task) is not str or not 0 < len(task) <= MAX_NAME_CHARS:
+                raise bad_name("task", task)
+            queue = req.queue
+            if queue not in self.rules.queues:
+                raise unknown_queue(queue, self.rules.queues)
+            payload = req.payload
+            if type(payload) is bytes:
+                content_type = OCTET_STREAM
+            else:
+                payload, content_type = encode_payload(payload)
+            job_id = req.job_id
+            if job_id is None:
+                job_id = self.ids.new(now_ms)
+            elif type(job_id) is not str or not 0 < len(job_id) <= MAX_NAME_CHARS:
+                raise bad_name("job_id", job_id)
+            key = req.idempotency_key
+            if key is None:
+                key = job_id
+            elif type(key) is not str or not 0 < len(key) <= MAX_NAME_CHARS:
+                raise bad_name("idempotency_key", key)
+            delay = req.delay
+            if delay is None:
+                due_ms = now_ms
+            elif type(delay) is int and delay >= 0:
+                due_ms = now_ms + delay * 1000
+            else:
+                due_ms = now_ms + parse_duration(delay, field="delay")
+            attempts = req.max_attempts
+            if attempts is None:
+                attempts = self.rules.default_max_attempts
+            elif type(attempts) is not int or not 1 <= attempts <= MAX_INT32:
+                raise bad_attempts(attempts)
+            chash = content_hash(task, payload, content_type)
+            job = _new_tuple(
+                PreparedJob,
+                (
+                    job_id,
+                    queue,
+                    task,
+                    payload,
+                    content_type,
+                    due_ms,
+                    key,
+                    attempts,
+                    None,
+                    None,
+                    0,
+                    now_ms,
+                    NO_STRINGS,
+                    None,
+                    None,
+                    chash,
+                    NO_STRINGS,
+                ),
+            )
+            job_id_b = job_id.encode()
+            key_b = job_id_b if key is job_id else key.encode()
+            value = encode_plain_job(job, job_id_b, key_b)
+            record = record_of(job, job_id_b, key_b, value, now_ms, self.placer)
+            if record.size > self.max_record_bytes:
+                raise self._too_large(job, record)
+            earlier = self.recent.claim(
+                job_id, (chash, due_ms, queue, task, key, record.partition), task
             )
         except (InvalidInput, ConflictError):
             self.count_error(req.queue)

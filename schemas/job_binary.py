@@ -212,6 +212,45 @@ def _options(max_attempts: int, backoff: Backoff | None, timeout: int | None, ji
     return found
 
 
+# max_attempts followed by a null backoff, a null timeout and jitter 0.
+_PLAIN_OPTIONS: dict[int, bytes] = {}
+
+
+def encode_plain_job(values: JobValues, job_id: bytes, key: bytes) -> bytes:
+    """:func:`encode_job_values` for a job with no backoff, timeout, jitter, trace,
+    schedule or labels, and a content hash (what ``schedule_many`` writes most)."""
+    payload = values[3]
+    n = len(payload)
+    nid = len(job_id)
+    nkey = len(key)
+    attempts = values[7]
+    options = _PLAIN_OPTIONS.get(attempts)
+    if options is None:
+        options = _options(attempts, None, None, 0)
+        if len(_PLAIN_OPTIONS) < _CACHE_LIMIT:
+            _PLAIN_OPTIONS[attempts] = options
+    content_hash = values[15]
+    assert content_hash is not None
+    return b"".join(
+        (
+            _SMALL[nid << 1] if nid < 8192 else varint(nid),
+            job_id,
+            _queue_task(values[1], values[2]),
+            _SMALL[n << 1] if n < 8192 else varint(n),
+            payload,
+            _content_type(values[4]),
+            _long(values[5]),
+            _SMALL[nkey << 1] if nkey < 8192 else varint(nkey),
+            key,
+            options,
+            _long(values[11]),
+            _PLAIN_TAIL,
+            _text(content_hash),
+            _NULL,
+        )
+    )
+
+
 def encode_job(job: JobFields) -> bytes:
     """Avro binary of ``job`` with schemas/job.avsc, byte-identical to fastavro's."""
     values = job_values(job)
