@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from dueflow.job_request import JobRequest, JobRules, prepare_job
 from dueflow.model import Backoff, BackoffKind, Job
 from dueflow.schemas import codec
-from dueflow.schemas.job_binary import encode_job, varint
+from dueflow.schemas.job_binary import encode_job, encode_plain_job, job_values, varint
 
 LONG = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 INT = st.integers(min_value=-(2**31), max_value=2**31 - 1)
@@ -161,3 +161,41 @@ def test_out_of_range_values_are_refused() -> None:
         encode_job(Job("x", "q", "t", b"", 0, "k", 0, max_attempts=2**31))
     with pytest.raises(ValueError, match="Avro long"):
         encode_job(Job("x", "q", "t", b"", 2**63, "k", 0))
+
+
+@given(
+    job_id=TEXT,
+    queue=TEXT,
+    task=TEXT,
+    payload=st.binary(max_size=300),
+    due_ms=LONG,
+    key=TEXT,
+    created_ms=LONG,
+    max_attempts=INT,
+    content_hash=TEXT,
+)
+@settings(max_examples=300, deadline=None)
+def test_property_plain_encoder_is_the_encoder(
+    job_id: str,
+    queue: str,
+    task: str,
+    payload: bytes,
+    due_ms: int,
+    key: str,
+    created_ms: int,
+    max_attempts: int,
+    content_hash: str,
+) -> None:
+    job = Job(
+        job_id,
+        queue,
+        task,
+        payload,
+        due_ms,
+        key,
+        created_ms,
+        max_attempts=max_attempts,
+        content_hash=content_hash,
+    )
+    values = job_values(job)
+    assert encode_plain_job(values, job_id.encode(), key.encode()) == fastavro_bytes(job)
