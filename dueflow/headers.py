@@ -20,6 +20,8 @@ header                    meaning
 ``df-sv``        cron     schedule version the occurrence was computed from
 ``df-schema``  optional   value schema, e.g. ``dueflow.Job/1``
 ``traceparent``           W3C trace context (``tracestate`` too)
+``df-trace-link``         W3C ``traceparent`` of the job's previous step, when
+                          that step is not the parent (see dueflow.tracing)
 ========================  =====================================================
 
 The record key is the job's idempotency key; it becomes the exec record's
@@ -45,6 +47,7 @@ SCHEDULE_VERSION = "df-sv"
 SCHEMA = "df-schema"
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
+TRACE_LINK = "df-trace-link"
 
 FIRED = "df-fired"
 ATTEMPT = "df-attempt"
