@@ -25,7 +25,6 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from dueflow import tracing
 from dueflow.config import Settings
 from dueflow.cron import CronSchedule
 from dueflow.errors import DueflowError
@@ -37,6 +36,7 @@ from dueflow.producers.core import PlannedTimer, ScheduleSpan, delivery_error, w
 from dueflow.producers.recent import DEFAULT_CAPACITY
 from dueflow.producers.results import BulkResult, Cancelled, Scheduled
 from dueflow.producers.scheduler import Scheduler
+from dueflow.tracing import JobTracer
 
 
 class _Future:
@@ -79,6 +79,7 @@ class AsyncScheduler:
         recent_jobs: int = DEFAULT_CAPACITY,
         delivery_timeout_s: float = 30.0,
         producer_config: Mapping[str, Any] | None = None,
+        tracer: JobTracer | None = None,
     ) -> None:
         self.sync = Scheduler(
             settings,
@@ -88,6 +89,7 @@ class AsyncScheduler:
             recent_jobs=recent_jobs,
             delivery_timeout_s=delivery_timeout_s,
             producer_config=producer_config,
+            tracer=tracer,
         )
         self._poller: threading.Thread | None = None
         self._stop = threading.Event()
@@ -166,21 +168,23 @@ class AsyncScheduler:
         """:meth:`schedule` for a prepared :class:`JobRequest`."""
         self._require_started()
         sync = self.sync
-        span = ScheduleSpan(req) if tracing.enabled() else None
+        planner, now_ms = sync.planner, sync.clock()
+        span = None
+        if sync.tracer.enabled:
+            span = ScheduleSpan(sync.tracer, req, ids=planner.ids, now_ms=now_ms)
+            req = span.request
         try:
-            planned = sync.planner.plan(
-                req, now_ms=sync.clock(), trace_headers=span.headers if span else ()
-            )
+            planned = planner.plan(req, now_ms=now_ms, trace_headers=span.headers if span else ())
             if isinstance(planned, Scheduled):
                 result = planned
             else:
                 result = await self._write_one(planned)
         except DueflowError as exc:
             if span is not None:
-                span.end(req.job_id, exc)
+                span.end(error=exc)
             raise
         if span is not None:
-            span.end(result.job_id)
+            span.end(due_ms=result.due_ms)
         return result
 
     async def _write_one(self, planned: PlannedTimer) -> Scheduled:

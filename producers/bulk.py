@@ -18,13 +18,13 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from dueflow import tracing
 from dueflow.clients import kafka_error
 from dueflow.errors import ConflictError, DueflowError, InvalidInput, KafkaOperationError
 from dueflow.job_request import JobRequest, as_request
 from dueflow.producers.core import PlannedTimer, ScheduleSpan, TimerPlanner, delivery_error
 from dueflow.producers.results import BulkError, BulkResult, Scheduled
 from dueflow.schemas.job_binary import leading_strings
+from dueflow.tracing import JobTracer
 
 
 class BulkDeliveries:
@@ -56,6 +56,7 @@ class BulkRun:
         *,
         clock: Callable[[], int],
         poll_every: int = 1000,
+        tracer: JobTracer | None = None,
     ) -> None:
         self.planner = planner
         self.producer = producer
@@ -64,6 +65,7 @@ class BulkRun:
         self.result = BulkResult()
         self.deliveries = BulkDeliveries()
         self.per_queue: dict[str, int] = {}
+        self.tracer = tracer or JobTracer()
 
     def run(
         self, jobs: Iterable[JobRequest | Mapping[str, Any]], *, flush_timeout_s: float
@@ -80,7 +82,9 @@ class BulkRun:
         clock = self.clock
         topic = self.planner.topic
         poll_every = self.poll_every
-        traced = tracing.enabled()
+        tracer = self.tracer
+        traced = tracer.enabled
+        ids_source = self.planner.ids
         produced = 0
         index = -1
         for index, item in enumerate(jobs):
@@ -88,8 +92,9 @@ class BulkRun:
             try:
                 req = item if type(item) is JobRequest else as_request(item, field=f"jobs[{index}]")
                 if traced:
-                    span = ScheduleSpan(req)
-                    planned = plan(req, now_ms=clock(), trace_headers=span.headers)
+                    now_ms = clock()
+                    span = ScheduleSpan(tracer, req, ids=ids_source, now_ms=now_ms)
+                    planned = plan(span.request, now_ms=now_ms, trace_headers=span.headers)
                 else:
                     planned = plan(req, now_ms=clock())
             except (InvalidInput, ConflictError) as exc:
@@ -131,7 +136,7 @@ class BulkRun:
             ids.append(job_id)
             dues.append(due_ms)
             if span is not None:
-                span.end(job_id)
+                span.end(due_ms=due_ms)
         result.total = index + 1
         remaining = self.producer.flush(flush_timeout_s)
         if remaining:
@@ -148,7 +153,7 @@ class BulkRun:
         self.result.job_ids.append(None)
         self.result.due_ms.append(None)
         if span is not None:
-            span.end(None, error)
+            span.end(error=error)
 
     def _settle(self) -> None:
         """Turn failed delivery reports into per-job errors; count what was written."""

@@ -11,10 +11,12 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+from opentelemetry import trace
 
 from dueflow import tracing
 from dueflow.clients import kafka_error
@@ -43,6 +45,7 @@ from dueflow.schemas.job_binary import encode_plain_job
 from dueflow.timer_record import TimerPlacer, TimerRecord, record_of, timer_record
 from dueflow.timeutil import parse_duration
 from dueflow.topics import names
+from dueflow.tracing import JobTracer
 
 _new_tuple = tuple.__new__  # NamedTuple without its Python-level __new__ (hot path)
 
@@ -284,27 +287,35 @@ class TimerPlanner:
 
 
 class ScheduleSpan:
-    """A producer span per scheduled job, when tracing is on; its context goes in headers."""
+    """The ``dueflow.schedule`` span of one job (only made when tracing is on).
 
-    def __init__(self, req: JobRequest) -> None:
-        from opentelemetry import trace
+    The span names the job, so a request without a job id gets its id here,
+    before planning. ``headers`` carry the span's context onto the timer
+    record (and into the job's ``trace`` field); :meth:`end` closes it.
+    """
 
-        self._span = tracing.tracer().start_span(
-            "dueflow.schedule",
-            kind=trace.SpanKind.PRODUCER,
-            attributes={"dueflow.task": str(req.task), "dueflow.queue": str(req.queue)},
+    __slots__ = ("headers", "request", "step")
+
+    def __init__(self, tracer: JobTracer, req: JobRequest, *, ids: JobIds, now_ms: int) -> None:
+        if req.job_id is None:
+            req = replace(req, job_id=ids.new(now_ms))
+        self.request = req
+        self.step = tracer.span_for_schedule(
+            job_id=str(req.job_id), queue=str(req.queue), task=str(req.task)
         )
-        self.headers = tracing.inject_headers(trace.set_span_in_context(self._span))
+        self.headers = [(k, v) for k, v in self.step.headers if v is not None]
 
-    def end(self, job_id: str | None, error: BaseException | None = None) -> None:
-        if job_id is not None:
-            self._span.set_attribute("dueflow.job_id", job_id)
+    def end(self, *, due_ms: int | None = None, error: BaseException | None = None) -> None:
+        if due_ms is not None:
+            self.step.set(due_ms=due_ms)
         if error is not None:
-            self._span.record_exception(error)
-            from opentelemetry.trace import Status, StatusCode
+            self.step.fail(error)
+        self.step.end()
 
-            self._span.set_status(Status(StatusCode.ERROR, str(error)))
-        self._span.end()
+
+def default_tracer() -> JobTracer:
+    """The application's tracer provider when it installed one, else tracing off."""
+    return JobTracer(trace.get_tracer_provider()) if tracing.enabled() else JobTracer()
 
 
 def _trace_map(trace_headers: Sequence[tuple[str, bytes]]) -> Mapping[str, str]:

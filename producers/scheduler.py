@@ -28,7 +28,6 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from dueflow import tracing
 from dueflow.clients import kafka_error, make_admin, make_producer
 from dueflow.config import Settings
 from dueflow.cron import CronSchedule, MisfirePolicy
@@ -44,6 +43,7 @@ from dueflow.producers.core import (
     ScheduleSpan,
     TimerPlanner,
     check_timer_topic,
+    default_tracer,
     delivery_error,
     producer_settings,
     wall_ms,
@@ -52,6 +52,7 @@ from dueflow.producers.recent import DEFAULT_CAPACITY, RecentJobs
 from dueflow.producers.results import BulkResult, Cancelled, Scheduled
 from dueflow.producers.schedules import ScheduleStore
 from dueflow.topics import names
+from dueflow.tracing import JobTracer
 
 
 class Delivery:
@@ -90,6 +91,7 @@ class Scheduler:
         recent_jobs: int = DEFAULT_CAPACITY,
         delivery_timeout_s: float = 30.0,
         producer_config: Mapping[str, Any] | None = None,
+        tracer: JobTracer | None = None,
     ) -> None:
         self.settings = settings
         self.names = names(settings)
@@ -100,6 +102,8 @@ class Scheduler:
         self._recent_capacity = recent_jobs
         self._producer_config = dict(producer_config or {})
         self._producer_conf: dict[str, Any] = {}
+        self._tracer = tracer
+        self.tracer = tracer or JobTracer()
         self._producer: Producer | None = None
         self._bulk_producer: Producer | None = None
         self._schedules: ScheduleStore | None = None
@@ -110,6 +114,9 @@ class Scheduler:
         """Connect: read the timer topic's size limit, create the producer."""
         if self._producer is not None:
             return self
+        # Without a tracer of its own, the client follows the application's
+        # global tracer provider, if one is installed by now.
+        self.tracer = self._tracer or default_tracer()
         admin = make_admin(self.settings)
         limit = check_timer_topic(
             admin, self.names.timers, partitions=self.settings.wheel.total_partitions
@@ -212,18 +219,18 @@ class Scheduler:
 
     def schedule_request(self, req: JobRequest) -> Scheduled:
         """:meth:`schedule` for a prepared :class:`JobRequest`."""
-        span = ScheduleSpan(req) if tracing.enabled() else None
+        planner, now_ms = self.planner, self.clock()
+        if not self.tracer.enabled:
+            planned = planner.plan(req, now_ms=now_ms)
+            return planned if isinstance(planned, Scheduled) else self._write_one(planned)
+        span = ScheduleSpan(self.tracer, req, ids=planner.ids, now_ms=now_ms)
         try:
-            planned = self.planner.plan(
-                req, now_ms=self.clock(), trace_headers=span.headers if span else ()
-            )
+            planned = planner.plan(span.request, now_ms=now_ms, trace_headers=span.headers)
             result = planned if isinstance(planned, Scheduled) else self._write_one(planned)
         except DueflowError as exc:
-            if span is not None:
-                span.end(req.job_id, exc)
+            span.end(error=exc)
             raise
-        if span is not None:
-            span.end(result.job_id)
+        span.end(due_ms=result.due_ms)
         return result
 
     def _write_one(self, planned: PlannedTimer) -> Scheduled:
@@ -253,7 +260,9 @@ class Scheduler:
         producer = self._bulk_producer
         if producer is None:
             raise DueflowError("the scheduler is not started: use start() or `with`")
-        run = BulkRun(self.planner, producer, clock=self.clock, poll_every=poll_every)
+        run = BulkRun(
+            self.planner, producer, clock=self.clock, poll_every=poll_every, tracer=self.tracer
+        )
         return run.run(jobs, flush_timeout_s=self.delivery_timeout_s + 30.0)
 
     # ------------------------------------------------------------ cancel

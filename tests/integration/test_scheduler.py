@@ -385,9 +385,7 @@ def test_delivery_failures_are_reported_per_job(settings: Settings, clock: Fixed
     assert [m.key() for m in timers(settings)] == [b"fine"]
 
 
-def test_trace_context_travels_in_headers_and_value(
-    settings: Settings, scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_trace_context_travels_in_headers_and_value(settings: Settings, clock: FixedClock) -> None:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -397,19 +395,22 @@ def test_trace_context_travels_in_headers_and_value(
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(tracing, "enabled", lambda: True)
-    monkeypatch.setattr(tracing, "tracer", lambda: provider.get_tracer("test"))
-
-    one = scheduler.schedule("send_email", {"to": "a"}, job_id="traced-1")
-    bulk = scheduler.schedule_many([JobRequest("t", i) for i in range(3)])
-    assert bulk.scheduled == 3
+    with Scheduler(settings, clock=clock, tracer=tracing.JobTracer(provider)) as scheduler:
+        one = scheduler.schedule("send_email", {"to": "a"}, delay=30, job_id="traced-1")
+        bulk = scheduler.schedule_many([JobRequest("t", i) for i in range(3)])
+        assert bulk.scheduled == 3
+        again = scheduler.schedule("send_email", {"to": "a"}, delay=30, job_id="traced-1")
+        assert again.duplicate
     spans = exporter.get_finished_spans()
-    assert [s.name for s in spans] == ["dueflow.schedule"] * 4
-    assert spans[0].attributes is not None
-    assert spans[0].attributes["dueflow.job_id"] == one.job_id
+    assert [s.name for s in spans] == [tracing.SCHEDULE] * 5
+    attrs = [dict(s.attributes or {}) for s in spans]
+    assert attrs[0]["dueflow.job_id"] == "traced-1"
+    assert attrs[0]["dueflow.due_ms"] == one.due_ms
+    assert [a["dueflow.job_id"] for a in attrs[1:4]] == bulk.job_ids  # ids given before planning
     by_job = {bytes(m.key() or b"").decode(): m for m in timers(settings)}
+    assert len(by_job) == 4  # the repeat wrote nothing
     trace_ids = set()
-    for span, job_id in zip(spans, [one.job_id, *bulk.job_ids], strict=True):
+    for span, job_id in zip(spans, [one.job_id, *bulk.job_ids], strict=False):
         msg = by_job[str(job_id)]
         trace_id = tracing.trace_id_of(headers_of(msg))
         assert trace_id == f"{span.context.trace_id:032x}"
