@@ -14,6 +14,8 @@ COMMAND_MODULES = (
     "dueflow.cli.broker_cmd",
     "dueflow.cli.topics_cmd",
     "dueflow.cli.status_cmd",
+    "dueflow.cli.schedule_cmd",
+    "dueflow.cli.cron_cmd",
     "dueflow.cli.worker_cmd",
 )
 

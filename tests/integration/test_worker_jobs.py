@@ -24,7 +24,6 @@ from dueflow.consumers.testing import ExecWriter, exec_headers, make_job
 from dueflow.errors import PermanentJobError
 from dueflow.metrics import Metrics
 from dueflow.schemas import codec
-from dueflow.schemas.fast import encode_key_state
 from dueflow.topics import names
 from tests.conftest import KafkaCluster
 from tests.integration import worker_app
@@ -378,16 +377,19 @@ def test_replays_of_a_key_never_run_twice_nor_concurrently(
 
 
 def cancel(settings: Settings, key: str) -> None:
-    """What the SDK's cancel() writes: a cancelled key state, partitioned like exec."""
-    producer = make_producer(settings)
-    producer.produce(
-        names(settings).idempotency(QUEUE),
-        encode_key_state(
-            idempotency_key=key, job_id=key, state="cancelled", at_ms=int(time.time() * 1000)
-        ),
-        key.encode(),
-        headers=[(hdr.SCHEMA, codec.schema_header("idempotency"))],
+    """What the SDK's cancel() writes (its own record builder), produced the same way:
+    the idempotency record without an explicit partition (murmur2 = the exec partition)."""
+    from dueflow.producers.cancel import cancel_records
+
+    idem, _outcome = cancel_records(
+        names=names(settings),
+        job_id=key,
+        queue=QUEUE,
+        idempotency_key=key,
+        at_ms=int(time.time() * 1000),
     )
+    producer = make_producer(settings)
+    producer.produce(idem.topic, idem.value, idem.key, headers=list(idem.headers))
     assert producer.flush(10) == 0
 
 
