@@ -286,6 +286,7 @@ class LocalBroker:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # not killed with the shell that started it
+                preexec_fn=_raise_file_limit,
             )
         self._proc = proc
         self.paths.pid_file.write_text(f"{proc.pid}\n")
@@ -383,6 +384,29 @@ class LocalBroker:
             if f.exists():
                 chunks.extend(f.read_text(errors="replace").splitlines()[-lines:])
         return "\n".join(chunks[-lines:])
+
+
+def _raise_file_limit() -> None:
+    """Let the broker open many segment files (each partition holds several).
+
+    Runs in the child before exec. The soft limit goes up to the hard one, and
+    the hard one too where the process may raise it (root), up to the kernel's
+    ceiling: a wheel topic has hundreds of partitions and tests create many.
+    """
+    import resource
+
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 1 << 20
+    try:
+        ceiling = int(Path("/proc/sys/fs/nr_open").read_text())
+    except (OSError, ValueError):
+        ceiling = hard
+    for limit in (min(want, ceiling), hard):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+            return
+        except (ValueError, OSError):
+            continue
 
 
 def _answers(admin: AdminClient, timeout_s: float) -> bool:

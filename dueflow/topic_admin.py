@@ -97,6 +97,9 @@ class TopicAdmin:
         raced = self._create(missing, report)
         if raced:  # created by someone else meanwhile: compare what they made
             states.update({st.name: st for st in self.describe(raced, must_exist=True)})
+        created = [s for s in missing if s.name in report.created]
+        if created:  # return only once the broker serves them (metadata lags the controller)
+            self.describe(created, must_exist=True)
         for spec in specs:
             state = states[spec.name]
             if spec.name in report.created:

@@ -8,6 +8,7 @@ cannot be started fails the tests: it is never a skip.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import uuid
@@ -68,6 +69,28 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
 
 
 @pytest.fixture
-def prefix() -> str:
-    """A topic prefix of this test only: every integration test gets its own topics."""
-    return f"t{uuid.uuid4().hex[:10]}"
+def prefix(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A topic prefix of this test only: every integration test gets its own topics.
+
+    When the test used the broker, its topics are deleted afterwards, so a long
+    session does not pile up thousands of partitions (and open files).
+    """
+    value = f"t{uuid.uuid4().hex[:10]}"
+    yield value
+    if "kafka" in request.fixturenames:
+        cluster: KafkaCluster = request.getfixturevalue("kafka")
+        _delete_topics(cluster.bootstrap, value)
+
+
+def _delete_topics(bootstrap: str, prefix: str) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    try:
+        topics = [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix + ".")]
+        if topics:
+            for fut in admin.delete_topics(topics, operation_timeout=30).values():
+                with contextlib.suppress(Exception):  # a topic may be gone already
+                    fut.result()
+    except Exception:
+        pass  # the broker may have been stopped by the test itself
