@@ -57,6 +57,8 @@ class EmitterSettings:
     batch_max_ms: int = 100
     catchup_max_rate_per_s: float = 200_000.0
     transaction_timeout_ms: int = 30_000
+    # Pending-timer gauges, DeleteRecords and the clock offset run this often.
+    housekeeping_interval_ms: int = 5_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +161,14 @@ class Settings:
             )
         _positive("schedules_partitions", self.schedules_partitions)
         _positive("outcomes_partitions", self.outcomes_partitions)
-        for name in ("session_timeout_ms", "batch_max_records", "batch_max_ms"):
+        for name in (
+            "session_timeout_ms",
+            "heartbeat_interval_ms",
+            "batch_max_records",
+            "batch_max_ms",
+            "transaction_timeout_ms",
+            "housekeeping_interval_ms",
+        ):
             _positive(f"emitter.{name}", getattr(self.emitter, name))
         if self.emitter.catchup_max_rate_per_s <= 0:
             raise ConfigError(

@@ -88,6 +88,16 @@ class TopicNames:
     def emitter_transactional_id(self) -> str:
         return f"{self.prefix}.emitter"
 
+    @property
+    def emitter_offsets_group(self) -> str:
+        """Group that holds the emitter's timer offsets and checkpoints.
+
+        Nobody subscribes with it: the active emitter commits into it through its
+        transactions, so it is kept apart from the lease group, whose members are
+        live processes.
+        """
+        return f"{self.prefix}.emitter.offsets"
+
     def worker_group(self, queue: str) -> str:
         return f"{self.prefix}.worker.{queue}"
 

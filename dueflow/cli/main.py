@@ -13,6 +13,7 @@ from dueflow.errors import DueflowError
 COMMAND_MODULES = (
     "dueflow.cli.broker_cmd",
     "dueflow.cli.topics_cmd",
+    "dueflow.cli.emitter_cmd",
 )
 
 

@@ -1,0 +1,130 @@
+"""One period as the active emitter: fence, re-read, drain, commit.
+
+:meth:`ActiveSession.start` fences every earlier emitter (``init_transactions``
+with the fixed transactional id aborts its open transaction), reads the
+committed timer offsets and checkpoints, and assigns every timer partition.
+:meth:`ActiveSession.step` is one turn of the loop: read, fire what is due,
+move the drain clock, and commit when the batch is full (by count) or old
+enough (by time). :meth:`ActiveSession.close` commits or aborts the open
+transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from dueflow.config import Settings
+from dueflow.logs import event
+from dueflow.metrics import Metrics
+from dueflow.streams.emitter.drainer import CronFiring, WheelDrainer
+from dueflow.streams.emitter.housekeeping import Housekeeping
+from dueflow.streams.emitter.outbox import Outbox
+from dueflow.streams.emitter.wheel_source import WheelSource
+
+log = logging.getLogger("dueflow.emitter")
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class ActiveSession:
+    """The active emitter's clients and drainer, for as long as it holds the lease."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics,
+        *,
+        clock_ms: Callable[[], int] = wall_ms,
+        cron: CronFiring | None = None,
+    ) -> None:
+        self._settings = settings
+        self._metrics = metrics
+        self._clock = clock_ms
+        self._cron = cron
+        self.outbox = Outbox(settings)
+        self.source = WheelSource(settings)
+        self.housekeeping = Housekeeping(settings, metrics)
+        self._drainer: WheelDrainer | None = None
+        em = settings.emitter
+        self._batch_records = em.batch_max_records
+        self._batch_ms = em.batch_max_ms
+        self._consume_max = max(1, min(em.batch_max_records, 5_000))
+
+    @property
+    def drainer(self) -> WheelDrainer:
+        assert self._drainer is not None, "start() first"
+        return self._drainer
+
+    def start(self) -> None:
+        """Fence older emitters and start reading from the committed offsets."""
+        self.outbox.start()
+        self.source.start()
+        committed = self.source.committed()
+        now = self._clock()
+        self._drainer = WheelDrainer(
+            settings=self._settings,
+            source=self.source,
+            sender=self.outbox,
+            metrics=self._metrics,
+            committed=committed,
+            now_ms=now,
+            cron=self._cron,
+        )
+        self.source.assign({p: off for p, (off, _) in committed.items()})
+        self.housekeeping.start()
+        event(
+            log,
+            "emitter active",
+            replaying=len([1 for _, ck in committed.values() if ck is not None]),
+            last_fired=self._drainer.fired,
+        )
+
+    def step(self) -> None:
+        """One turn: read, fire, advance, commit when the batch is due."""
+        drainer = self.drainer
+        outbox = self.outbox
+        now = self._clock()
+        wake = drainer.wake_ms(now)
+        if outbox.in_transaction:
+            wake = min(wake, outbox.opened_ms + self._batch_ms)
+        messages = self.source.consume(self._consume_max, max(0, wake - now) / 1000.0)
+        now = self._clock()
+        if messages:
+            drainer.on_messages(messages, now)
+            ts = messages[-1].timestamp()[1]
+            if ts > 0:
+                self.housekeeping.observe_append(now, ts)
+        drainer.fire_due(now)
+        drainer.advance(now)
+        if outbox.in_transaction and (
+            outbox.records >= self._batch_records or now - outbox.opened_ms >= self._batch_ms
+        ):
+            self.commit()
+        else:
+            outbox.poll()
+        self.housekeeping.tick(now, drainer.committed_offsets)
+
+    def commit(self) -> None:
+        """Commit the open transaction with the changed offsets and checkpoints."""
+        if not self.outbox.in_transaction:
+            return
+        offsets = self.drainer.commit_offsets()
+        self.outbox.commit(offsets, self.source.group_metadata())
+        self.drainer.on_committed(offsets, self._clock())
+        self._metrics.emitter_transactions.labels("committed").inc()
+
+    def close(self, *, commit: bool) -> None:
+        """Commit (clean shutdown) or abort (lease lost, fenced) and close the clients."""
+        try:
+            if commit and self._drainer is not None:
+                self.commit()
+        finally:
+            if self.outbox.in_transaction:
+                self._metrics.emitter_transactions.labels("aborted").inc()
+            self.outbox.close(abort=True)
+            self.source.close()
+            self.housekeeping.close()

@@ -1,0 +1,100 @@
+"""The active emitter's consumer of the timer topic.
+
+It is assigned every partition of the timer topic (no group subscription: the
+lease decides who reads) at the committed offsets of the emitter's offsets
+group, reads with ``read_committed`` and reports partition ends. Partitions
+are paused and resumed by the drainer; pausing always seeks to the offset to
+read next, so messages fetched past it are dropped and fetched again on
+resume.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
+
+from dueflow.clients import kafka_error, make_consumer
+from dueflow.config import Settings
+from dueflow.drain import Checkpoint
+from dueflow.topics import names
+
+
+class WheelSource:
+    """Reads the timer topic; one instance per active period."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._topic = names(settings).timers
+        self._group = names(settings).emitter_offsets_group
+        self._consumer: Consumer | None = None
+
+    @property
+    def topic(self) -> str:
+        return self._topic
+
+    def start(self) -> None:
+        self._consumer = make_consumer(
+            self._settings,
+            self._group,
+            **{
+                "enable.partition.eof": True,
+                # Bounded prefetch: the emitter's memory must not follow the backlog.
+                "queued.max.messages.kbytes": 32_768,
+                "fetch.wait.max.ms": 25,
+            },
+        )
+
+    @property
+    def consumer(self) -> Consumer:
+        assert self._consumer is not None, "start() first"
+        return self._consumer
+
+    def committed(self, timeout_s: float = 30.0) -> dict[int, tuple[int, Checkpoint | None]]:
+        """Committed offset and checkpoint of every partition (stable offsets only).
+
+        ``read_committed`` makes the fetch wait for offsets of open transactions,
+        so the fenced emitter's last transaction is settled first. Offset -1:
+        nothing committed yet.
+        """
+        count = self._settings.wheel.total_partitions
+        tps = [TopicPartition(self._topic, p) for p in range(count)]
+        try:
+            got = self.consumer.committed(tps, timeout=timeout_s)
+        except KafkaException as exc:
+            raise kafka_error("fetch committed timer offsets", exc) from exc
+        out: dict[int, tuple[int, Checkpoint | None]] = {}
+        for tp in got:
+            offset = tp.offset if tp.offset >= 0 else -1
+            out[tp.partition] = (offset, Checkpoint.decode(tp.metadata) if offset >= 0 else None)
+        return out
+
+    def assign(self, offsets: dict[int, int]) -> None:
+        """Read every partition from ``offsets`` (-1: from the beginning)."""
+        self.consumer.assign(
+            [
+                TopicPartition(self._topic, p, off if off >= 0 else OFFSET_BEGINNING)
+                for p, off in sorted(offsets.items())
+            ]
+        )
+
+    def consume(self, max_messages: int, timeout_s: float) -> list[Message]:
+        return self.consumer.consume(max_messages, timeout_s)
+
+    def pause(self, partition: int, next_offset: int) -> None:
+        """Stop reading ``partition``; it continues at ``next_offset`` on resume."""
+        consumer = self.consumer
+        tp = TopicPartition(self._topic, partition, next_offset)
+        consumer.seek(tp)
+        consumer.pause([tp])
+
+    def resume(self, partition: int) -> None:
+        self.consumer.resume([TopicPartition(self._topic, partition)])
+
+    def group_metadata(self) -> Any:
+        return self.consumer.consumer_group_metadata()
+
+    def close(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            consumer.close()
