@@ -118,6 +118,13 @@ class WheelDrainer:
         self._open = [OpenOffsets() if lv <= 0 else None for lv in self._level]
         self._read_to = [max(committed.get(p, (-1, None))[0], 0) for p in range(n)]
         self._last_append = [0] * n
+        # Least due time any unread record of a feeder can have (records of a near
+        # partition are due no earlier than written; a level-0 partition holds its
+        # slots in rotation order). Timers due later wait until every feeder that
+        # is still reading got that far, so a backlog fires in due order.
+        self._frontier = [0] * n
+        self._w0 = geo.levels[0].width_ms
+        self.fire_limit_ms = -1
         self._replay: dict[int, _Replay] = {}
         checkpoints = []
         for p in self._feeders:
@@ -173,6 +180,8 @@ class WheelDrainer:
         replay = self._replay
         unheard = self._unheard
         eof = self._eof
+        frontier = self._frontier
+        w0 = self._w0
         for m in messages:
             p: int = m.partition()  # type: ignore[assignment]
             if p in paused:
@@ -211,6 +220,7 @@ class WheelDrainer:
                     self._quarantine(m, p, off, found, now_ms)
                 continue
             due, topic, cron = found
+            frontier[p] = ts if level == NEAR_LEVEL else due - due % w0
             if due - ts > horizon:
                 read_to[p] = off + 1
                 if rp is None:
@@ -224,9 +234,11 @@ class WheelDrainer:
                     continue  # fired by the previous emitter
             fired = self.fired
             if fired is not None and key < fired:
-                # Read after later timers fired (written late, or cascaded during a
+                # Read after later timers fired (written overdue, or cascaded during a
                 # catch-up): due already, fire it now so no commit leaves it behind.
+                # It still spends a token: the rate limit holds on average.
                 self._fire(m, p, off, due, topic, cron, now_ms)
+                self._bucket.take(1)
                 touched.add(p)
                 continue
             opens[p].add(off)  # type: ignore[union-attr]
@@ -317,9 +329,14 @@ class WheelDrainer:
         batch.append(due)
 
     def fire_due(self, now_ms: int) -> int:
-        """Fire heap timers due at ``now_ms`` in key order, within the rate limit."""
+        """Fire heap timers due at ``now_ms`` in key order, within the rate limit.
+
+        Only up to :attr:`fire_limit_ms`, which :meth:`advance` computes: never
+        past a feeder still reading records that may be due earlier.
+        """
         heap = self._heap
-        if not heap or heap[0][0] > now_ms or self._replay:
+        limit = min(now_ms, self.fire_limit_ms)
+        if not heap or heap[0][0] > limit:
             return 0
         budget = self._bucket.available(now_ms)
         pop = heapq.heappop
@@ -328,7 +345,7 @@ class WheelDrainer:
         fire = self._fire
         count = 0
         key: TimerKey | None = None
-        while heap and heap[0][0] <= now_ms and count < budget:
+        while heap and heap[0][0] <= limit and count < budget:
             due, p, off, m, topic, cron = pop(heap)
             fire(m, p, off, due, topic, cron, now_ms)
             opens[p].finish(off)  # type: ignore[union-attr]
@@ -342,18 +359,25 @@ class WheelDrainer:
 
     # ------------------------------------------------------------------ clock
     def advance(self, now_ms: int) -> None:
-        """Move the drain clock and resume the partitions whose time came."""
+        """Move the drain clock, resume the partitions whose time came, and set the
+        fire limit (call before :meth:`fire_due`)."""
         heap = self._heap
         if self._unheard or self._replay:
             limit: int | None = self.drain_ms
+            fire_limit = -1
         else:
             limit = None
+            fire_limit = now_ms
             paused, eof, last, ahead = self._paused, self._eof, self._last_append, self._ahead
+            frontier = self._frontier
             for p in self._feeders:
                 if p not in paused and p not in eof:
                     bound = last[p] + ahead[p]
                     if limit is None or bound < limit:
                         limit = bound
+                    if frontier[p] < fire_limit:
+                        fire_limit = frontier[p]
+        self.fire_limit_ms = fire_limit
         self.drain_ms = next_drain_ms(
             drain_ms=self.drain_ms,
             now_ms=now_ms,
@@ -375,15 +399,25 @@ class WheelDrainer:
     def _resume(self, p: int) -> None:
         del self._paused[p]
         self._source.resume(p)
+        if self._level[p] <= 0 and self._frontier[p] < self.fire_limit_ms:
+            # Reading again: nothing beyond what it has read so far fires until it
+            # catches up (its records after the pause may be due earlier).
+            self.fire_limit_ms = self._frontier[p]
 
     def wake_ms(self, now_ms: int) -> int:
         """Wall-clock time the loop should look again at the latest."""
         at = now_ms + 50
         if self._heap:
-            at = min(at, max(self._heap[0][0], now_ms))
+            top = self._heap[0][0]
+            if top > now_ms:
+                at = min(at, top)
+            elif top <= self.fire_limit_ms:
+                at = min(at, now_ms + self._bucket.wait_ms(now_ms))
+            else:  # a feeder is still reading: its records wake the loop
+                at = min(at, now_ms + 5)
         if self._pause_queue and self.drain_ms >= now_ms - 1:
             at = min(at, max(self._pause_queue[0][0], now_ms))
-        if self._rate_paused or (self._heap and self._heap[0][0] <= now_ms):
+        if self._rate_paused:
             at = min(at, now_ms + max(1, self._bucket.wait_ms(now_ms)))
         return at
 

@@ -98,8 +98,8 @@ class ActiveSession:
             ts = messages[-1].timestamp()[1]
             if ts > 0:
                 self.housekeeping.observe_append(now, ts)
-        drainer.fire_due(now)
         drainer.advance(now)
+        drainer.fire_due(now)
         if outbox.in_transaction and (
             outbox.records >= self._batch_records or now - outbox.opened_ms >= self._batch_ms
         ):
