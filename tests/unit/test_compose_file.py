@@ -22,7 +22,10 @@ def _has_compose() -> bool:
 
 @pytest.mark.skipif(
     not _has_compose(),
-    reason="`docker compose` is not available here (no docker client, or no compose plugin: `make compose-plugin` builds it)",
+    reason=(
+        "`docker compose` is not available here (no docker client, or no compose plugin: "
+        "`make compose-plugin` builds it)"
+    ),
 )
 def test_docker_compose_accepts_the_file() -> None:
     res = subprocess.run(
