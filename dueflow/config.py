@@ -59,6 +59,9 @@ class EmitterSettings:
     transaction_timeout_ms: int = 30_000
     # Pending-timer gauges, DeleteRecords and the clock offset run this often.
     housekeeping_interval_ms: int = 5_000
+    # Timers the emitter reads ahead into memory while a backlog drains (beyond
+    # those due within one level-0 slot of the earliest): memory vs. throughput.
+    heap_budget: int = 50_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +171,7 @@ class Settings:
             "batch_max_ms",
             "transaction_timeout_ms",
             "housekeeping_interval_ms",
+            "heap_budget",
         ):
             _positive(f"emitter.{name}", getattr(self.emitter, name))
         if self.emitter.catchup_max_rate_per_s <= 0:

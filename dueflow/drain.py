@@ -127,22 +127,23 @@ def next_drain_ms(
     *,
     drain_ms: int,
     now_ms: int,
-    heap_top_due_ms: int | None,
+    earliest_due_ms: int | None,
     lag_ms: int,
     reading_limit_ms: int | None,
 ) -> int:
     """Advance the drain clock; it never goes back and never passes ``now_ms``.
 
-    ``heap_top_due_ms``: due time of the earliest unfired timer in the heap; while
-    a backlog drains the clock stays within ``lag_ms`` of it, so the heap holds
-    only timers due soon after it. ``reading_limit_ms``: the least of
-    "append time of the last record read + read-ahead" over heap feeders that are
-    still reading, so the clock does not run past records not read yet.
+    ``earliest_due_ms`` is the earliest unfired timer read (the heap's top).
+    While a backlog drains the clock stays within ``lag_ms`` of it, so slots
+    open in due order and the heap holds the timers due soon after it. With
+    nothing read to anchor it, the clock does not pass ``reading_limit_ms``
+    (the least of "due time read up to + read-ahead" over feeders still
+    reading), so a feeder that has not been read far cannot make it jump.
     """
     target = now_ms
-    if heap_top_due_ms is not None:
-        target = min(target, heap_top_due_ms + lag_ms)
-    if reading_limit_ms is not None:
+    if earliest_due_ms is not None:
+        target = min(target, earliest_due_ms + lag_ms)
+    elif reading_limit_ms is not None:
         target = min(target, reading_limit_ms)
     return max(drain_ms, target)
 
@@ -157,25 +158,20 @@ def classify_timer(
 ) -> tuple[int, str, bool] | str:
     """``(due_ms, exec topic, is_cron)`` of a timer record, or why it is malformed.
 
-    ``headers`` is a record's header list of ``(name, value)`` pairs (or None).
-    Reads headers only (the value is never decoded). ``exec_topics`` maps the
-    ``df-queue`` value of every configured queue to its exec topic.
+    ``headers`` is a record's header list of ``(name, value)`` pairs (or None;
+    a repeated name: the last one counts). Reads headers only (the value is
+    never decoded). ``exec_topics`` maps the ``df-queue`` value of every
+    configured queue to its exec topic.
     """
-    due_raw = queue_raw = kind_raw = None
-    if headers:
-        for name, value in headers:
-            if name == _DUE:
-                due_raw = value
-            elif name == _QUEUE:
-                queue_raw = value
-            elif name == _KIND:
-                kind_raw = value
+    found = dict(headers) if headers else {}
+    due_raw = found.get(_DUE)
     if due_raw is None:
         return "missing df-due header"
     try:
         due = int(due_raw)
     except ValueError:
         return f"df-due is not an integer: {due_raw[:40]!r}"
+    queue_raw = found.get(_QUEUE)
     if queue_raw is None:
         return "missing df-queue header"
     topic = exec_topics.get(queue_raw)
@@ -183,6 +179,7 @@ def classify_timer(
         return f"unknown queue {queue_raw[:100].decode('utf-8', 'replace')!r}"
     if not key:
         return "missing key (the idempotency key)"
+    kind_raw = found.get(_KIND)
     if kind_raw is None or kind_raw == _JOB:
         return due, topic, False
     if kind_raw == _CRON:

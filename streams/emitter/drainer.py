@@ -8,6 +8,15 @@ partitions around the drain clock, and says which offsets (with their
 checkpoints) the next transaction commits. It owns no client: the source,
 the outbox and the clock readings are passed in.
 
+Flow control. A heap feeder is read until a record is due more than its
+read-ahead plus one level-0 slot past the drain clock, or until the heap
+holds ``heap_budget`` timers; it resumes when the drain clock comes within
+its read-ahead of that record (or that record fired), and the heap is below
+half its budget. A slot of level 1 or up is read record by record and stops
+at the first one not ready. The drain clock stays within one level-0 slot of
+the earliest unfired timer, so slots open in due order and memory holds the
+timers due within a few seconds of it, at most about the budget.
+
 The hot path (near and level-0 records) reads headers only and keeps the
 original message for firing, so the value bytes are forwarded unchanged.
 """
@@ -17,8 +26,6 @@ from __future__ import annotations
 import heapq
 import logging
 import zlib
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, Message, TopicPartition
@@ -39,7 +46,7 @@ from dueflow.drain import (
     read_ahead_ms,
 )
 from dueflow.logs import event
-from dueflow.metrics import Metrics
+from dueflow.metrics import Metrics, observe_many
 from dueflow.streams.emitter.quarantine import quarantine_record, reason_label
 from dueflow.topics import names
 from dueflow.wheel import NEAR_LEVEL, place_timer
@@ -50,9 +57,17 @@ _EOF = KafkaError._PARTITION_EOF
 _FIRED = hdr.FIRED
 _SOURCE = hdr.SOURCE
 
+# (due, partition, offset, message, exec topic, is cron, headers)
+Entry = tuple[int, int, int, Message, str, bool, list[Any]]
+
 
 class PartitionControl(Protocol):
-    def pause(self, partition: int, next_offset: int) -> None: ...
+    def pause(self, partition: int, next_offset: int) -> None:
+        """Stop fetching; continue at ``next_offset`` on resume."""
+
+    def hold(self, partition: int) -> None:
+        """Stop fetching; continue after the last record delivered on resume."""
+
     def resume(self, partition: int) -> None: ...
 
 
@@ -66,15 +81,8 @@ class CronFiring(Protocol):
     """What the drainer calls for a due cron occurrence instead of forwarding it."""
 
     def fire_occurrence(self, message: Message, due_ms: int, now_ms: int) -> int:
-        """Handle one occurrence; return how many jobs it fired."""
+        """Handle one occurrence (in the open transaction); return the jobs it fired."""
         ...
-
-
-@dataclass(slots=True)
-class _Replay:
-    """A heap feeder re-read after a takeover, up to the previous emitter's read offset."""
-
-    checkpoint: Checkpoint
 
 
 class WheelDrainer:
@@ -92,6 +100,8 @@ class WheelDrainer:
         cron: CronFiring | None = None,
     ) -> None:
         geo = settings.wheel
+        em = settings.emitter
+        n = geo.total_partitions
         self._geo = geo
         self._topic = names(settings).timers
         self._quarantine_topic = names(settings).quarantine
@@ -102,49 +112,57 @@ class WheelDrainer:
         self._exec_topics = {q.encode(): names(settings).exec(q) for q in settings.queue_names}
         self._queue_of_topic = {t: q.decode() for q, t in self._exec_topics.items()}
         self._horizon = heap_horizon_ms(geo)
-        self._lag = geo.levels[0].width_ms
-        em = settings.emitter
+        self._slot = geo.levels[0].width_ms  # lag of the drain clock, pause hysteresis
+        self._budget = em.heap_budget
         self._bucket = TokenBucket(
             rate_per_s=em.catchup_max_rate_per_s,
             burst=max(1.0, em.catchup_max_rate_per_s / 20.0),
             now_ms=now_ms,
         )
 
-        n = geo.total_partitions
         self._level = [geo.locate(p)[0] for p in range(n)]
         self._index = [geo.locate(p)[1] for p in range(n)]
         self._feeders = [p for p in range(n) if self._level[p] <= 0]
         self._ahead = [read_ahead_ms(geo, lv) if lv <= 0 else 0 for lv in self._level]
         self._open = [OpenOffsets() if lv <= 0 else None for lv in self._level]
         self._read_to = [max(committed.get(p, (-1, None))[0], 0) for p in range(n)]
-        self._last_append = [0] * n
-        # Least due time any unread record of a feeder can have (records of a near
-        # partition are due no earlier than written; a level-0 partition holds its
-        # slots in rotation order). Timers due later wait until every feeder that
-        # is still reading got that far, so a backlog fires in due order.
+        # Due time a feeder has been read up to. Firing does not pass it (records
+        # of one partition come in due order: a near partition's as they are
+        # written, a level-0 partition's slot after slot), so a backlog fires in
+        # due order; with nothing in the heap, neither does the drain clock.
         self._frontier = [0] * n
-        self._w0 = geo.levels[0].width_ms
-        self.fire_limit_ms = -1
-        self._replay: dict[int, _Replay] = {}
+        self.fire_limit_ms = 0
+        self.committed_offsets = {p: committed.get(p, (-1, None))[0] for p in range(n)}
+
+        # Heap feeders re-read after a takeover, up to the previous emitter's read
+        # offset: nothing fires until they are (it is a short stretch).
+        self._replay: dict[int, Checkpoint] = {}
         checkpoints = []
         for p in self._feeders:
             offset, ck = committed.get(p, (-1, None))
             checkpoints.append(ck)
             if ck is not None and ck.read_to > max(offset, 0):
-                self._replay[p] = _Replay(ck)
+                self._replay[p] = ck
         self.fired: TimerKey | None = latest_fired(checkpoints)
         self.drain_ms = self.fired[0] if self.fired is not None else 0
-
-        self._heap: list[tuple[int, int, int, Message, str, bool]] = []
-        self._paused: dict[int, int] = {}  # partition -> resume at (drain clock)
-        self._pause_queue: list[tuple[int, int]] = []
-        self._rate_paused: set[int] = set()  # cascade sources waiting for tokens
-        self._eof: set[int] = set()
         self._unheard = set(self._feeders)  # feeders with neither a record nor an end yet
+
+        self._heap: list[Entry] = []
+        self._paused: dict[int, int] = {}  # partition -> resume key
+        self._feeder_queue: list[tuple[int, int]] = []  # (blocker due - read-ahead, p)
+        self._blocker: dict[int, int] = {}  # paused feeder -> offset of its blocker
+        self._slot_queue: list[tuple[int, int]] = []  # (ready time, p), slots of level >= 1
+        self._rate_paused: set[int] = set()  # slots waiting for tokens
+        # Records a feeder delivered past the one that paused it (kept, up to a cap,
+        # so a resume needs no fetch) and the offset the next one must have.
+        self._stash: dict[int, list[Message]] = {}
+        self._stash_next: dict[int, int] = {}
+        self._stashed = 0
+        self._stash_cap = max(1, em.heap_budget // 2)
+        self._eof: set[int] = set()
         self._touched: set[int] = set()
         self._batch: dict[str, list[int]] = {}  # exec topic -> due times fired, this txn
         self._cron_fired = 0
-        self.committed_offsets = {p: committed.get(p, (-1, None))[0] for p in range(n)}
 
     # ------------------------------------------------------------------ state
     @property
@@ -152,8 +170,9 @@ class WheelDrainer:
         return len(self._heap)
 
     @property
-    def replaying(self) -> bool:
-        return bool(self._replay)
+    def starting(self) -> bool:
+        """True until every feeder reported once and the re-read after a takeover is done."""
+        return bool(self._unheard or self._replay)
 
     @property
     def touched(self) -> bool:
@@ -175,24 +194,25 @@ class WheelDrainer:
         push = heapq.heappush
         opens = self._open
         ahead = self._ahead
-        last_append = self._last_append
         touched = self._touched
         replay = self._replay
         unheard = self._unheard
         eof = self._eof
         frontier = self._frontier
-        w0 = self._w0
+        budget = self._budget
+        slot = self._slot
         for m in messages:
             p: int = m.partition()  # type: ignore[assignment]
             if p in paused:
-                continue  # fetched before the pause; read again on resume
+                self._keep(p, m)  # delivered after the pause: kept, or fetched again
+                continue
             err = m.error()
             if err is not None:
                 if err.code() == _EOF:
                     eof.add(p)
                     unheard.discard(p)
-                    rp = replay.get(p)
-                    if rp is not None and m.offset() >= rp.checkpoint.read_to:  # type: ignore[operator]
+                    ck = replay.get(p)
+                    if ck is not None and m.offset() >= ck.read_to:  # type: ignore[operator]
                         del replay[p]
                     continue
                 event(log, "timer consumer error", logging.WARNING, error=str(err))
@@ -207,44 +227,44 @@ class WheelDrainer:
                 continue
             unheard.discard(p)
             ts = m.timestamp()[1]
-            last_append[p] = ts
-            rp = replay.get(p)
-            if rp is not None and off + 1 >= rp.checkpoint.read_to:
-                del replay[p]  # this is the last record the previous emitter read
-                if off >= rp.checkpoint.read_to:
-                    rp = None
-            found = classify(m.headers(), m.key(), exec_topics)
+            ck = replay.get(p)
+            if ck is not None and off + 1 >= ck.read_to:
+                del replay[p]  # the last record the previous emitter had read
+                if off >= ck.read_to:
+                    ck = None
+            headers: Any = m.headers()
+            found = classify(headers, m.key(), exec_topics)
+            read_to[p] = off + 1
             if isinstance(found, str):
-                read_to[p] = off + 1
-                if rp is None:
+                if ck is None:
                     self._quarantine(m, p, off, found, now_ms)
                 continue
             due, topic, cron = found
-            frontier[p] = ts if level == NEAR_LEVEL else due - due % w0
+            frontier[p] = due
             if due - ts > horizon:
-                read_to[p] = off + 1
-                if rp is None:
-                    self._place_again(m, p, off, due, level, now_ms)
+                if ck is None:
+                    self._place_again(m, p, due, level, now_ms)
                 continue
-            read_to[p] = off + 1
             key = (due, p, off)
-            if rp is not None:
-                fired_then = rp.checkpoint.fired
-                if fired_then is not None and key <= fired_then:
-                    continue  # fired by the previous emitter
+            if ck is not None and ck.fired is not None and key <= ck.fired:
+                continue  # fired by the previous emitter
             fired = self.fired
             if fired is not None and key < fired:
-                # Read after later timers fired (written overdue, or cascaded during a
-                # catch-up): due already, fire it now so no commit leaves it behind.
-                # It still spends a token: the rate limit holds on average.
-                self._fire(m, p, off, due, topic, cron, now_ms)
+                # Read after later timers fired (written overdue, or placed again
+                # during a catch-up): due already, fire it now so no commit leaves it
+                # behind. It still spends a token: the rate limit holds on average.
+                self._fire(m, p, off, due, topic, cron, headers, now_ms)
                 self._bucket.take(1)
                 touched.add(p)
                 continue
             opens[p].add(off)  # type: ignore[union-attr]
-            push(heap, (due, p, off, m, topic, cron))
-            if due > self.drain_ms + ahead[p] and rp is None:
-                self._pause(p, off + 1, due - ahead[p])
+            push(heap, (due, p, off, m, topic, cron, headers))
+            if ck is None and (
+                len(heap) >= budget or (level == 0 and due > self.drain_ms + ahead[p] + slot)
+            ):
+                self._hold(p, off + 1, due - ahead[p])
+                self._blocker[p] = off
+                push(self._feeder_queue, (due - ahead[p], p))
 
     def _from_slot(self, m: Message, p: int, off: int, level: int, now_ms: int) -> None:
         """A record of a level >= 1 slot: handle it when ready, else stop the partition."""
@@ -259,9 +279,9 @@ class WheelDrainer:
             geometry=self._geo, level=level, index=self._index[p], due_ms=due, append_ms=ts
         )
         if ready > self.drain_ms:
-            self._pause(p, off, ready)
+            self._pause_slot(p, off, ready)
             return
-        if due <= now_ms:
+        if due <= now_ms:  # overdue (a catch-up, or written late): fire it from here
             if self._bucket.available(now_ms) < 1:
                 self._pause(p, off, ready)
                 self._rate_paused.add(p)
@@ -269,20 +289,22 @@ class WheelDrainer:
             self._bucket.take(1)
             if landed_late(geometry=self._geo, level=level, due_ms=due, append_ms=ts):
                 self._metrics.late_timers.inc()
-            self._fire(m, p, off, due, topic, cron, now_ms)
+            self._fire(m, p, off, due, topic, cron, m.headers(), now_ms)  # type: ignore[arg-type]
         else:
             placement = place_timer(
                 due_ms=due, now_ms=now_ms, geometry=self._geo, spread=zlib.crc32(m.key() or b"")
             )
             if placement.partition == p:  # cannot happen for a ready record; never loop
-                self._pause(p, off, ready + self._geo.levels[level].width_ms)
+                self._pause_slot(p, off, ready + self._geo.levels[level].width_ms)
                 return
             self._send(self._topic, m.value(), m.key(), m.headers(), placement.partition)
             self._metrics.cascaded.labels(str(level)).inc()
         self._read_to[p] = off + 1
         self._touched.add(p)
 
-    def _place_again(self, m: Message, p: int, off: int, due: int, level: int, now_ms: int) -> None:
+    def _place_again(self, m: Message, p: int, due: int, level: int, now_ms: int) -> None:
+        """A heap feeder's record due too far from when it was written (a producer
+        clock far ahead): put it where it belongs now."""
         placement = place_timer(
             due_ms=due, now_ms=now_ms, geometry=self._geo, spread=zlib.crc32(m.key() or b"")
         )
@@ -306,20 +328,66 @@ class WheelDrainer:
         event(log, "timer quarantined", logging.WARNING, reason=reason, partition=p, offset=off)
         self._touched.add(p)
 
-    def _pause(self, p: int, next_offset: int, resume_at_ms: int) -> None:
+    def _pause(self, p: int, next_offset: int, key: int) -> None:
         self._source.pause(p, next_offset)
-        self._paused[p] = resume_at_ms
-        heapq.heappush(self._pause_queue, (resume_at_ms, p))
+        self._paused[p] = key
         self._eof.discard(p)
+
+    def _hold(self, p: int, next_offset: int, key: int) -> None:
+        """Pause a feeder but keep what it already delivered (see :meth:`_keep`)."""
+        self._source.hold(p)
+        self._paused[p] = key
+        self._eof.discard(p)
+        self._stash[p] = []
+        self._stash_next[p] = next_offset
+
+    def _keep(self, p: int, m: Message) -> None:
+        stash = self._stash.get(p)
+        if stash is None or m.error() is not None:
+            return  # a slot's records are read again on resume; ends are reported again
+        off: int = m.offset()  # type: ignore[assignment]
+        nxt = self._stash_next[p]
+        if off < nxt:
+            return
+        if nxt >= 0 and self._stashed < self._stash_cap:
+            stash.append(m)
+            self._stashed += 1
+            self._stash_next[p] = off + 1
+        elif nxt >= 0:  # too much kept already: fetch the rest again on resume
+            self._source.pause(p, nxt)
+            self._stash_next[p] = -1
+
+    def _pause_slot(self, p: int, offset: int, ready_ms: int) -> None:
+        self._pause(p, offset, ready_ms)
+        heapq.heappush(self._slot_queue, (ready_ms, p))
+
+    def _resume(self, p: int, now_ms: int) -> None:
+        del self._paused[p]
+        self._blocker.pop(p, None)
+        self._stash_next.pop(p, None)
+        stash = self._stash.pop(p, None)
+        if stash:
+            self._stashed -= len(stash)
+            self.on_messages(stash, now_ms)  # may pause it again, keeping the rest
+        if p not in self._paused:
+            self._source.resume(p)
 
     # ------------------------------------------------------------------ firing
     def _fire(
-        self, m: Message, p: int, off: int, due: int, topic: str, cron: bool, now_ms: int
+        self,
+        m: Message,
+        p: int,
+        off: int,
+        due: int,
+        topic: str,
+        cron: bool,
+        headers: list[Any] | None,
+        now_ms: int,
     ) -> None:
         if cron and self._cron is not None:
             self._cron_fired += self._cron.fire_occurrence(m, due, now_ms)
             return
-        headers: list[Any] = m.headers() or []  # type: ignore[assignment]
+        headers = headers if headers is not None else []
         headers.append((_FIRED, str(now_ms).encode()))
         headers.append((_SOURCE, f"{self._topic}:{p}:{off}".encode()))
         self._send(topic, m.value(), m.key(), headers)
@@ -329,29 +397,42 @@ class WheelDrainer:
         batch.append(due)
 
     def fire_due(self, now_ms: int) -> int:
-        """Fire heap timers due at ``now_ms`` in key order, within the rate limit.
-
-        Only up to :attr:`fire_limit_ms`, which :meth:`advance` computes: never
-        past a feeder still reading records that may be due earlier.
-        """
+        """Fire heap timers due at ``now_ms`` in key order, within the rate limit and
+        the fire limit (never past a feeder that has not been read that far)."""
         heap = self._heap
         limit = min(now_ms, self.fire_limit_ms)
-        if not heap or heap[0][0] > limit:
+        if not heap or heap[0][0] > limit or self.starting:
             return 0
         budget = self._bucket.available(now_ms)
         pop = heapq.heappop
         opens = self._open
         touched = self._touched
-        fire = self._fire
+        blocker = self._blocker
+        send = self._send
+        batches = self._batch
+        fired_at = str(now_ms).encode()
+        source = self._topic + ":"
         count = 0
         key: TimerKey | None = None
         while heap and heap[0][0] <= limit and count < budget:
-            due, p, off, m, topic, cron = pop(heap)
-            fire(m, p, off, due, topic, cron, now_ms)
+            due, p, off, m, topic, cron, headers = pop(heap)
+            if cron and self._cron is not None:
+                self._cron_fired += self._cron.fire_occurrence(m, due, now_ms)
+            else:
+                headers.append((_FIRED, fired_at))
+                headers.append((_SOURCE, f"{source}{p}:{off}".encode()))
+                send(topic, m.value(), m.key(), headers)
+                batch = batches.get(topic)
+                if batch is None:
+                    batch = batches[topic] = []
+                batch.append(due)
             opens[p].finish(off)  # type: ignore[union-attr]
             touched.add(p)
             key = (due, p, off)
             count += 1
+            if blocker.get(p) == off:
+                self._resume(p, now_ms)  # it stopped at a timer that fired: read on
+                limit = min(limit, due + self._slot)
         if key is not None:
             self.fired = key
             self._bucket.take(count)
@@ -359,53 +440,58 @@ class WheelDrainer:
 
     # ------------------------------------------------------------------ clock
     def advance(self, now_ms: int) -> None:
-        """Move the drain clock, resume the partitions whose time came, and set the
-        fire limit (call before :meth:`fire_due`)."""
+        """Move the drain clock and resume the partitions whose time came."""
+        if self.starting:
+            return  # every feeder reports a record or its end first
         heap = self._heap
-        if self._unheard or self._replay:
-            limit: int | None = self.drain_ms
-            fire_limit = -1
-        else:
-            limit = None
-            fire_limit = now_ms
-            paused, eof, last, ahead = self._paused, self._eof, self._last_append, self._ahead
-            frontier = self._frontier
-            for p in self._feeders:
-                if p not in paused and p not in eof:
-                    bound = last[p] + ahead[p]
-                    if limit is None or bound < limit:
-                        limit = bound
-                    if frontier[p] < fire_limit:
-                        fire_limit = frontier[p]
+        limit: int | None = None
+        fire_limit = now_ms
+        paused, eof, ahead, frontier = self._paused, self._eof, self._ahead, self._frontier
+        slot = self._slot
+        for p in self._feeders:
+            if p in eof:
+                continue
+            # A paused feeder was read up to its blocker, a reading one up to its
+            # frontier: nothing due later fires before it caught up (a reading one
+            # gets one level-0 slot of slack, so a fetch in flight rarely stalls).
+            at = frontier[p]
+            if p in paused:
+                if at < fire_limit:
+                    fire_limit = at
+                continue
+            if at + ahead[p] + slot < fire_limit:
+                fire_limit = at + ahead[p] + slot
+            if limit is None or at + ahead[p] < limit:
+                limit = at + ahead[p]
         self.fire_limit_ms = fire_limit
-        self.drain_ms = next_drain_ms(
+        drain = self.drain_ms = next_drain_ms(
             drain_ms=self.drain_ms,
             now_ms=now_ms,
-            heap_top_due_ms=heap[0][0] if heap else None,
-            lag_ms=self._lag,
-            reading_limit_ms=limit,
+            earliest_due_ms=heap[0][0] if heap else None,
+            lag_ms=slot,
+            reading_limit_ms=None if heap else limit,
         )
-        queue = self._pause_queue
-        while queue and queue[0][0] <= self.drain_ms:
-            at, p = heapq.heappop(queue)
+        feeders = self._feeder_queue
+        if len(heap) < self._budget // 2:
+            while feeders and feeders[0][0] <= drain:
+                at, p = heapq.heappop(feeders)
+                if self._paused.get(p) == at and p in self._blocker:
+                    self._resume(p, now_ms)
+        slots = self._slot_queue
+        while slots and slots[0][0] <= drain:
+            at, p = heapq.heappop(slots)
             if self._paused.get(p) == at and p not in self._rate_paused:
-                self._resume(p)
+                self._resume(p, now_ms)
         if self._rate_paused and self._bucket.available(now_ms) >= 1:
             for p in list(self._rate_paused):
                 self._rate_paused.discard(p)
                 if p in self._paused:
-                    self._resume(p)
-
-    def _resume(self, p: int) -> None:
-        del self._paused[p]
-        self._source.resume(p)
-        if self._level[p] <= 0 and self._frontier[p] < self.fire_limit_ms:
-            # Reading again: nothing beyond what it has read so far fires until it
-            # catches up (its records after the pause may be due earlier).
-            self.fire_limit_ms = self._frontier[p]
+                    self._resume(p, now_ms)
 
     def wake_ms(self, now_ms: int) -> int:
         """Wall-clock time the loop should look again at the latest."""
+        if self.starting:
+            return now_ms + 5
         at = now_ms + 50
         if self._heap:
             top = self._heap[0][0]
@@ -415,8 +501,11 @@ class WheelDrainer:
                 at = min(at, now_ms + self._bucket.wait_ms(now_ms))
             else:  # a feeder is still reading: its records wake the loop
                 at = min(at, now_ms + 5)
-        if self._pause_queue and self.drain_ms >= now_ms - 1:
-            at = min(at, max(self._pause_queue[0][0], now_ms))
+        if self.drain_ms >= now_ms - 1:  # steady state: the drain clock is the wall clock
+            if self._feeder_queue:
+                at = min(at, max(self._feeder_queue[0][0], now_ms))
+            if self._slot_queue:
+                at = min(at, max(self._slot_queue[0][0], now_ms))
         if self._rate_paused:
             at = min(at, now_ms + max(1, self._bucket.wait_ms(now_ms)))
         return at
@@ -438,7 +527,11 @@ class WheelDrainer:
         return out
 
     def on_committed(self, offsets: list[TopicPartition], done_ms: int) -> None:
-        """The transaction with ``offsets`` committed at ``done_ms``: count and measure."""
+        """The transaction with ``offsets`` committed at ``done_ms``: count and measure.
+
+        Lateness is measured here, at commit: a fired job is visible to workers
+        (read_committed) only from now on.
+        """
         for tp in offsets:
             self.committed_offsets[tp.partition] = tp.offset
         self._touched.clear()
@@ -446,15 +539,13 @@ class WheelDrainer:
         for topic, dues in self._batch.items():
             queue = self._queue_of_topic.get(topic, topic)
             metrics.fires.labels(queue).inc(len(dues))
-            observe_lateness(metrics.fire_lateness.labels(queue).observe, dues, done_ms)
+            observe_many(
+                metrics.fire_lateness.labels(queue),
+                [max(0, done_ms - due) / 1000.0 for due in dues],
+            )
         self._batch.clear()
         self._cron_fired = 0
 
     def fired_in_transaction(self) -> int:
         """Jobs fired in the open transaction."""
         return sum(len(d) for d in self._batch.values()) + self._cron_fired
-
-
-def observe_lateness(observe: Callable[[float], None], dues: list[int], done_ms: int) -> None:
-    for due in dues:
-        observe(max(0, done_ms - due) / 1000.0)

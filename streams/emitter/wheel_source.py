@@ -39,8 +39,14 @@ class WheelSource:
             self._group,
             **{
                 "enable.partition.eof": True,
-                # Bounded prefetch: the emitter's memory must not follow the backlog.
-                "queued.max.messages.kbytes": 32_768,
+                # A shallow prefetch queue: the emitter's memory must not follow the
+                # backlog, and a resumed partition's records must not wait behind
+                # seconds of other partitions' records.
+                "queued.max.messages.kbytes": 4096,
+                "queued.min.messages": 1000,
+                # ... and a full queue postpones fetching by this much, not the
+                # default second, which would stall a partition just resumed.
+                "fetch.queue.backoff.ms": 20,
                 "fetch.wait.max.ms": 25,
             },
         )
@@ -87,6 +93,10 @@ class WheelSource:
         tp = TopicPartition(self._topic, partition, next_offset)
         consumer.seek(tp)
         consumer.pause([tp])
+
+    def hold(self, partition: int) -> None:
+        """Stop reading ``partition``; it continues after the last record delivered."""
+        self.consumer.pause([TopicPartition(self._topic, partition)])
 
     def resume(self, partition: int) -> None:
         self.consumer.resume([TopicPartition(self._topic, partition)])

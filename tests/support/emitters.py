@@ -134,14 +134,14 @@ class EmitterSubprocess:
 
     settings: Settings
     log_path: Path
+    extra_env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
-    _seen: int = 0
 
     def start(self) -> EmitterSubprocess:
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dueflow", "emitter"],
-            env=emitter_env(self.settings),
+            env=emitter_env(self.settings, self.extra_env),
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

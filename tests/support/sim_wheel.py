@@ -92,6 +92,10 @@ class SimWheel:
         self.positions[partition] = next_offset
         self.eof_sent.discard(partition)
 
+    def hold(self, partition: int) -> None:
+        self.paused.add(partition)
+        self.eof_sent.discard(partition)
+
     def resume(self, partition: int) -> None:
         self.paused.discard(partition)
 

@@ -143,22 +143,20 @@ def test_read_ahead() -> None:
     ("drain", "now", "top", "reading", "expected"),
     [
         (0, 10_000, None, None, 10_000),  # nothing pending: the wall clock
-        (0, 10_000, 2_000, None, 3_000),  # a backlog: stay near its head
+        (0, 10_000, 2_000, None, 3_000),  # a backlog: stay near its earliest timer
         (5_000, 10_000, 2_000, None, 5_000),  # never back
         (0, 10_000, 20_000, None, 10_000),  # never past now
-        (0, 10_000, None, 4_000, 4_000),  # a feeder still reading
-        (0, 10_000, 9_500, 9_900, 9_900),
+        (0, 10_000, None, 4_000, 4_000),  # nothing read yet, a feeder still reading
+        (0, 10_000, 9_500, 9_900, 10_000),  # anchored: reading feeders pause themselves
     ],
 )
 def test_next_drain(
     drain: int, now: int, top: int | None, reading: int | None, expected: int
 ) -> None:
-    assert (
-        next_drain_ms(
-            drain_ms=drain, now_ms=now, heap_top_due_ms=top, lag_ms=1_000, reading_limit_ms=reading
-        )
-        == expected
+    got = next_drain_ms(
+        drain_ms=drain, now_ms=now, earliest_due_ms=top, lag_ms=1_000, reading_limit_ms=reading
     )
+    assert got == expected
 
 
 # ----------------------------------------------------------------- records

@@ -132,8 +132,12 @@ def test_overdue_backlog_fires_once_within_the_rate_limit() -> None:
     assert set(counts.values()) == {1}
     per_second = Counter(f.fired_ms // 1_000 for f in sim.fired)
     assert max(per_second.values()) <= 1_000 + 50  # rate plus the burst
-    dues = [f.due_ms for f in sim.fired]
-    assert dues == sorted(dues)  # the backlog drains in due order
+    # The backlog drains in due order, to within the read-ahead of a near
+    # partition and a level-0 slot (records of different partitions race).
+    latest = 0
+    for f in sim.fired:
+        assert latest - f.due_ms <= 750 + 250 + 250
+        latest = max(latest, f.due_ms)
 
 
 @settings(max_examples=60, deadline=None)
