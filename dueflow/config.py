@@ -62,6 +62,10 @@ class EmitterSettings:
     # Timers the emitter reads ahead into memory while a backlog drains (beyond
     # those due within one level-0 slot of the earliest): memory vs. throughput.
     heap_budget: int = 50_000
+    # Cron: an occurrence fired later than this after its instant is a misfire
+    # (its schedule's misfire policy decides); at most this many runs per misfire.
+    misfire_grace_ms: int = 60_000
+    cron_max_catchup: int = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,8 +176,13 @@ class Settings:
             "transaction_timeout_ms",
             "housekeeping_interval_ms",
             "heap_budget",
+            "cron_max_catchup",
         ):
             _positive(f"emitter.{name}", getattr(self.emitter, name))
+        if not isinstance(self.emitter.misfire_grace_ms, int) or self.emitter.misfire_grace_ms < 0:
+            raise ConfigError(
+                "emitter.misfire_grace_ms", self.emitter.misfire_grace_ms, "an integer >= 0"
+            )
         if self.emitter.catchup_max_rate_per_s <= 0:
             raise ConfigError(
                 "emitter.catchup_max_rate_per_s", self.emitter.catchup_max_rate_per_s, "> 0"

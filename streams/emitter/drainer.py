@@ -26,6 +26,7 @@ from __future__ import annotations
 import heapq
 import logging
 import zlib
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, Message, TopicPartition
@@ -77,12 +78,23 @@ class Sender(Protocol):
     ) -> None: ...
 
 
+# emit(exec topic, value, key, headers, due_ms): fire one job (adds df-fired).
+Emit = Callable[[str, bytes | None, bytes | None, list[Any], int], None]
+
+
 class CronFiring(Protocol):
     """What the drainer calls for a due cron occurrence instead of forwarding it."""
 
-    def fire_occurrence(self, message: Message, due_ms: int, now_ms: int) -> int:
-        """Handle one occurrence (in the open transaction); return the jobs it fired."""
-        ...
+    def fire_occurrence(
+        self,
+        message: Message,
+        due_ms: int,
+        topic: str,
+        headers: list[Any],
+        now_ms: int,
+        emit: Emit,
+    ) -> None:
+        """Handle one occurrence in the open transaction, firing through ``emit``."""
 
 
 class WheelDrainer:
@@ -162,7 +174,6 @@ class WheelDrainer:
         self._eof: set[int] = set()
         self._touched: set[int] = set()
         self._batch: dict[str, list[int]] = {}  # exec topic -> due times fired, this txn
-        self._cron_fired = 0
 
     # ------------------------------------------------------------------ state
     @property
@@ -384,10 +395,10 @@ class WheelDrainer:
         headers: list[Any] | None,
         now_ms: int,
     ) -> None:
-        if cron and self._cron is not None:
-            self._cron_fired += self._cron.fire_occurrence(m, due, now_ms)
-            return
         headers = headers if headers is not None else []
+        if cron and self._cron is not None:
+            self._cron.fire_occurrence(m, due, topic, headers, now_ms, self._emitter(now_ms))
+            return
         headers.append((_FIRED, str(now_ms).encode()))
         headers.append((_SOURCE, f"{self._topic}:{p}:{off}".encode()))
         self._send(topic, m.value(), m.key(), headers)
@@ -395,6 +406,18 @@ class WheelDrainer:
         if batch is None:
             batch = self._batch[topic] = []
         batch.append(due)
+
+    def _emitter(self, now_ms: int) -> Emit:
+        fired_at = str(now_ms).encode()
+
+        def emit(
+            topic: str, value: bytes | None, key: bytes | None, headers: list[Any], due: int
+        ) -> None:
+            headers.append((_FIRED, fired_at))
+            self._send(topic, value, key, headers)
+            self._batch.setdefault(topic, []).append(due)
+
+        return emit
 
     def fire_due(self, now_ms: int) -> int:
         """Fire heap timers due at ``now_ms`` in key order, within the rate limit and
@@ -417,7 +440,7 @@ class WheelDrainer:
         while heap and heap[0][0] <= limit and count < budget:
             due, p, off, m, topic, cron, headers = pop(heap)
             if cron and self._cron is not None:
-                self._cron_fired += self._cron.fire_occurrence(m, due, now_ms)
+                self._cron.fire_occurrence(m, due, topic, headers, now_ms, self._emitter(now_ms))
             else:
                 headers.append((_FIRED, fired_at))
                 headers.append((_SOURCE, f"{source}{p}:{off}".encode()))
@@ -544,8 +567,7 @@ class WheelDrainer:
                 [max(0, done_ms - due) / 1000.0 for due in dues],
             )
         self._batch.clear()
-        self._cron_fired = 0
 
     def fired_in_transaction(self) -> int:
         """Jobs fired in the open transaction."""
-        return sum(len(d) for d in self._batch.values()) + self._cron_fired
+        return sum(len(d) for d in self._batch.values())

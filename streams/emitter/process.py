@@ -19,9 +19,9 @@ from dueflow.config import Settings
 from dueflow.errors import FencedError, KafkaOperationError
 from dueflow.logs import event
 from dueflow.metrics import Metrics
-from dueflow.streams.emitter.drainer import CronFiring
 from dueflow.streams.emitter.lease import Lease
 from dueflow.streams.emitter.outbox import TransactionAborted
+from dueflow.streams.emitter.schedules import ScheduleTable
 from dueflow.streams.emitter.session import ActiveSession, wall_ms
 
 log = logging.getLogger("dueflow.emitter")
@@ -36,17 +36,17 @@ class EmitterProcess:
         metrics: Metrics,
         *,
         clock_ms: Callable[[], int] = wall_ms,
-        cron: CronFiring | None = None,
     ) -> None:
         self._settings = settings
         self._metrics = metrics
         self._clock = clock_ms
-        self._cron = cron
         self.lease = Lease(settings)
+        self.schedules = ScheduleTable(settings)
         self.session: ActiveSession | None = None
         self._cooldown_until = 0.0
 
     def run(self, stop: threading.Event) -> None:
+        self.schedules.start()
         self.lease.start()
         event(log, "emitter started", role="standby")
         try:
@@ -55,10 +55,12 @@ class EmitterProcess:
         finally:
             self._deactivate("shutdown", commit=True)
             self.lease.close()
+            self.schedules.close()
             event(log, "emitter stopped")
 
     def _turn(self) -> None:
         held = self.lease.poll(0.0 if self.session is not None else 0.05)
+        changed = self.schedules.poll()  # standbys keep the table warm too
         if not held:
             if self.session is not None:
                 self._deactivate("lease lost", commit=False)
@@ -69,6 +71,8 @@ class EmitterProcess:
             self._activate()
             return
         try:
+            if changed or self.schedules.bad:
+                self.session.on_schedules(changed)
             self.session.step()
         except FencedError as exc:
             event(log, "emitter fenced", logging.WARNING, error=str(exc))
@@ -92,7 +96,7 @@ class EmitterProcess:
 
     def _activate(self) -> None:
         session = ActiveSession(
-            self._settings, self._metrics, clock_ms=self._clock, cron=self._cron
+            self._settings, self._metrics, schedules=self.schedules, clock_ms=self._clock
         )
         started = time.monotonic()
         try:

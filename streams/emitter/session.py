@@ -16,11 +16,14 @@ import time
 from collections.abc import Callable
 
 from dueflow.config import Settings
+from dueflow.errors import KafkaOperationError
 from dueflow.logs import event
 from dueflow.metrics import Metrics
-from dueflow.streams.emitter.drainer import CronFiring, WheelDrainer
+from dueflow.streams.emitter.cron_keeper import CronKeeper, read_cron_state
+from dueflow.streams.emitter.drainer import WheelDrainer
 from dueflow.streams.emitter.housekeeping import Housekeeping
 from dueflow.streams.emitter.outbox import Outbox
+from dueflow.streams.emitter.schedules import ScheduleTable
 from dueflow.streams.emitter.wheel_source import WheelSource
 
 log = logging.getLogger("dueflow.emitter")
@@ -38,14 +41,15 @@ class ActiveSession:
         settings: Settings,
         metrics: Metrics,
         *,
+        schedules: ScheduleTable,
         clock_ms: Callable[[], int] = wall_ms,
-        cron: CronFiring | None = None,
     ) -> None:
         self._settings = settings
         self._metrics = metrics
         self._clock = clock_ms
-        self._cron = cron
+        self._schedules = schedules
         self.outbox = Outbox(settings)
+        self.cron = CronKeeper(settings, metrics, schedules, self.outbox)
         self.source = WheelSource(settings)
         self.housekeeping = Housekeeping(settings, metrics)
         self._drainer: WheelDrainer | None = None
@@ -59,11 +63,22 @@ class ActiveSession:
         assert self._drainer is not None, "start() first"
         return self._drainer
 
-    def start(self) -> None:
+    def start(self, timeout_s: float = 60.0) -> None:
         """Fence older emitters and start reading from the committed offsets."""
         self.outbox.start()
         self.source.start()
         committed = self.source.committed()
+        # Cron: every schedule known (a missing one would read as deleted), the
+        # state of the wheel, and the bad schedule records quarantined so far.
+        deadline = time.monotonic() + timeout_s
+        while not self._schedules.caught_up:
+            if time.monotonic() > deadline:
+                raise KafkaOperationError("the schedules topic could not be read to its end")
+            self._schedules.poll(0.1)
+        state = read_cron_state(self._settings)
+        quarantined_to = self.source.committed_elsewhere(
+            self._schedules.topic, self._settings.schedules_partitions
+        )
         now = self._clock()
         self._drainer = WheelDrainer(
             settings=self._settings,
@@ -72,8 +87,9 @@ class ActiveSession:
             metrics=self._metrics,
             committed=committed,
             now_ms=now,
-            cron=self._cron,
+            cron=self.cron,
         )
+        self.cron.start(state=state, quarantined_to=quarantined_to, now_ms=now)
         self.source.assign({p: off for p, (off, _) in committed.items()})
         self.housekeeping.start()
         event(
@@ -108,11 +124,18 @@ class ActiveSession:
             outbox.poll()
         self.housekeeping.tick(now, drainer.committed_offsets)
 
+    def on_schedules(self, changed: set[str]) -> None:
+        """Schedules changed (or bad records arrived): bring the wheel in line."""
+        now = self._clock()
+        self.cron.quarantine_bad(now)
+        for schedule_id in sorted(changed):
+            self.cron.reconcile(schedule_id, now)
+
     def commit(self) -> None:
         """Commit the open transaction with the changed offsets and checkpoints."""
         if not self.outbox.in_transaction:
             return
-        offsets = self.drainer.commit_offsets()
+        offsets = self.drainer.commit_offsets() + self.cron.commit_offsets()
         self.outbox.commit(offsets, self.source.group_metadata())
         self.drainer.on_committed(offsets, self._clock())
         self._metrics.emitter_transactions.labels("committed").inc()

@@ -75,6 +75,17 @@ class WheelSource:
             out[tp.partition] = (offset, Checkpoint.decode(tp.metadata) if offset >= 0 else None)
         return out
 
+    def committed_elsewhere(
+        self, topic: str, partitions: int, timeout_s: float = 30.0
+    ) -> dict[int, int]:
+        """Committed offsets of another topic in the emitter's offsets group (0: none)."""
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        try:
+            got = self.consumer.committed(tps, timeout=timeout_s)
+        except KafkaException as exc:
+            raise kafka_error(f"fetch committed offsets of {topic}", exc) from exc
+        return {tp.partition: max(tp.offset, 0) for tp in got}
+
     def assign(self, offsets: dict[int, int]) -> None:
         """Read every partition from ``offsets`` (-1: from the beginning)."""
         self.consumer.assign(

@@ -103,6 +103,7 @@ class Fired:
     seen_ms: int
     partition: int
     source: str
+    value: bytes = b""
 
 
 @dataclass
@@ -152,6 +153,7 @@ class ExecLog:
                     seen,
                     m.partition() or 0,
                     src,
+                    m.value() or b"",
                 )
             )
             got += 1
