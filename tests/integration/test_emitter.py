@@ -156,3 +156,47 @@ def test_malformed_timers_are_quarantined_and_the_next_one_fires(
         assert all(r["component"] == "emitter" and r["source_topic"] == topic for r in found)
     finally:
         log.close()
+
+
+@pytest.mark.timeout(60)
+def test_pending_gauges_come_from_offsets_and_fired_records_are_deleted(
+    kafka: KafkaCluster, prefix: str
+) -> None:
+    s = _settings(kafka, prefix)
+    producer = timer_producer(s)
+    start = now_ms()
+    far = {f"far{i}": start + 60_000 + i for i in range(150)}  # beyond the top: parked
+    soon = {f"soon{i}": start + 100 + i for i in range(100)}
+    write_timers(producer, s, far.items())
+    log = ExecLog(s).start()
+    try:
+        with threaded_emitter(s) as em:
+            em.wait_active()
+            write_timers(producer, s, soon.items())
+            log.wait_for(len(soon), timeout_s=20)
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and (
+                em.metric("dueflow_timers_pending", {"level": "2"}) != len(far)
+                or em.metric("dueflow_timers_pending", {"level": "near"}) != 0
+            ):
+                log.poll(0.1)
+            assert em.metric("dueflow_timers_pending", {"level": "2"}) == len(far)
+            assert em.metric("dueflow_timers_pending", {"level": "near"}) == 0
+            # Records below the committed offsets are deleted (the topic keeps no time
+            # retention): the near partitions start where the emitter committed.
+            c = Consumer(s.client_config(**{"group.id": f"w-{prefix}"}))
+            try:
+                near = [TopicPartition(names(s).timers, p) for p in range(s.wheel.near_partitions)]
+                deadline = time.monotonic() + 20
+                while time.monotonic() < deadline:
+                    low_high = [c.get_watermark_offsets(tp, timeout=5) for tp in near]
+                    if all(lo == hi for lo, hi in low_high if hi > 0):
+                        break
+                    log.poll(0.1)
+                assert all(lo == hi for lo, hi in low_high if hi > 0), low_high
+                assert any(hi > 0 for _, hi in low_high)
+            finally:
+                c.close()
+    finally:
+        log.close()
+    assert {r.job_id for r in log.records} == set(soon)
