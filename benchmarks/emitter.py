@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import multiprocessing
 import os
 import statistics
 import tempfile
@@ -82,7 +83,11 @@ def _free_port_pair() -> int:
     return free_port_pair()
 
 
+EMITTER_OVERRIDES: dict[str, str] = {}  # --emitter KEY=VALUE, for every scenario
+
+
 def bench_settings(bootstrap: str, **emitter: Any) -> Settings:
+    emitter = {**EMITTER_OVERRIDES, **emitter}
     prefix = f"bench{uuid.uuid4().hex[:8]}"
     s = load_settings(
         env={},
@@ -342,96 +347,146 @@ def _load(settings: Settings, rate: int, seconds: float, dues: dict[str, int]) -
     producer.flush(30)
 
 
-def baseline_latency(settings: Settings, rate: int, seconds: float, batch_ms: int) -> list[float]:
-    """Latency of records a transactional producer commits every ``batch_ms``."""
+def _checker_main(settings: Settings, out_path: str, stop: Any) -> None:
+    """In its own process: read the exec topic until told to stop, then write what
+    was seen (job id, due, fired, seen) as JSON lines."""
+    log = ExecLog(settings).start()
+    try:
+        while not stop.is_set():
+            log.poll(0.005)
+        log.settle(quiet_s=0.5, timeout_s=10)
+    finally:
+        log.close()
+    with open(out_path, "w") as fh:
+        for r in log.records:
+            fh.write(json.dumps([r.job_id, r.due_ms, r.fired_ms, r.seen_ms]) + "\n")
+
+
+class Checker:
+    """A read_committed consumer of the exec topic in a separate process (so the
+    load generator does not slow it down), as a worker would be."""
+
+    def __init__(self, settings: Settings, workdir: Path, name: str) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.path = workdir / f"{name}.seen.jsonl"
+        self.stop_event = ctx.Event()
+        self.proc = ctx.Process(
+            target=_checker_main, args=(settings, str(self.path), self.stop_event)
+        )
+
+    def __enter__(self) -> Checker:
+        self.proc.start()
+        time.sleep(2.0)  # let its consumer join and fetch (no records exist yet)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop_event.set()
+        self.proc.join(60)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+    def seen(self) -> list[tuple[str, int, int, int]]:
+        out = []
+        for line in self.path.read_text().splitlines():
+            job_id, due, fired, seen = json.loads(line)
+            out.append((job_id, due, fired, seen))
+        return out
+
+
+def baseline_latency(
+    settings: Settings, rate: int, seconds: float, batch_ms: int, workdir: Path
+) -> list[float]:
+    """Latency of records a transactional producer commits every ``batch_ms``:
+    the floor of any transactional emitter on this machine."""
     topic = names(settings).exec("default")
     producer = Producer(
         settings.client_config(**{"transactional.id": f"base-{uuid.uuid4().hex}", "linger.ms": 2})
     )
     producer.init_transactions(30)
-    log = ExecLog(settings).start()
-    lat: list[float] = []
-    stop = threading.Event()
-
-    def read() -> None:
-        while not stop.is_set():
-            log.poll(0.01)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    start = time.monotonic()
-    i = 0
-    opened = False
-    opened_at = 0.0
-    while time.monotonic() - start < seconds:
-        target = int((time.monotonic() - start) * rate)
-        while i < target:
-            if not opened:
-                producer.begin_transaction()
-                opened, opened_at = True, time.monotonic()
-            t = now_ms()
-            producer.produce(topic, b"x", f"b{i}".encode(), headers=[(hdr.DUE, str(t).encode())])
-            i += 1
-        if opened and time.monotonic() - opened_at >= batch_ms / 1000:
+    with Checker(settings, workdir, "baseline") as checker:
+        start = time.monotonic()
+        i = 0
+        opened = False
+        opened_at = 0.0
+        while time.monotonic() - start < seconds:
+            target = int((time.monotonic() - start) * rate)
+            while i < target:
+                if not opened:
+                    producer.begin_transaction()
+                    opened, opened_at = True, time.monotonic()
+                t = str(now_ms()).encode()
+                producer.produce(
+                    topic, b"x", f"b{i}".encode(), headers=[(hdr.DUE, t), (hdr.FIRED, t)]
+                )
+                i += 1
+            if opened and time.monotonic() - opened_at >= batch_ms / 1000:
+                producer.commit_transaction()
+                opened = False
+            time.sleep(0.001)  # pacing of the load generator
+        if opened:
             producer.commit_transaction()
-            opened = False
-        time.sleep(0.001)
-    if opened:
-        producer.commit_transaction()
-    time.sleep(1.0)
-    stop.set()
-    reader.join()
-    log.close()
-    lat = [r.seen_ms - r.due_ms for r in log.records]
-    return lat
+        time.sleep(1.0)  # the last records reach the checker
+    return [float(seen - due) for _, due, _, seen in checker.seen()]
 
 
 def scenario_steady(bootstrap: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     s = bench_settings(bootstrap)
-    base = baseline_latency(s, args.rate, min(args.duration, 15.0), s.emitter.batch_max_ms)
+    base = baseline_latency(s, args.rate, min(args.duration, 15.0), s.emitter.batch_max_ms, workdir)
     s = bench_settings(bootstrap)
     port = free_port()
     em = start_emitter(s, workdir, "steady", port)
     dues: dict[str, int] = {}
-    log = ExecLog(s).start()
-    stop = threading.Event()
-
-    def read() -> None:
-        while not stop.is_set():
-            log.poll(0.005)
-
-    reader = threading.Thread(target=read, daemon=True)
     try:
         wait_active(em)
-        reader.start()
-        cpu0 = cpu_s(em.pid)
-        t0 = time.monotonic()
-        _load(s, args.rate, args.duration, dues)
-        written = time.monotonic() - t0
-        wait_until(lambda: len(log.records) >= len(dues), 120, "every timer to fire", 0.2)
-        cpu = cpu_s(em.pid) - cpu0
+        with Checker(s, workdir, "steady") as checker:
+            cpu0 = cpu_s(em.pid)
+            t0 = time.monotonic()
+            _load(s, args.rate, args.duration, dues)
+            written = time.monotonic() - t0
+            wait_until(
+                lambda: metric(port, "dueflow_fires_total") >= len(dues),
+                120,
+                "every timer to fire",
+                0.25,
+            )
+            cpu = cpu_s(em.pid) - cpu0
+            hist = _histogram(port, "dueflow_fire_lateness_seconds")
     finally:
-        stop.set()
-        if reader.is_alive():
-            reader.join()
         em.stop()
-        log.close()
-    records = log.records
-    counts = Counter(r.job_id for r in records)
-    lateness = [float(r.seen_ms - r.due_ms) for r in records]
-    fired_lateness = [float(r.fired_ms - r.due_ms) for r in records]
+    records = checker.seen()
+    counts = Counter(job_id for job_id, *_ in records)
+    lateness = [float(seen - due) for _, due, _, seen in records]
+    fired_lateness = [float(fired - due) for _, due, fired, _ in records]
     return {
         "scenario": "steady",
         "rate_per_s": round(len(dues) / written),
         "timers": len(dues),
         "fired": len(counts),
         "duplicates": sum(c - 1 for c in counts.values()),
-        "early": sum(1 for r in records if r.seen_ms < r.due_ms or r.fired_ms < r.due_ms),
+        "early": sum(1 for _, due, fired, seen in records if seen < due or fired < due),
         "lateness_ms": percentiles(lateness),
         "fire_minus_due_ms": percentiles(fired_lateness),
-        "baseline_lateness_ms": percentiles([float(x) for x in base]),
+        "emitter_histogram_share_le": hist,
+        "baseline_lateness_ms": percentiles(base),
         "batch_max_ms": s.emitter.batch_max_ms,
         "emitter_cpu_share": round(cpu / (written + 15.0), 3),
+    }
+
+
+def _histogram(port: int, name: str) -> dict[str, float]:
+    """Share of observations at or below each bucket bound (cumulative), per le."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    buckets: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(name + "_bucket{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets[le] = buckets.get(le, 0.0) + float(line.rsplit(" ", 1)[1])
+    total = buckets.get("+Inf", 0.0) or 1.0
+    return {
+        le: round(v / total, 4)
+        for le, v in buckets.items()
+        if le in ("0.01", "0.02", "0.05", "0.1")
     }
 
 
@@ -594,7 +649,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--duration", type=float, default=30.0, help="steady: seconds of load")
     parser.add_argument("--kills", type=int, default=10, help="failover: kill -9 count")
     parser.add_argument("--session-timeout-ms", type=int, default=3_000, help="failover")
+    parser.add_argument(
+        "--emitter",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an emitter setting, e.g. batch_max_ms=5 (repeatable)",
+    )
     args = parser.parse_args(argv)
+    for item in args.emitter:
+        key, _, value = item.partition("=")
+        EMITTER_OVERRIDES[key.strip()] = value.strip()
     if args.scenario == "failover" and args.rate == 5_000:
         args.rate = 1_000
     run = {

@@ -13,14 +13,12 @@ transaction, so placement, firing and state commit together.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartition
+from confluent_kafka import Message, TopicPartition
 
 from dueflow import headers as hdr
-from dueflow.clients import make_consumer
 from dueflow.config import Settings
 from dueflow.cron import CronSchedule, misfire_plan
 from dueflow.cron_occurrence import (
@@ -32,7 +30,6 @@ from dueflow.cron_occurrence import (
     occurrence_verdict,
     placement_needed,
 )
-from dueflow.errors import KafkaOperationError
 from dueflow.logs import event
 from dueflow.metrics import Metrics
 from dueflow.schemas import codec
@@ -46,35 +43,6 @@ log = logging.getLogger("dueflow.emitter.cron")
 # emit(exec topic, value, key, headers, due_ms): fire one job in the open transaction
 # (it adds df-fired and counts the fire).
 Emit = Callable[[str, bytes | None, bytes | None, list[Any], int], None]
-
-
-def read_cron_state(settings: Settings, timeout_s: float = 60.0) -> dict[str, CronState]:
-    """The cron state topic, read to its (stable) end."""
-    topic = names(settings).emitter_cron
-    consumer = make_consumer(
-        settings, names(settings).emitter_offsets_group, **{"enable.partition.eof": True}
-    )
-    out: dict[str, CronState] = {}
-    deadline = time.monotonic() + timeout_s
-    try:
-        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-        while True:
-            if time.monotonic() > deadline:
-                raise KafkaOperationError(f"reading {topic} took longer than {timeout_s}s")
-            for m in consumer.consume(1_000, 0.5):
-                err = m.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        return out
-                    continue
-                key = (m.key() or b"").decode("utf-8", "replace")
-                state = CronState.decode(m.value())
-                if state is None:
-                    out.pop(key, None)
-                else:
-                    out[key] = state
-    finally:
-        consumer.close()
 
 
 class CronKeeper:

@@ -52,6 +52,10 @@ class Outbox:
             **{
                 "transaction.timeout.ms": em.transaction_timeout_ms,
                 "linger.ms": 2,
+                # Fencing waits for the old emitter's transaction to be aborted:
+                # ask again soon (takeover time), not after the default backoff.
+                "retry.backoff.ms": 20,
+                "retry.backoff.max.ms": 250,
             },
         )
         try:

@@ -1,7 +1,10 @@
 """The schedules table: every cron schedule, read from the compacted schedules topic.
 
 Active and standby emitters both keep it current (a standby is hot: on
-takeover the table is there). It reads every partition from the beginning,
+takeover the table is there), and with it the cron state (which version of
+each schedule has its occurrence in the wheel, ``<prefix>.emitter.cron``),
+which an emitter that takes over reads to its end once the old one is fenced
+(:meth:`ScheduleTable.sync_cron_state`). It reads every partition from the beginning,
 decodes each value (Avro ``Schedule``; the writer's version from the
 ``df-schema`` header), and keeps the latest of each schedule id; a tombstone
 (null value) deletes it. A record that cannot be a schedule (undecodable,
@@ -13,6 +16,7 @@ Not the hot path: a schedule changes rarely.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
@@ -21,7 +25,8 @@ from dueflow import headers as hdr
 from dueflow.clients import make_consumer
 from dueflow.config import Settings
 from dueflow.cron import CronSchedule
-from dueflow.errors import DueflowError
+from dueflow.cron_occurrence import CronState
+from dueflow.errors import DueflowError, KafkaOperationError
 from dueflow.logs import event
 from dueflow.schemas import codec
 from dueflow.topics import names
@@ -49,6 +54,9 @@ class ScheduleTable:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._topic = names(settings).schedules
+        self._cron_topic = names(settings).emitter_cron
+        self.cron_state: dict[str, CronState] = {}
+        self._cron_ended = False
         self._queues = set(settings.queue_names)
         self._consumer: Consumer | None = None
         self._schedules: dict[str, CronSchedule] = {}
@@ -75,21 +83,44 @@ class ScheduleTable:
         self._consumer = make_consumer(
             self._settings,
             names(self._settings).emitter_offsets_group,  # never commits with it
-            **{"enable.partition.eof": True},
+            **{"enable.partition.eof": True, "fetch.wait.max.ms": 50},
         )
         self._consumer.assign(
             [
                 TopicPartition(self._topic, p, OFFSET_BEGINNING)
                 for p in range(self._settings.schedules_partitions)
             ]
+            + [TopicPartition(self._cron_topic, 0, OFFSET_BEGINNING)]
         )
+
+    def sync_cron_state(self, timeout_s: float = 60.0) -> dict[str, CronState]:
+        """The cron state, read to its current end (call once older emitters are fenced:
+        then every transaction that wrote it has completed)."""
+        consumer = self._consumer
+        assert consumer is not None, "start() first"
+        tp = TopicPartition(self._cron_topic, 0)
+        (pos,) = consumer.position([tp])
+        # Seek to where it is: the end is reported again when it gets there.
+        consumer.seek(
+            TopicPartition(self._cron_topic, 0, pos.offset if pos.offset >= 0 else OFFSET_BEGINNING)
+        )
+        self._cron_ended = False
+        deadline = time.monotonic() + timeout_s
+        while not self._cron_ended:
+            if time.monotonic() > deadline:
+                raise KafkaOperationError(f"{self._cron_topic} could not be read to its end")
+            self.poll(0.05)
+        return dict(self.cron_state)
 
     def poll(self, timeout_s: float = 0.0) -> set[str]:
         """Read what arrived; return the ids of schedules that changed (or went away)."""
         if self._consumer is None:
             return set()
         changed: set[str] = set()
-        for m in self._consumer.consume(500, timeout_s):
+        first = self._consumer.poll(timeout_s)
+        if first is None:
+            return changed
+        for m in [first, *self._consumer.consume(500, 0)]:
             self._apply(m, changed)
         return changed
 
@@ -97,6 +128,9 @@ class ScheduleTable:
         p: int = m.partition()  # type: ignore[assignment]
         off: int = m.offset()  # type: ignore[assignment]
         err = m.error()
+        if m.topic() == self._cron_topic:
+            self._apply_cron(m)
+            return
         if err is not None:
             if err.code() == KafkaError._PARTITION_EOF:
                 self._ended.add(p)
@@ -140,6 +174,19 @@ class ScheduleTable:
             return  # an older version written late: the newer one stays
         self._schedules[schedule_id] = schedule
         changed.add(schedule_id)
+
+    def _apply_cron(self, m: Message) -> None:
+        err = m.error()
+        if err is not None:
+            if err.code() == KafkaError._PARTITION_EOF:
+                self._cron_ended = True
+            return
+        key = (m.key() or b"").decode("utf-8", "replace")
+        state = CronState.decode(m.value())
+        if state is None:
+            self.cron_state.pop(key, None)
+        else:
+            self.cron_state[key] = state
 
     def _remember(
         self, m: Message, headers: list[tuple[str, bytes | None]] | None, reason: str

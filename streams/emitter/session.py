@@ -19,7 +19,7 @@ from dueflow.config import Settings
 from dueflow.errors import KafkaOperationError
 from dueflow.logs import event
 from dueflow.metrics import Metrics
-from dueflow.streams.emitter.cron_keeper import CronKeeper, read_cron_state
+from dueflow.streams.emitter.cron_keeper import CronKeeper
 from dueflow.streams.emitter.drainer import WheelDrainer
 from dueflow.streams.emitter.housekeeping import Housekeeping
 from dueflow.streams.emitter.outbox import Outbox
@@ -56,7 +56,8 @@ class ActiveSession:
         em = settings.emitter
         self._batch_records = em.batch_max_records
         self._batch_ms = em.batch_max_ms
-        self._consume_max = max(1, min(em.batch_max_records, 5_000))
+        # Small reads, so a slot read in one go does not hold up timers due meanwhile.
+        self._consume_max = max(1, min(em.batch_max_records, 1_000))
 
     @property
     def drainer(self) -> WheelDrainer:
@@ -65,9 +66,23 @@ class ActiveSession:
 
     def start(self, timeout_s: float = 60.0) -> None:
         """Fence older emitters and start reading from the committed offsets."""
+        took: dict[str, int] = {}
+        t = time.monotonic()
+
+        def lap(name: str) -> None:
+            nonlocal t
+            now = time.monotonic()
+            took[name] = round((now - t) * 1000)
+            t = now
+
         self.outbox.start()
         self.source.start()
+        lap("fence_ms")
         committed = self.source.committed()
+        quarantined_to = self.source.committed_elsewhere(
+            self._schedules.topic, self._settings.schedules_partitions
+        )
+        lap("offsets_ms")
         # Cron: every schedule known (a missing one would read as deleted), the
         # state of the wheel, and the bad schedule records quarantined so far.
         deadline = time.monotonic() + timeout_s
@@ -75,10 +90,8 @@ class ActiveSession:
             if time.monotonic() > deadline:
                 raise KafkaOperationError("the schedules topic could not be read to its end")
             self._schedules.poll(0.1)
-        state = read_cron_state(self._settings)
-        quarantined_to = self.source.committed_elsewhere(
-            self._schedules.topic, self._settings.schedules_partitions
-        )
+        state = self._schedules.sync_cron_state(timeout_s)
+        lap("cron_ms")
         now = self._clock()
         self._drainer = WheelDrainer(
             settings=self._settings,
@@ -92,11 +105,13 @@ class ActiveSession:
         self.cron.start(state=state, quarantined_to=quarantined_to, now_ms=now)
         self.source.assign({p: off for p, (off, _) in committed.items()})
         self.housekeeping.start()
+        lap("start_ms")
         event(
             log,
             "emitter active",
             replaying=len([1 for _, ck in committed.values() if ck is not None]),
             last_fired=self._drainer.fired,
+            **took,
         )
 
     def step(self) -> None:

@@ -96,7 +96,18 @@ class WheelSource:
         )
 
     def consume(self, max_messages: int, timeout_s: float) -> list[Message]:
-        return self.consumer.consume(max_messages, timeout_s)
+        """What is there, waiting at most ``timeout_s`` for the first record.
+
+        (``Consumer.consume`` alone waits for ``max_messages`` or the whole
+        timeout, so a record due soon would wait behind it.)
+        """
+        consumer = self.consumer
+        first = consumer.poll(timeout_s)
+        if first is None:
+            return []
+        rest = consumer.consume(max_messages - 1, 0) if max_messages > 1 else []
+        rest.insert(0, first)
+        return rest
 
     def pause(self, partition: int, next_offset: int) -> None:
         """Stop reading ``partition``; it continues at ``next_offset`` on resume."""
