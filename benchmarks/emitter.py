@@ -560,7 +560,7 @@ def scenario_failover(bootstrap: str, args: argparse.Namespace, workdir: Path) -
     s = bench_settings(
         bootstrap,
         session_timeout_ms=args.session_timeout_ms,
-        heartbeat_interval_ms=max(100, args.session_timeout_ms // 5),
+        heartbeat_interval_ms=max(100, args.session_timeout_ms // 10),
     )
     procs = [start_emitter(s, workdir, f"fo-{i}", free_port()) for i in range(2)]
     log = ExecLog(s).start()

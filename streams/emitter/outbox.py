@@ -59,6 +59,7 @@ class Outbox:
             },
         )
         try:
+            self._producer.list_topics(timeout=timeout_s)  # metadata before the first write
             self._producer.init_transactions(timeout_s)
         except KafkaException as exc:
             raise _wrap("init_transactions", exc) from exc

@@ -23,6 +23,7 @@ from dueflow.streams.emitter.lease import Lease
 from dueflow.streams.emitter.outbox import TransactionAborted
 from dueflow.streams.emitter.schedules import ScheduleTable
 from dueflow.streams.emitter.session import ActiveSession, wall_ms
+from dueflow.streams.emitter.wheel_source import WheelSource
 
 log = logging.getLogger("dueflow.emitter")
 
@@ -42,11 +43,13 @@ class EmitterProcess:
         self._clock = clock_ms
         self.lease = Lease(settings)
         self.schedules = ScheduleTable(settings)
+        self.source = WheelSource(settings)
         self.session: ActiveSession | None = None
         self._cooldown_until = 0.0
 
     def run(self, stop: threading.Event) -> None:
         self.schedules.start()
+        self.source.start()
         self.lease.start()
         event(log, "emitter started", role="standby")
         try:
@@ -56,6 +59,7 @@ class EmitterProcess:
             self._deactivate("shutdown", commit=True)
             self.lease.close()
             self.schedules.close()
+            self.source.close()
             event(log, "emitter stopped")
 
     def _turn(self) -> None:
@@ -96,7 +100,11 @@ class EmitterProcess:
 
     def _activate(self) -> None:
         session = ActiveSession(
-            self._settings, self._metrics, schedules=self.schedules, clock_ms=self._clock
+            self._settings,
+            self._metrics,
+            schedules=self.schedules,
+            source=self.source,
+            clock_ms=self._clock,
         )
         started = time.monotonic()
         try:

@@ -42,6 +42,7 @@ class ActiveSession:
         metrics: Metrics,
         *,
         schedules: ScheduleTable,
+        source: WheelSource,
         clock_ms: Callable[[], int] = wall_ms,
     ) -> None:
         self._settings = settings
@@ -50,9 +51,12 @@ class ActiveSession:
         self._schedules = schedules
         self.outbox = Outbox(settings)
         self.cron = CronKeeper(settings, metrics, schedules, self.outbox)
-        self.source = WheelSource(settings)
+        self.source = source  # started by the process: warm before the takeover
         self.housekeeping = Housekeeping(settings, metrics)
         self._drainer: WheelDrainer | None = None
+        self._started = 0.0
+        self._first_commit: float | None = None
+        self._read_in: float | None = None
         em = settings.emitter
         self._batch_records = em.batch_max_records
         self._batch_ms = em.batch_max_ms
@@ -67,7 +71,7 @@ class ActiveSession:
     def start(self, timeout_s: float = 60.0) -> None:
         """Fence older emitters and start reading from the committed offsets."""
         took: dict[str, int] = {}
-        t = time.monotonic()
+        t = self._started = time.monotonic()
 
         def lap(name: str) -> None:
             nonlocal t
@@ -76,7 +80,6 @@ class ActiveSession:
             t = now
 
         self.outbox.start()
-        self.source.start()
         lap("fence_ms")
         committed = self.source.committed()
         quarantined_to = self.source.committed_elsewhere(
@@ -131,6 +134,14 @@ class ActiveSession:
                 self.housekeeping.observe_append(now, ts)
         drainer.advance(now)
         drainer.fire_due(now)
+        if self._read_in is None and not drainer.starting:
+            self._read_in = time.monotonic()
+            event(
+                log,
+                "emitter reading",
+                after_start_ms=round((self._read_in - self._started) * 1000),
+                unheard=0,
+            )
         if outbox.in_transaction and (
             outbox.records >= self._batch_records or now - outbox.opened_ms >= self._batch_ms
         ):
@@ -154,6 +165,13 @@ class ActiveSession:
         self.outbox.commit(offsets, self.source.group_metadata())
         self.drainer.on_committed(offsets, self._clock())
         self._metrics.emitter_transactions.labels("committed").inc()
+        if self._first_commit is None:
+            self._first_commit = time.monotonic()
+            event(
+                log,
+                "emitter first commit",
+                after_start_ms=round((self._first_commit - self._started) * 1000),
+            )
 
     def close(self, *, commit: bool) -> None:
         """Commit (clean shutdown) or abort (lease lost, fenced) and close the clients."""
@@ -164,5 +182,5 @@ class ActiveSession:
             if self.outbox.in_transaction:
                 self._metrics.emitter_transactions.labels("aborted").inc()
             self.outbox.close(abort=True)
-            self.source.close()
+            self.source.unassign()
             self.housekeeping.close()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from dueflow.clients import kafka_error, make_consumer
 from dueflow.config import Settings
@@ -34,6 +34,8 @@ class WheelSource:
         return self._topic
 
     def start(self) -> None:
+        """Create the consumer and learn the timer topic's metadata (a standby does
+        this ahead, so taking over does not wait for it)."""
         self._consumer = make_consumer(
             self._settings,
             self._group,
@@ -87,10 +89,16 @@ class WheelSource:
         return {tp.partition: max(tp.offset, 0) for tp in got}
 
     def assign(self, offsets: dict[int, int]) -> None:
-        """Read every partition from ``offsets`` (-1: from the beginning)."""
+        """Read every partition from ``offsets`` (-1: from the beginning).
+
+        Never committed means never deleted by the emitter either, so "the
+        beginning" is offset 0 (if someone else deleted records, the offset reset
+        policy, earliest, takes over). An explicit offset spares librdkafka an
+        offset query, which for a partition new to the client waits half a second.
+        """
         self.consumer.assign(
             [
-                TopicPartition(self._topic, p, off if off >= 0 else OFFSET_BEGINNING)
+                TopicPartition(self._topic, p, off if off >= 0 else 0)
                 for p, off in sorted(offsets.items())
             ]
         )
@@ -122,6 +130,11 @@ class WheelSource:
 
     def resume(self, partition: int) -> None:
         self.consumer.resume([TopicPartition(self._topic, partition)])
+
+    def unassign(self) -> None:
+        """Stop reading (the lease is gone); the consumer stays, warm, for the next time."""
+        if self._consumer is not None:
+            self._consumer.unassign()
 
     def group_metadata(self) -> Any:
         return self.consumer.consumer_group_metadata()
