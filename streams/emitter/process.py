@@ -10,7 +10,6 @@ open transaction and leaves the group, so a standby takes over at once.
 
 from __future__ import annotations
 
-import gc
 import logging
 import threading
 import time
@@ -49,10 +48,6 @@ class EmitterProcess:
         self._cooldown_until = 0.0
 
     def run(self, stop: threading.Event) -> None:
-        # The heap holds tens of thousands of small acyclic objects; the default
-        # cyclic-GC thresholds would scan them over and over on the hot path.
-        gc.freeze()
-        gc.set_threshold(50_000, 50, 100)
         self.schedules.start()
         self.source.start()
         self.lease.start()
