@@ -189,9 +189,6 @@ class WheelDrainer:
     def touched(self) -> bool:
         return bool(self._touched)
 
-    def next_due_ms(self) -> int | None:
-        return self._heap[0][0] if self._heap else None
-
     # ------------------------------------------------------------------ reading
     def on_messages(self, messages: list[Message], now_ms: int) -> None:
         """Handle a batch of records (and partition-end events) from the source."""
@@ -567,7 +564,3 @@ class WheelDrainer:
                 [max(0, done_ms - due) / 1000.0 for due in dues],
             )
         self._batch.clear()
-
-    def fired_in_transaction(self) -> int:
-        """Jobs fired in the open transaction."""
-        return sum(len(d) for d in self._batch.values())
