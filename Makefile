@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 PY     := $(BIN)/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint unit integration chaos fmt bench broker-start broker-stop clean
+.PHONY: demo test lint unit integration chaos fmt bench broker-start broker-stop clean browser-deps promtool
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,7 @@ demo: $(STAMP) jars
 	$(PY) -m dueflow.demo
 
 ## lint gate + every test tier; starts and stops the broker it needs
-test: $(STAMP) jars lint
+test: $(STAMP) jars browser-deps promtool lint
 	$(PY) -m pytest
 
 lint: $(STAMP)
@@ -35,8 +35,17 @@ lint: $(STAMP)
 unit: $(STAMP)
 	$(PY) -m pytest tests/unit
 
-integration: $(STAMP) jars
+integration: $(STAMP) jars browser-deps
 	$(PY) -m pytest tests/integration
+
+## Debian's chromium and chromedriver for the status-page browser test (no
+## browser download: selenium is given both paths). Installs only if missing.
+browser-deps:
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && \
+	  $$SUDO apt-get install -y --no-install-recommends chromium chromium-driver; \
+	fi
 
 fmt: $(STAMP)
 	$(BIN)/ruff format .
@@ -62,3 +71,12 @@ compose-plugin:
 	cp -r $$src src; chmod -R u+w src; cd src; \
 	go build -o $$HOME/.docker/cli-plugins/docker-compose ./cmd; \
 	docker compose version
+
+## promtool (checks the alert rules): taken out of Debian's prometheus package
+## without installing the server (no daemon is started), into the virtualenv.
+promtool: $(STAMP)
+	@if [ ! -x $(BIN)/promtool ]; then \
+	  d=$$(mktemp -d); chmod 755 $$d; (cd $$d && apt-get download -q prometheus >/dev/null 2>&1 && \
+	  dpkg-deb -x prometheus_*.deb x) && cp $$d/x/usr/bin/promtool $(BIN)/promtool; \
+	  rm -rf $$d; fi
+	@$(BIN)/promtool --version | head -1

@@ -34,6 +34,7 @@ from dueflow.wheel import DEFAULT_LEVELS, WheelGeometry, WheelLevel
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
 _ENV_PREFIX = "DUEFLOW_"
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +89,21 @@ class ObservabilitySettings:
     metrics_port: int | None = None
     log_format: Literal["json", "text"] = "json"
     log_level: str = "INFO"
+    # The status view (faust app over the outcomes topic) and its HTTP server.
+    status_bind: str = "127.0.0.1"
+    status_port: int = 6066
+    status_url: str | None = None  # where `dueflow status`/`job` ask; default from bind/port
+    status_data_dir: str = ".dueflow/status"
+    status_retention_ms: int = 7 * 24 * 3_600_000  # finished jobs leave the table after this
+    cluster_refresh_ms: int = 2_000  # how often the view re-reads offsets from Kafka
+
+    @property
+    def status_base_url(self) -> str:
+        """URL of the status view: ``status_url`` or ``http://<bind>:<port>``."""
+        if self.status_url:
+            return self.status_url.rstrip("/")
+        host = "127.0.0.1" if self.status_bind in ("0.0.0.0", "") else self.status_bind
+        return f"http://{host}:{self.status_port}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +212,16 @@ class Settings:
         port = self.observability.metrics_port
         if port is not None and not 0 <= port <= 65535:
             raise ConfigError("observability.metrics_port", port, "0-65535, or unset")
+        if not 0 <= self.observability.status_port <= 65535:
+            raise ConfigError(
+                "observability.status_port", self.observability.status_port, "0-65535"
+            )
+        for name in ("status_retention_ms", "cluster_refresh_ms"):
+            _positive(f"observability.{name}", getattr(self.observability, name))
+        if self.observability.log_level.upper() not in _LOG_LEVELS:
+            raise ConfigError(
+                "observability.log_level", self.observability.log_level, " ".join(_LOG_LEVELS)
+            )
         return self
 
 

@@ -21,6 +21,8 @@ header                    meaning
 ``df-occurrence``  cron   the occurrence's nominal instant (ms, before jitter)
 ``df-schema``  optional   value schema, e.g. ``dueflow.Job/1``
 ``traceparent``           W3C trace context (``tracestate`` too)
+``df-trace-link``         W3C ``traceparent`` of the job's previous step, when
+                          that step is not the parent (see dueflow.tracing)
 ========================  =====================================================
 
 The record key is the job's idempotency key; it becomes the exec record's
@@ -47,6 +49,7 @@ OCCURRENCE = "df-occurrence"
 SCHEMA = "df-schema"
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
+TRACE_LINK = "df-trace-link"
 
 FIRED = "df-fired"
 ATTEMPT = "df-attempt"

@@ -5,8 +5,10 @@ passed in: no module-level collectors. Components receive it through their
 constructor. Names follow Prometheus conventions: ``dueflow_*``, base units,
 ``_total`` for counters, ``_seconds`` for time.
 
-For ``dueflow worker --processes N`` set ``PROMETHEUS_MULTIPROC_DIR`` before
-the children start (see :func:`serve`), so the parent serves one merged view.
+For ``dueflow worker --processes N`` call :func:`enable_multiprocess` in the
+parent before the children start and before any :class:`Metrics` is built
+(it sets ``PROMETHEUS_MULTIPROC_DIR``), call :func:`process_exited` when a
+child ends, and :func:`serve` then serves one merged view.
 """
 
 from __future__ import annotations
@@ -15,16 +17,21 @@ import os
 from bisect import bisect_left
 from collections import Counter as _Counter
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 from prometheus_client import (
+    CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
+    generate_latest,
     multiprocess,
     start_http_server,
+    values,
 )
+from prometheus_client.metrics import MetricWrapperBase
 
 # Fire lateness and job durations span milliseconds to minutes.
 LATENESS_BUCKETS = (
@@ -89,6 +96,7 @@ class Metrics:
             "Timers waiting in the wheel (high watermark minus committed offset)",
             ["level"],
             registry=r,
+            multiprocess_mode="livemax",
         )
         self.fires = Counter(
             "dueflow_fires_total", "Jobs fired into exec topics", ["queue"], registry=r
@@ -112,7 +120,10 @@ class Metrics:
             registry=r,
         )
         self.emitter_leader = Gauge(
-            "dueflow_emitter_leader", "1 while this process is the active emitter", registry=r
+            "dueflow_emitter_leader",
+            "1 while this process is the active emitter",
+            registry=r,
+            multiprocess_mode="livemax",
         )
         self.emitter_failovers = Counter(
             "dueflow_emitter_failovers_total",
@@ -135,6 +146,7 @@ class Metrics:
             "dueflow_clock_offset_seconds",
             "Local clock minus broker clock, from broker append timestamps",
             registry=r,
+            multiprocess_mode="livemax",
         )
         # --- workers
         self.jobs = Counter(
@@ -160,7 +172,11 @@ class Metrics:
             "dueflow_dead_letters_total", "Jobs sent to the DLQ", ["queue", "reason"], registry=r
         )
         self.dlq_depth = Gauge(
-            "dueflow_dlq_depth", "Records in the DLQ topic of a queue", ["queue"], registry=r
+            "dueflow_dlq_depth",
+            "Records in the DLQ topic of a queue",
+            ["queue"],
+            registry=r,
+            multiprocess_mode="livemax",
         )
         self.duplicates_skipped = Counter(
             "dueflow_duplicates_skipped_total",
@@ -188,6 +204,26 @@ class Metrics:
             ["queue"],
             registry=r,
         )
+        # --- status view
+        self.status_outcomes = Counter(
+            "dueflow_status_outcomes_total",
+            "Outcome records the status view applied, by job state",
+            ["state"],
+            registry=r,
+        )
+        self.status_jobs = Gauge(
+            "dueflow_status_jobs",
+            "Jobs the status view knows, by queue and current state",
+            ["queue", "state"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.cluster_reads = Counter(
+            "dueflow_cluster_reads_total",
+            "Reads of offsets and groups from Kafka (cluster view), by result",
+            ["result"],
+            registry=r,
+        )
         # --- everywhere
         self.quarantined = Counter(
             "dueflow_quarantined_total",
@@ -195,6 +231,77 @@ class Metrics:
             ["component", "reason"],
             registry=r,
         )
+        self.skipped = Counter(
+            "dueflow_records_skipped_total",
+            "Records a reader could not use and skipped (not quarantined), by reason",
+            ["component", "reason"],
+            registry=r,
+        )
+
+    def families(self) -> list[MetricFamily]:
+        """Name, type and label names of every collector (for checks of rules and dashboards)."""
+        out = []
+        for value in vars(self).values():
+            if isinstance(value, MetricWrapperBase):
+                # prometheus_client keeps the declared labels on _labelnames (no public getter).
+                labels = tuple(value._labelnames)
+                out.append(MetricFamily(value._name, str(value._type), labels))
+        return sorted(out)
+
+
+class MetricFamily(NamedTuple):
+    """One collector as Prometheus sees it: base ``name``, ``kind`` and ``labels``."""
+
+    name: str
+    kind: str  # counter, gauge, histogram
+    labels: tuple[str, ...]
+
+    def sample_names(self) -> tuple[str, ...]:
+        """Series names this family exposes (``_total``, ``_bucket``, ... included)."""
+        if self.kind == "counter":
+            return (f"{self.name}_total", f"{self.name}_created")
+        if self.kind == "histogram":
+            return tuple(f"{self.name}{s}" for s in ("_bucket", "_count", "_sum", "_created"))
+        return (self.name,)
+
+
+def enable_multiprocess(directory: str | os.PathLike[str], *, clean: bool = True) -> Path:
+    """Switch this process (and children started after) to multiprocess metrics.
+
+    Call it in the parent of ``--processes N`` before any :class:`Metrics` is
+    built. prometheus_client picks its value store when it is first imported,
+    so setting ``PROMETHEUS_MULTIPROC_DIR`` later is not enough: this also
+    re-selects the store. ``clean`` removes files of an earlier run (stale
+    counters would otherwise be summed in).
+    """
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    if clean:
+        for stale in path.glob("*.db"):
+            stale.unlink()
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(path)
+    values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
+    return path
+
+
+def process_exited(pid: int) -> None:
+    """Drop the live gauges of a child that exited (multiprocess mode only)."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
+
+
+def exposition_registry(metrics: Metrics) -> CollectorRegistry:
+    """The registry to expose: the merged multiprocess view when enabled, else ``metrics``'."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return registry
+    return metrics.registry
+
+
+def render(metrics: Metrics) -> tuple[bytes, str]:
+    """The text exposition of ``metrics`` and its content type (for a custom HTTP server)."""
+    return generate_latest(exposition_registry(metrics)), CONTENT_TYPE_LATEST
 
 
 def serve(metrics: Metrics, port: int, *, addr: str = "127.0.0.1") -> int:
@@ -203,10 +310,7 @@ def serve(metrics: Metrics, port: int, *, addr: str = "127.0.0.1") -> int:
     With ``PROMETHEUS_MULTIPROC_DIR`` set, serves the merged view of all
     processes that write there instead of this process's registry.
     """
-    registry = metrics.registry
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    registry = exposition_registry(metrics)
     server, _thread = start_http_server(port, addr=addr, registry=registry)
     return int(server.server_port)
 

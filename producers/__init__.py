@@ -1,1 +1,21 @@
-"""dueflow.producers"""
+"""Scheduling jobs from any service: the SDK clients.
+
+``Scheduler`` (blocking) and ``AsyncScheduler`` (asyncio) schedule one-shot
+jobs, many jobs at once, cancellations and cron schedules; see
+docs/wire-format.md for what they write.
+"""
+
+from dueflow.job_request import JobRequest
+from dueflow.producers.aio import AsyncScheduler
+from dueflow.producers.results import BulkError, BulkResult, Cancelled, Scheduled
+from dueflow.producers.scheduler import Scheduler
+
+__all__ = [
+    "AsyncScheduler",
+    "BulkError",
+    "BulkResult",
+    "Cancelled",
+    "JobRequest",
+    "Scheduled",
+    "Scheduler",
+]

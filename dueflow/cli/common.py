@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 
+from dueflow import logs
 from dueflow.config import Settings, load_settings
 
 
@@ -23,6 +24,12 @@ def add_global_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--log-format", choices=["json", "text"], help="log lines as JSON or text for humans"
     )
+    g.add_argument(
+        "--log-level",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        type=str.upper,
+        help="least severe log level written (env DUEFLOW_OBSERVABILITY_LOG_LEVEL)",
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -31,11 +38,19 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "bootstrap": getattr(args, "bootstrap", None),
         "topic_prefix": getattr(args, "topic_prefix", None),
         "queues": getattr(args, "queues", None),
-        "observability": {"log_format": getattr(args, "log_format", None)},
+        "observability": {
+            "log_format": getattr(args, "log_format", None),
+            "log_level": getattr(args, "log_level", None),
+        },
     }
     return load_settings(
         config_file=getattr(args, "config", None), env=os.environ, overrides=overrides
     )
+
+
+def configure_logging(settings: Settings) -> None:
+    """Set up ``dueflow.*`` logs at process start (``--log-format``, ``--log-level``)."""
+    logs.configure(settings.observability.log_format, settings.observability.log_level)
 
 
 def print_json(data: Any) -> None:

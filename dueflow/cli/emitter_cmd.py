@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import signal
 import threading
 from types import FrameType
@@ -13,6 +14,7 @@ from dueflow import logs
 from dueflow.cli.common import add_global_options, settings_from_args
 from dueflow.metrics import Metrics, serve
 from dueflow.streams.emitter.process import EmitterProcess
+from dueflow.tracing import JobTracer
 
 
 def register(sub: Any) -> None:
@@ -48,5 +50,9 @@ def _run(args: argparse.Namespace) -> int:
     # cyclic-GC thresholds would scan them over and over on the hot path.
     gc.freeze()
     gc.set_threshold(50_000, 50, 100)
-    EmitterProcess(settings, metrics).run(stop)
+    tracer = JobTracer.from_env(os.environ, service_name="dueflow-emitter")
+    try:
+        EmitterProcess(settings, metrics, tracer=tracer).run(stop)
+    finally:
+        tracer.close()
     return 0

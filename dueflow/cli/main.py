@@ -13,6 +13,9 @@ from dueflow.errors import DueflowError
 COMMAND_MODULES = (
     "dueflow.cli.broker_cmd",
     "dueflow.cli.topics_cmd",
+    "dueflow.cli.status_cmd",
+    "dueflow.cli.schedule_cmd",
+    "dueflow.cli.cron_cmd",
     "dueflow.cli.emitter_cmd",
 )
 

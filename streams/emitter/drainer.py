@@ -50,6 +50,7 @@ from dueflow.logs import event
 from dueflow.metrics import Metrics, observe_many
 from dueflow.streams.emitter.quarantine import quarantine_record, reason_label
 from dueflow.topics import names
+from dueflow.tracing import JobTracer
 from dueflow.wheel import NEAR_LEVEL, place_timer
 
 log = logging.getLogger("dueflow.emitter.drain")
@@ -110,6 +111,7 @@ class WheelDrainer:
         committed: dict[int, tuple[int, Checkpoint | None]],
         now_ms: int,
         cron: CronFiring | None = None,
+        tracer: JobTracer | None = None,
     ) -> None:
         geo = settings.wheel
         em = settings.emitter
@@ -121,6 +123,8 @@ class WheelDrainer:
         self._send = sender.send
         self._metrics = metrics
         self._cron = cron
+        # Off unless OTEL_TRACES_EXPORTER says otherwise: then every fire is a span.
+        self._tracer = tracer if tracer is not None and tracer.enabled else None
         self._exec_topics = {q.encode(): names(settings).exec(q) for q in settings.queue_names}
         self._queue_of_topic = {t: q.decode() for q, t in self._exec_topics.items()}
         self._horizon = heap_horizon_ms(geo)
@@ -398,6 +402,15 @@ class WheelDrainer:
             return
         headers.append((_FIRED, str(now_ms).encode()))
         headers.append((_SOURCE, f"{self._topic}:{p}:{off}".encode()))
+        if self._tracer is not None:
+            step = self._tracer.span_for_fire(
+                headers,
+                job_id=(m.key() or b"").decode("utf-8", "replace"),
+                queue=self._queue_of_topic.get(topic),
+                lateness_ms=now_ms - due,
+            )
+            headers = hdr.replace(headers, step.headers)
+            step.end()
         self._send(topic, m.value(), m.key(), headers)
         batch = self._batch.get(topic)
         if batch is None:
@@ -411,6 +424,15 @@ class WheelDrainer:
             topic: str, value: bytes | None, key: bytes | None, headers: list[Any], due: int
         ) -> None:
             headers.append((_FIRED, fired_at))
+            if self._tracer is not None:
+                step = self._tracer.span_for_fire(
+                    headers,
+                    job_id=(key or b"").decode("utf-8", "replace"),
+                    queue=self._queue_of_topic.get(topic),
+                    lateness_ms=now_ms - due,
+                )
+                headers = hdr.replace(headers, step.headers)
+                step.end()
             self._send(topic, value, key, headers)
             self._batch.setdefault(topic, []).append(due)
 
@@ -434,9 +456,12 @@ class WheelDrainer:
         source = self._topic + ":"
         count = 0
         key: TimerKey | None = None
+        traced = self._tracer is not None
         while heap and heap[0][0] <= limit and count < budget:
             due, p, off, m, topic, cron, headers = pop(heap)
-            if cron and self._cron is not None:
+            if traced:
+                self._fire(m, p, off, due, topic, cron, headers, now_ms)
+            elif cron and self._cron is not None:
                 self._cron.fire_occurrence(m, due, topic, headers, now_ms, self._emitter(now_ms))
             else:
                 headers.append((_FIRED, fired_at))

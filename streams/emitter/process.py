@@ -24,6 +24,7 @@ from dueflow.streams.emitter.outbox import TransactionAborted
 from dueflow.streams.emitter.schedules import ScheduleTable
 from dueflow.streams.emitter.session import ActiveSession, wall_ms
 from dueflow.streams.emitter.wheel_source import WheelSource
+from dueflow.tracing import JobTracer
 
 log = logging.getLogger("dueflow.emitter")
 
@@ -37,10 +38,12 @@ class EmitterProcess:
         metrics: Metrics,
         *,
         clock_ms: Callable[[], int] = wall_ms,
+        tracer: JobTracer | None = None,
     ) -> None:
         self._settings = settings
         self._metrics = metrics
         self._clock = clock_ms
+        self._tracer = tracer
         self.lease = Lease(settings)
         self.schedules = ScheduleTable(settings)
         self.source = WheelSource(settings)
@@ -105,6 +108,7 @@ class EmitterProcess:
             schedules=self.schedules,
             source=self.source,
             clock_ms=self._clock,
+            tracer=self._tracer,
         )
         started = time.monotonic()
         try:

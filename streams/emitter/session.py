@@ -25,6 +25,7 @@ from dueflow.streams.emitter.housekeeping import Housekeeping
 from dueflow.streams.emitter.outbox import Outbox
 from dueflow.streams.emitter.schedules import ScheduleTable
 from dueflow.streams.emitter.wheel_source import WheelSource
+from dueflow.tracing import JobTracer
 
 log = logging.getLogger("dueflow.emitter")
 
@@ -44,11 +45,13 @@ class ActiveSession:
         schedules: ScheduleTable,
         source: WheelSource,
         clock_ms: Callable[[], int] = wall_ms,
+        tracer: JobTracer | None = None,
     ) -> None:
         self._settings = settings
         self._metrics = metrics
         self._clock = clock_ms
         self._schedules = schedules
+        self._tracer = tracer
         self.outbox = Outbox(settings)
         self.cron = CronKeeper(settings, metrics, schedules, self.outbox)
         self.source = source  # started by the process: warm before the takeover
@@ -104,6 +107,7 @@ class ActiveSession:
             committed=committed,
             now_ms=now,
             cron=self.cron,
+            tracer=self._tracer,
         )
         self.cron.start(state=state, quarantined_to=quarantined_to, now_ms=now)
         self.source.assign({p: off for p, (off, _) in committed.items()})

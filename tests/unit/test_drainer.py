@@ -7,8 +7,15 @@ from collections import Counter
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from dueflow import headers as hdr
 from dueflow.config import load_settings
+from dueflow.metrics import Metrics
+from dueflow.streams.emitter.drainer import WheelDrainer
+from dueflow.tracing import JobTracer
 from dueflow.wheel import NEAR_LEVEL
 from tests.support.sim_wheel import SimWheel, Stored
 
@@ -176,3 +183,34 @@ def test_every_timer_fires_exactly_once_across_takeovers(
     assert set(counts) == {key for _, key, _ in timers}, "a timer was lost"
     assert set(counts.values()) == {1}, f"duplicates: {[k for k, c in counts.items() if c > 1]}"
     assert all(f.fired_ms >= f.due_ms for f in sim.fired), "fired early"
+
+
+def test_fires_are_traced_as_children_of_the_schedule_span() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = JobTracer(provider)
+    sim = SimWheel(SETTINGS)
+    with tracer.span_for_schedule(job_id="j", queue="default", task="t") as sched:
+        headers = hdr.replace([(hdr.DUE, b"10100"), (hdr.QUEUE, b"default")], sched.headers)
+    sim.append(0, Stored(b"j", b"v", headers, 10_000))
+    sim.start_session()
+    d = WheelDrainer(
+        settings=SETTINGS,
+        source=sim,
+        sender=sim,
+        metrics=Metrics(),
+        committed={},
+        now_ms=10_000,
+        tracer=tracer,
+    )
+    for t in range(10_000, 10_200, 10):
+        sim.step(d, t)
+        if d.touched:
+            sim.commit(d, t)
+    assert [f.key for f in sim.fired] == [b"j"]
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    fire, schedule = spans["dueflow.fire"], spans["dueflow.schedule"]
+    assert fire.parent is not None
+    assert schedule.context is not None
+    assert fire.parent.span_id == schedule.context.span_id

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dueflow.errors import ConfigError
-from dueflow.wheel import NEAR_LEVEL, WheelGeometry, WheelLevel, place_timer
+from dueflow.wheel import NEAR_LEVEL, Placement, WheelGeometry, WheelLevel, place_timer
 
 GEO = WheelGeometry().validate()
 SMALL = WheelGeometry(
@@ -170,3 +170,45 @@ def test_property_any_valid_geometry_is_safe(
     delta = int(delta_fraction * geo.reach_ms(len(levels) - 1))
     _check_safe(geo, now + delta, now)
     _cascade(geo, now + delta, now)
+
+
+@pytest.mark.parametrize(
+    ("due_ms", "spread", "expected"),
+    [
+        # now = 10_000 on SMALL: near window 250 ms; level reaches 850, 5_550, 23_950 ms
+        (9_000, 5, Placement(1, NEAR_LEVEL, 1)),  # overdue: near partition spread % 2
+        (10_000, 3, Placement(1, NEAR_LEVEL, 1)),
+        (10_250, 0, Placement(0, NEAR_LEVEL, 0)),
+        (10_251, 0, Placement(2 + 2, 0, 102)),  # level 0 slot 102 -> partition 2 + 102 % 10
+        (10_850, 0, Placement(2 + 8, 0, 108)),
+        (10_851, 0, Placement(2 + 10 + 5, 1, 13)),  # level 1 slot 13 -> 12 + 13 % 8
+        (15_550, 0, Placement(2 + 10 + 3, 1, 19)),
+        (15_551, 0, Placement(2 + 10 + 8 + 3, 2, 3)),  # level 2 slot 3 -> 20 + 3 % 6
+        (33_950, 0, Placement(2 + 10 + 8 + 1, 2, 7)),
+        (10**9, 0, Placement(2 + 10 + 8 + 1, 2, 7)),  # beyond the top: furthest safe slot
+    ],
+)
+def test_placement_exact_partition_level_slot(
+    due_ms: int, spread: int, expected: Placement
+) -> None:
+    assert place_timer(due_ms=due_ms, now_ms=10_000, geometry=SMALL, spread=spread) == expected
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    now=st.integers(min_value=0, max_value=4_000_000_000_000),
+    delta=st.integers(min_value=-10_000_000, max_value=500 * 86_400_000),
+    spread=st.integers(min_value=0, max_value=2**32 - 1),
+)
+def test_property_partition_is_in_the_topic_and_matches_level_and_slot(
+    now: int, delta: int, spread: int
+) -> None:
+    p = place_timer(due_ms=now + delta, now_ms=now, geometry=GEO, spread=spread)
+    assert 0 <= p.partition < GEO.total_partitions
+    level, index = GEO.locate(p.partition)
+    assert level == p.level
+    if p.is_near:
+        assert index == spread % GEO.near_partitions
+        assert delta <= GEO.near_window_ms  # due now, soon, or overdue: fires at once
+    else:
+        assert index == p.slot % GEO.levels[p.level].slots

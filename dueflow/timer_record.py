@@ -1,0 +1,174 @@
+"""The timer record of a job: partition, key, value and headers (pure).
+
+What the scheduling client writes to ``<prefix>.timers`` and what any other
+Kafka client must write to schedule a job (docs/wire-format.md):
+
+- partition: chosen explicitly by :func:`dueflow.wheel.place_timer` from the
+  due time and the time of writing (:class:`TimerPlacer` is the same function
+  with per-level numbers precomputed); ``spread`` (CRC-32 of the key) picks
+  the near partition for timers due now;
+- key: the idempotency key, UTF-8;
+- value: the Avro ``dueflow.Job`` record;
+- headers: ``df-due`` (the value's ``due_ms``), ``df-queue``, ``df-kind``,
+  ``df-job``, ``df-task``, ``df-schema`` and, for cron occurrences,
+  ``df-schedule``/``df-sv`` (see :mod:`dueflow.headers`). The emitter reads
+  only the headers, so they always agree with the value.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from dueflow import headers as hdr
+from dueflow.schemas.codec import schema_header
+from dueflow.schemas.job_binary import JobFields, JobValues, encode_job_values, job_values
+from dueflow.wheel import WheelGeometry
+
+JOB_SCHEMA = schema_header("job")
+_KIND_JOB = hdr.KIND_JOB.encode()
+_KIND_CRON = hdr.KIND_CRON.encode()
+
+# Kafka's record-batch header is 61 bytes; a record adds at most ~21 bytes of
+# varints and attributes, and each header a few more. Sizes are estimated
+# before compression, so the check errs on the safe side.
+BATCH_OVERHEAD = 61
+RECORD_OVERHEAD = 21
+HEADER_OVERHEAD = 10
+
+
+# NamedTuple's generated __new__ is a Python function; the scheduling client
+# builds one record per job, so it builds the tuple directly.
+_new_tuple = tuple.__new__
+
+
+class TimerRecord(NamedTuple):
+    """One record for the timer topic, and its estimated size in a batch."""
+
+    partition: int
+    key: bytes
+    value: bytes
+    headers: list[tuple[str, bytes]]
+    size: int
+
+
+def spread_of(key: bytes) -> int:
+    """The stable integer that picks a near partition: CRC-32 of the key."""
+    return zlib.crc32(key)
+
+
+class TimerPlacer:
+    """:func:`dueflow.wheel.place_timer` for one geometry, with the per-level numbers
+    computed once (the scheduling client places every job; a test checks that
+    both agree on every input)."""
+
+    __slots__ = ("_levels", "_near", "_near_window", "_top")
+
+    def __init__(self, geometry: WheelGeometry) -> None:
+        self._near = geometry.near_partitions
+        self._near_window = geometry.near_window_ms
+        self._levels = [
+            (geometry.reach_ms(k), lv.width_ms, geometry.level_base(k), lv.slots)
+            for k, lv in enumerate(geometry.levels)
+        ]
+        self._top = self._levels[-1]
+
+    def partition(self, *, due_ms: int, now_ms: int, spread: int) -> int:
+        """The timer-topic partition of a timer due at ``due_ms`` written at ``now_ms``."""
+        delta = due_ms - now_ms
+        if delta <= self._near_window:
+            return spread % self._near
+        for reach, width, base, slots in self._levels:
+            if delta <= reach:
+                return base + (due_ms // width) % slots
+        reach, width, base, slots = self._top
+        return base + ((now_ms + reach) // width) % slots
+
+
+_KIND_JOB_HEADER = (hdr.KIND, _KIND_JOB)
+_SCHEMA_HEADER = (hdr.SCHEMA, JOB_SCHEMA)
+# Size of the headers that do not vary, plus the record and batch overhead.
+_FIXED_SIZE = (
+    BATCH_OVERHEAD
+    + RECORD_OVERHEAD
+    + sum(HEADER_OVERHEAD + len(n) for n in (hdr.DUE, hdr.QUEUE, hdr.KIND, hdr.JOB_ID, hdr.TASK))
+    + len(_KIND_JOB)
+    + HEADER_OVERHEAD
+    + len(hdr.SCHEMA)
+    + len(JOB_SCHEMA)
+)
+# (queue, task) -> their two header pairs and their size: they repeat.
+_NAME_HEADERS: dict[tuple[str, str], tuple[tuple[str, bytes], tuple[str, bytes], int]] = {}
+
+
+def _name_headers(queue: str, task: str) -> tuple[tuple[str, bytes], tuple[str, bytes], int]:
+    found = _NAME_HEADERS.get((queue, task))
+    if found is None:
+        q, t = queue.encode(), task.encode()
+        found = ((hdr.QUEUE, q), (hdr.TASK, t), len(q) + len(t))
+        if len(_NAME_HEADERS) < 4096:
+            _NAME_HEADERS[queue, task] = found
+    return found
+
+
+def timer_record(
+    job: JobFields,
+    *,
+    now_ms: int,
+    placer: TimerPlacer,
+    trace_headers: Sequence[tuple[str, bytes]] = (),
+) -> TimerRecord:
+    """The record that schedules ``job`` (a :class:`~dueflow.model.Job` or a prepared
+    job) when written at ``now_ms``. Headers are in the order of the contract."""
+    values = job_values(job)
+    key = values[6].encode()
+    job_id = values[0].encode()
+    value = encode_job_values(values, job_id, key)
+    return record_of(values, job_id, key, value, now_ms, placer, trace_headers)
+
+
+def record_of(
+    values: JobValues,
+    job_id: bytes,
+    key: bytes,
+    value: bytes,
+    now_ms: int,
+    placer: TimerPlacer,
+    trace_headers: Sequence[tuple[str, bytes]] = (),
+) -> TimerRecord:
+    """The timer record of a job whose value is encoded already: headers, size,
+    partition. ``values`` is the job in schema order, ``job_id``/``key`` UTF-8."""
+    due_ms = values[5]
+    schedule_id = values[13]
+    due = b"%d" % due_ms
+    queue_header, task_header, names_size = _name_headers(values[1], values[2])
+    headers = [
+        (hdr.DUE, due),
+        queue_header,
+        _KIND_JOB_HEADER,
+        (hdr.JOB_ID, job_id),
+        task_header,
+        _SCHEMA_HEADER,
+    ]
+    size = _FIXED_SIZE + names_size + len(key) + len(value) + len(due) + len(job_id)
+    if schedule_id is not None or trace_headers:
+        if schedule_id is not None:
+            headers[2] = (hdr.KIND, _KIND_CRON)
+            headers.append((hdr.SCHEDULE, schedule_id.encode()))
+            if values[14] is not None:
+                headers.append((hdr.SCHEDULE_VERSION, b"%d" % values[14]))
+        headers.extend(trace_headers)
+        size = record_size(key, value, headers)
+    partition = placer.partition(due_ms=due_ms, now_ms=now_ms, spread=zlib.crc32(key))
+    return _new_tuple(TimerRecord, (partition, key, value, headers, size))
+
+
+def record_size(
+    key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]]
+) -> int:
+    """Upper estimate of the bytes one record takes in a batch of its own (uncompressed)."""
+    size = BATCH_OVERHEAD + RECORD_OVERHEAD + len(key or b"") + len(value or b"")
+    for name, raw in headers:
+        size += HEADER_OVERHEAD + len(name) + len(raw)
+    return size

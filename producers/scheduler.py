@@ -1,0 +1,445 @@
+"""The scheduling client: schedule, schedule_many, cancel, and cron schedules.
+
+::
+
+    with Scheduler(settings) as s:
+        job = s.schedule("send_email", {"to": "a@example.com"}, delay="10m")
+        s.add_schedule("nightly", cron="0 3 * * *", timezone="Europe/Paris", task="report")
+
+Every call checks its input completely before anything is written and
+raises :class:`~dueflow.errors.InvalidInput` naming the field, the value and
+what is accepted. ``schedule`` returns once the broker has acknowledged the
+timer record (acks=all). A job id reused with the same content returns the
+first result and writes nothing; with other content it raises
+:class:`~dueflow.errors.ConflictError`. That memory is per client instance
+and bounded (``recent_jobs``, default 100,000 jobs): see
+:mod:`dueflow.producers.recent`.
+
+Thread-safe: one instance may be shared by threads.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from types import TracebackType
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from dueflow.clients import kafka_error, make_admin, make_producer
+from dueflow.config import Settings
+from dueflow.cron import CronSchedule, MisfirePolicy
+from dueflow.errors import DueflowError, InvalidInput, KafkaOperationError
+from dueflow.job_request import Duration, Instant, JobRequest
+from dueflow.metrics import Metrics
+from dueflow.model import Backoff
+from dueflow.producers.bulk import BulkRun
+from dueflow.producers.cancel import OutgoingRecord, cancel_records
+from dueflow.producers.core import (
+    JobIds,
+    PlannedTimer,
+    ScheduleSpan,
+    TimerPlanner,
+    check_timer_topic,
+    default_tracer,
+    delivery_error,
+    producer_settings,
+    wall_ms,
+)
+from dueflow.producers.recent import DEFAULT_CAPACITY, RecentJobs
+from dueflow.producers.results import BulkResult, Cancelled, Scheduled
+from dueflow.producers.schedules import ScheduleStore
+from dueflow.topics import names
+from dueflow.tracing import JobTracer
+
+
+class Delivery:
+    """Delivery report of one record (set by the producer's callback)."""
+
+    __slots__ = ("done", "error", "partition")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.error: KafkaError | None = None
+        self.partition = -1
+
+    def __call__(self, err: KafkaError | None, msg: Message) -> None:
+        self.error = err
+        partition = msg.partition() if err is None else None
+        self.partition = -1 if partition is None else partition
+        self.done = True
+
+
+# schedule_many writes through a producer of its own, tuned for throughput:
+# longer batches, and delivery reports only for failures (a report per record
+# would cost a Python call each). flush() at the end sends without lingering.
+BULK_PRODUCER = {"delivery.report.only.error": True, "linger.ms": 50}
+
+
+class Scheduler:
+    """Schedules jobs and cron schedules through Kafka (blocking calls)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        metrics: Metrics | None = None,
+        clock: Callable[[], int] = wall_ms,
+        random_bytes: Callable[[int], bytes] = os.urandom,
+        recent_jobs: int = DEFAULT_CAPACITY,
+        delivery_timeout_s: float = 30.0,
+        producer_config: Mapping[str, Any] | None = None,
+        tracer: JobTracer | None = None,
+    ) -> None:
+        self.settings = settings
+        self.names = names(settings)
+        self.metrics = metrics
+        self.clock = clock
+        self.delivery_timeout_s = delivery_timeout_s
+        self._random_bytes = random_bytes
+        self._recent_capacity = recent_jobs
+        self._producer_config = dict(producer_config or {})
+        self._producer_conf: dict[str, Any] = {}
+        self._tracer = tracer
+        self.tracer = tracer or JobTracer()
+        self._producer: Producer | None = None
+        self._bulk_producer: Producer | None = None
+        self._schedules: ScheduleStore | None = None
+        self._planner: TimerPlanner | None = None
+
+    # ------------------------------------------------------------- lifecycle
+    def start(self) -> Scheduler:
+        """Connect: read the timer topic's size limit, create the producer."""
+        if self._producer is not None:
+            return self
+        # Without a tracer of its own, the client follows the application's
+        # global tracer provider, if one is installed by now.
+        self.tracer = self._tracer or default_tracer()
+        admin = make_admin(self.settings)
+        limit = check_timer_topic(
+            admin, self.names.timers, partitions=self.settings.wheel.total_partitions
+        )
+        self._planner = TimerPlanner(
+            self.settings,
+            recent=RecentJobs(self._recent_capacity),
+            ids=JobIds(self._random_bytes),
+            max_record_bytes=limit,
+            metrics=self.metrics,
+        )
+        conf = {
+            "message.timeout.ms": int(self.delivery_timeout_s * 1000),
+            **producer_settings(limit),
+            **self._producer_config,
+        }
+        self._producer_conf = conf
+        self._producer = make_producer(self.settings, **conf)
+        self._bulk_producer = make_producer(self.settings, **{**BULK_PRODUCER, **conf})
+        self._schedules = ScheduleStore(self.settings, write=self.write_record, clock=self.clock)
+        return self
+
+    def close(self) -> None:
+        """Wait for outstanding records (up to the delivery timeout), then drop the producer."""
+        producers = (self._producer, self._bulk_producer)
+        self._producer = self._bulk_producer = None
+        self._schedules = None
+        for producer in producers:
+            if producer is not None:
+                producer.flush(self.delivery_timeout_s)
+
+    def __enter__(self) -> Scheduler:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def producer_settings(self) -> dict[str, Any]:
+        """The librdkafka settings the producers got on top of ``dueflow.clients``'
+        defaults (the bulk producer adds :data:`BULK_PRODUCER`)."""
+        return dict(self._producer_conf)
+
+    @property
+    def producer(self) -> Producer:
+        if self._producer is None:
+            raise DueflowError("the scheduler is not started: use start() or `with`")
+        return self._producer
+
+    @property
+    def planner(self) -> TimerPlanner:
+        if self._planner is None:
+            raise DueflowError("the scheduler is not started: use start() or `with`")
+        return self._planner
+
+    # ------------------------------------------------------------ one job
+    def schedule(
+        self,
+        task: str,
+        payload: Any = None,
+        *,
+        run_at: Instant | None = None,
+        delay: Duration | None = None,
+        queue: str = "default",
+        job_id: str | None = None,
+        idempotency_key: str | None = None,
+        max_attempts: int | None = None,
+        backoff: Backoff | str | Mapping[str, Any] | None = None,
+        timeout: Duration | None = None,
+        jitter: Duration | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> Scheduled:
+        """Schedule ``task(payload)`` at ``run_at``, after ``delay``, or now.
+
+        Returns the job id and the UTC due time (jitter applied) once the
+        broker has the timer. Raises :class:`InvalidInput` (nothing written),
+        :class:`ConflictError`, or :class:`KafkaOperationError` when the
+        broker did not take the record.
+        """
+        return self.schedule_request(
+            JobRequest(
+                task,
+                payload,
+                run_at=run_at,
+                delay=delay,
+                queue=queue,
+                job_id=job_id,
+                idempotency_key=idempotency_key,
+                max_attempts=max_attempts,
+                backoff=backoff,
+                timeout=timeout,
+                jitter=jitter,
+                labels=labels,
+            )
+        )
+
+    def schedule_request(self, req: JobRequest) -> Scheduled:
+        """:meth:`schedule` for a prepared :class:`JobRequest`."""
+        planner, now_ms = self.planner, self.clock()
+        if not self.tracer.enabled:
+            planned = planner.plan(req, now_ms=now_ms)
+            return planned if isinstance(planned, Scheduled) else self._write_one(planned)
+        span = ScheduleSpan(self.tracer, req, ids=planner.ids, now_ms=now_ms)
+        try:
+            planned = planner.plan(span.request, now_ms=now_ms, trace_headers=span.headers)
+            result = planned if isinstance(planned, Scheduled) else self._write_one(planned)
+        except DueflowError as exc:
+            span.end(error=exc)
+            raise
+        span.end(due_ms=result.due_ms)
+        return result
+
+    def _write_one(self, planned: PlannedTimer) -> Scheduled:
+        rec = planned.record
+        delivery = Delivery()
+        self._produce(self.planner.topic, rec.value, rec.key, rec.partition, rec.headers, delivery)
+        self._wait(delivery)
+        if delivery.error is not None:
+            self.planner.failed(planned)
+            raise delivery_error(f"scheduling job {planned.job.job_id!r}", delivery.error)
+        self.planner.delivered(planned.job.queue)
+        return planned.result()
+
+    # ------------------------------------------------------------ bulk
+    def schedule_many(
+        self, jobs: Iterable[JobRequest | Mapping[str, Any]], *, poll_every: int = 1000
+    ) -> BulkResult:
+        """Schedule many jobs in one call; errors are reported per job, not raised.
+
+        ``jobs`` may be any iterable of :class:`JobRequest` or dicts of its
+        fields (a generator of 100k items is fine): records are produced as
+        they come, delivery reports are served every ``poll_every`` jobs and
+        whenever the producer queue is full, so memory stays bounded by the
+        producer's queue, not by the input. Returns once every record is
+        acknowledged or failed; see :class:`BulkResult`.
+        """
+        producer = self._bulk_producer
+        if producer is None:
+            raise DueflowError("the scheduler is not started: use start() or `with`")
+        run = BulkRun(
+            self.planner, producer, clock=self.clock, poll_every=poll_every, tracer=self.tracer
+        )
+        return run.run(jobs, flush_timeout_s=self.delivery_timeout_s + 30.0)
+
+    # ------------------------------------------------------------ cancel
+    def cancel(
+        self, job_id: str, *, queue: str | None = None, idempotency_key: str | None = None
+    ) -> Cancelled:
+        """Cancel ``job_id``: workers skip it if it has not run yet.
+
+        ``queue`` defaults to the queue this client scheduled the job to, else
+        ``default``; ``idempotency_key`` defaults to the key this client scheduled the job
+        with, else to the job id. Returns what was cancelled once both records
+        (idempotency state ``cancelled`` and the outcome) are acknowledged.
+        """
+        idem, outcome, cancelled = self.cancel_plan(
+            job_id, queue=queue, idempotency_key=idempotency_key
+        )
+        first, second = Delivery(), Delivery()
+        self._produce_record(idem, first)
+        self._produce_record(outcome, second)
+        self._wait(first)
+        self._wait(second)
+        for d, rec in ((first, idem), (second, outcome)):
+            if d.error is not None:
+                raise delivery_error(f"cancelling job {job_id!r} ({rec.topic})", d.error)
+        return cancelled._replace(partition=first.partition)
+
+    def cancel_plan(
+        self, job_id: str, *, queue: str | None = None, idempotency_key: str | None = None
+    ) -> tuple[OutgoingRecord, OutgoingRecord, Cancelled]:
+        """The records that cancel ``job_id`` and the result (partition not known yet)."""
+        planner = self.planner
+        known = planner.recent.get(job_id) if isinstance(job_id, str) else None
+        if queue is None:
+            queue = known.queue if known else "default"
+        if queue not in planner.rules.queues:
+            raise InvalidInput(
+                "queue", queue, f"one of the configured queues {sorted(planner.rules.queues)}"
+            )
+        if known is not None and known.queue != queue:
+            raise InvalidInput(
+                "queue", queue, f"the queue job {job_id!r} was scheduled to ({known.queue!r})"
+            )
+        if idempotency_key is not None:
+            key = idempotency_key
+        else:
+            key = known.idempotency_key if known else job_id
+        at_ms = self.clock()
+        idem, outcome = cancel_records(
+            names=self.names,
+            job_id=job_id,
+            queue=queue,
+            idempotency_key=key,
+            at_ms=at_ms,
+            task=known.task if known else "",
+            due_ms=known.due_ms if known else None,
+            content_hash=known.content_hash if known else None,
+        )
+        return idem, outcome, Cancelled(job_id, queue, key, -1, at_ms, known is not None)
+
+    # ------------------------------------------------------------ cron
+    @property
+    def schedules(self) -> ScheduleStore:
+        """The cron schedules of the cluster (see :class:`ScheduleStore`)."""
+        if self._schedules is None:
+            raise DueflowError("the scheduler is not started: use start() or `with`")
+        return self._schedules
+
+    def add_schedule(
+        self,
+        schedule_id: str,
+        *,
+        cron: str,
+        timezone: str,
+        task: str,
+        payload: Any = None,
+        queue: str = "default",
+        misfire: MisfirePolicy | str = MisfirePolicy.FIRE_ONCE,
+        jitter: Duration | None = None,
+        start: Instant | None = None,
+        end: Instant | None = None,
+        max_attempts: int | None = None,
+        backoff: Backoff | str | Mapping[str, Any] | None = None,
+        timeout: Duration | None = None,
+        labels: Mapping[str, str] | None = None,
+        paused: bool = False,
+    ) -> CronSchedule:
+        """Run ``task(payload)`` at every occurrence of ``cron`` read in ``timezone``.
+
+        ``misfire`` says what happens to occurrences missed during downtime
+        (``fire_once``, ``fire_all``, ``skip``); ``jitter`` spreads each
+        occurrence over ``[0, jitter]``; ``start``/``end`` bound the window.
+        The expression, zone, queue and policy are checked before anything is
+        written. Adding the same definition again is a no-op; another one
+        under the same id is a :class:`ConflictError` (use :meth:`update_schedule`).
+        """
+        return self.schedules.add(
+            schedule_id,
+            cron=cron,
+            timezone=timezone,
+            task=task,
+            payload=payload,
+            queue=queue,
+            misfire=misfire,
+            jitter=jitter,
+            start=start,
+            end=end,
+            max_attempts=max_attempts,
+            backoff=backoff,
+            timeout=timeout,
+            labels=labels,
+            paused=paused,
+        )
+
+    def update_schedule(self, schedule_id: str, **changes: Any) -> CronSchedule:
+        """Change fields of a schedule (the keywords of :meth:`add_schedule`; omitted or
+        ``None`` ones are kept). Writes a new version."""
+        return self.schedules.update(schedule_id, **changes)
+
+    def pause_schedule(self, schedule_id: str) -> CronSchedule:
+        """Stop firing ``schedule_id`` until it is resumed."""
+        return self.schedules.pause(schedule_id)
+
+    def resume_schedule(self, schedule_id: str) -> CronSchedule:
+        """Fire ``schedule_id`` again from its next occurrence."""
+        return self.schedules.resume(schedule_id)
+
+    def delete_schedule(self, schedule_id: str) -> bool:
+        """Delete ``schedule_id``; False when it did not exist."""
+        return self.schedules.delete(schedule_id)
+
+    def get_schedule(self, schedule_id: str) -> CronSchedule | None:
+        """The schedule ``schedule_id``, or None."""
+        return self.schedules.get(schedule_id)
+
+    def list_schedules(self, *, include_paused: bool = True) -> list[CronSchedule]:
+        """Every schedule of the cluster, by id (reads the schedules topic to its end)."""
+        return self.schedules.list_all(include_paused=include_paused)
+
+    # ------------------------------------------------------------ plumbing
+    def write_record(self, rec: OutgoingRecord) -> int:
+        """Produce one record and wait for the broker; return its partition."""
+        delivery = Delivery()
+        self._produce_record(rec, delivery)
+        self._wait(delivery)
+        if delivery.error is not None:
+            raise delivery_error(f"writing to {rec.topic}", delivery.error)
+        return delivery.partition
+
+    def _produce_record(self, rec: OutgoingRecord, delivery: Delivery) -> None:
+        self._produce(rec.topic, rec.value, rec.key, rec.partition, rec.headers, delivery)
+
+    def _produce(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes,
+        partition: int | None,
+        headers: list[tuple[str, bytes]],
+        delivery: Delivery,
+    ) -> None:
+        producer = self.producer
+        produce: Callable[..., None] = producer.produce  # headers: list[tuple[str, bytes]]
+        while True:
+            try:
+                if partition is None:
+                    produce(topic, value, key, on_delivery=delivery, headers=headers)
+                else:
+                    produce(topic, value, key, partition, on_delivery=delivery, headers=headers)
+                return
+            except BufferError:
+                producer.poll(0.05)
+            except KafkaException as exc:
+                raise kafka_error(f"producing to {topic}", exc) from exc
+
+    def _wait(self, delivery: Delivery) -> None:
+        deadline = time.monotonic() + self.delivery_timeout_s + 30.0
+        while not delivery.done:
+            self.producer.poll(0.05)
+            if time.monotonic() > deadline:
+                raise KafkaOperationError("no delivery report from the producer in time")

@@ -1,0 +1,140 @@
+"""HTTP of the status view (aiohttp): JSON endpoints, /metrics and the page.
+
+Routes:
+
+=============================  ===============================================
+``GET /``                      the web page (one self-contained HTML file)
+``GET /jobs/{job_id}``         one job's view; 404 ``{"error": ...}`` if unknown
+``GET /queues``                per queue: counts by state, lag, DLQ depth
+``GET /api/overview``          everything the page shows, in one document
+``GET /api/cluster``           the Kafka-direct cluster view
+``GET /metrics``               Prometheus text exposition of this process
+``GET /healthz``               200 once tables are recovered
+``POST /dlq/{queue}/redrive``  501 until the operations commands are wired
+=============================  ===============================================
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any, Protocol
+
+import orjson
+from aiohttp import web
+
+from dueflow.metrics import Metrics, render
+
+PAGE = "page.html"
+
+
+class StatusSource(Protocol):
+    """What the HTTP layer needs from the status view."""
+
+    def job(self, job_id: str) -> dict[str, Any] | None: ...
+
+    def queues(self) -> dict[str, Any]: ...
+
+    def overview(self) -> dict[str, Any]: ...
+
+    def cluster(self) -> dict[str, Any] | None: ...
+
+    def queue_names(self) -> list[str]: ...
+
+
+def json_response(data: Any, status: int = 200) -> web.Response:
+    return web.Response(
+        body=orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS),
+        status=status,
+        content_type="application/json",
+    )
+
+
+def error(status: int, message: str, **fields: Any) -> web.Response:
+    return json_response({"error": message, **fields}, status=status)
+
+
+def page_html() -> bytes:
+    return (resources.files("dueflow.streams.status") / PAGE).read_bytes()
+
+
+def build_web_app(source: StatusSource, metrics: Metrics) -> web.Application:
+    """The aiohttp application serving ``source``."""
+    page = page_html()
+
+    async def index(_request: web.Request) -> web.Response:
+        return web.Response(body=page, content_type="text/html", charset="utf-8")
+
+    async def job(request: web.Request) -> web.Response:
+        job_id = request.match_info["job_id"]
+        view = source.job(job_id)
+        if view is None:
+            return error(
+                404, "unknown job id: the status view has no outcome for it", job_id=job_id
+            )
+        return json_response(view)
+
+    async def queues(_request: web.Request) -> web.Response:
+        return json_response(source.queues())
+
+    async def overview(_request: web.Request) -> web.Response:
+        return json_response(source.overview())
+
+    async def cluster(_request: web.Request) -> web.Response:
+        view = source.cluster()
+        if view is None:
+            return error(503, "the cluster view has not been read yet; try again in a moment")
+        return json_response(view)
+
+    async def metrics_text(_request: web.Request) -> web.Response:
+        body, content_type = render(metrics)
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
+    async def healthz(_request: web.Request) -> web.Response:
+        return json_response({"ok": True})
+
+    async def redrive(request: web.Request) -> web.Response:
+        queue = request.match_info["queue"]
+        if queue not in source.queue_names():
+            return error(404, "unknown queue", queue=queue, queues=source.queue_names())
+        return error(
+            501,
+            "redrive is not wired yet: the operations commands will handle it",
+            queue=queue,
+        )
+
+    app = web.Application()
+    app.router.add_get("/", index)
+    app.router.add_get("/jobs/{job_id}", job)
+    app.router.add_get("/queues", queues)
+    app.router.add_get("/api/overview", overview)
+    app.router.add_get("/api/cluster", cluster)
+    app.router.add_get("/metrics", metrics_text)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_post("/dlq/{queue}/redrive", redrive)
+    return app
+
+
+class WebServer:
+    """Runs :func:`build_web_app` on ``bind:port`` (port 0 picks one)."""
+
+    def __init__(self, app: web.Application, *, bind: str, port: int) -> None:
+        self._app = app
+        self._bind = bind
+        self._port = port
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    async def start(self) -> int:
+        self._runner = web.AppRunner(self._app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._bind, self._port)
+        await site.start()
+        server = site._server  # aiohttp exposes the bound port only here
+        sockets = getattr(server, "sockets", None) or []
+        self.port = int(sockets[0].getsockname()[1]) if sockets else self._port
+        return self.port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

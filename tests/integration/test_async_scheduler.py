@@ -1,0 +1,82 @@
+"""The asyncio client: same results, and the event loop keeps running."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from dueflow.clients import make_admin
+from dueflow.config import Settings
+from dueflow.errors import ConflictError, DueflowError, InvalidInput
+from dueflow.job_request import JobRequest
+from dueflow.producers.aio import AsyncScheduler
+from dueflow.schemas import codec
+from dueflow.topic_admin import TopicAdmin
+from dueflow.topics import names, topic_layout
+from tests.conftest import KafkaCluster
+from tests.integration.records import read_all
+
+WHEEL = {
+    "levels": "10x1000,10x5000",
+    "near_partitions": 2,
+    "near_window_ms": 1500,
+    "lookahead_ms": 200,
+}
+
+
+@pytest.fixture
+def settings(kafka: KafkaCluster, prefix: str) -> Settings:
+    s = kafka.settings(prefix, wheel=WHEEL, queues="default:3")
+    assert TopicAdmin(make_admin(s), replication_factor=1).ensure(topic_layout(s)).ok
+    return s
+
+
+def test_async_schedule_bulk_cancel_and_cron(settings: Settings) -> None:
+    async def main() -> None:
+        ticks = 0
+        stop = asyncio.Event()
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while not stop.is_set():
+                ticks += 1
+                await asyncio.sleep(0.001)
+
+        ticking = asyncio.create_task(ticker())
+        async with AsyncScheduler(settings) as s:
+            one = await s.schedule("send_email", {"to": "a@example.com"}, delay="10s", job_id="a1")
+            assert (one.job_id, one.duplicate) == ("a1", False)
+            again = await s.schedule(
+                "send_email", {"to": "a@example.com"}, delay="10s", job_id="a1"
+            )
+            assert again.duplicate
+            with pytest.raises(ConflictError):
+                await s.schedule("send_email", {"to": "b@example.com"}, job_id="a1")
+            with pytest.raises(InvalidInput) as info:
+                await s.schedule("send_email", delay="-1s")
+            assert info.value.field == "delay"
+            many = await asyncio.gather(*(s.schedule("t", i) for i in range(200)))
+            assert len({m.job_id for m in many}) == 200
+            ticks_before = ticks
+            bulk = await s.schedule_many(JobRequest("t", i, delay=i % 30) for i in range(5_000))
+            assert (bulk.scheduled, bulk.failed) == (5_000, 0)
+            assert ticks > ticks_before  # the loop ran while the bulk call worked
+            cancelled = await s.cancel("a1")
+            assert cancelled.known
+            assert cancelled.partition >= 0
+            sched = await s.add_schedule("every-5", cron="*/5 * * * *", timezone="UTC", task="t")
+            assert [x.schedule_id for x in await s.list_schedules()] == ["every-5"]
+            assert (await s.pause_schedule("every-5")).paused
+            assert (await s.get_schedule("every-5")) is not None
+            assert await s.delete_schedule("every-5")
+            assert sched.version > 0
+        stop.set()
+        await ticking
+        with pytest.raises(DueflowError, match="not started"):
+            await s.schedule("t")
+
+    asyncio.run(main())
+    assert len(read_all(settings, names(settings).timers)) == 1 + 200 + 5_000
+    (idem,) = read_all(settings, names(settings).idempotency("default"))
+    assert codec.decode("idempotency", idem.value() or b"")["state"] == "cancelled"

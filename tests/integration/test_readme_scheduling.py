@@ -1,0 +1,48 @@
+"""The Python example of the README's "Scheduling jobs" section runs as written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dueflow.clients import make_admin
+from dueflow.config import load_settings
+from dueflow.topic_admin import TopicAdmin
+from dueflow.topics import names, topic_layout
+from tests.conftest import KafkaCluster
+from tests.integration.records import high_watermarks
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+@pytest.mark.timeout(300)
+def test_readme_python_example(
+    kafka: KafkaCluster,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    section = README.read_text().split("## Scheduling jobs", 1)[1].split("\n## ", 1)[0]
+    (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
+    env = {
+        "DUEFLOW_BOOTSTRAP": kafka.bootstrap,
+        "DUEFLOW_TOPIC_PREFIX": prefix,
+        "DUEFLOW_WHEEL_LEVELS": "10x1000,10x5000",
+        "DUEFLOW_WHEEL_NEAR_PARTITIONS": "2",
+        "DUEFLOW_WHEEL_NEAR_WINDOW_MS": "1500",
+        "DUEFLOW_WHEEL_LOOKAHEAD_MS": "200",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    settings = load_settings(env=env)
+    assert TopicAdmin(make_admin(settings), replication_factor=1).ensure(topic_layout(settings)).ok
+    namespace: dict[str, Any] = {"__name__": "readme_example"}
+    exec(compile(code, str(README), "exec"), namespace)
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == "['nightly-report']"
+    assert out[2] == "100000 0 []"
+    timers = sum(high_watermarks(settings, [names(settings).timers]).values())
+    assert timers == 2 + 100_000

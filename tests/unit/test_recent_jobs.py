@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import pytest
+
+from dueflow.errors import ConflictError
+from dueflow.producers.recent import Entry, RecentJobs
+
+
+def entry(content_hash: str = "h1", due_ms: int = 5) -> Entry:
+    return (content_hash, due_ms, "default", "send_email", "key", 3)
+
+
+def test_first_claim_writes_then_same_content_is_a_duplicate() -> None:
+    r = RecentJobs()
+    assert r.claim("j", entry(), "send_email") is None
+    again = r.claim("j", entry(due_ms=999), "send_email")  # same content, later call
+    assert again is not None
+    assert again.duplicate
+    assert (again.job_id, again.due_ms, again.partition) == ("j", 5, 3)  # the first result
+    assert r.get("j") == again
+
+
+def test_other_content_is_a_conflict_naming_the_job_id() -> None:
+    r = RecentJobs()
+    r.claim("j", entry("h1"), "send_email")
+    with pytest.raises(ConflictError, match="job_id 'j' was already scheduled") as info:
+        r.claim("j", entry("h2"), "charge")
+    assert "charge" in str(info.value)
+    assert "same task and payload" in str(info.value)
+
+
+def test_forget_lets_a_failed_write_be_retried() -> None:
+    r = RecentJobs()
+    r.claim("j", entry("h1"), "t")
+    r.forget("j")
+    assert r.get("j") is None
+    assert r.claim("j", entry("h2"), "t") is None
+
+
+def test_memory_is_bounded_and_keeps_recent_ids() -> None:
+    r = RecentJobs(capacity=100)
+    for i in range(1_000):
+        r.claim(f"j{i}", entry(), "t")
+        assert len(r) <= 100
+    assert all(r.get(f"j{i}") is not None for i in range(950, 1_000))  # the last half
+    assert r.get("j0") is None
+
+
+def test_an_old_hit_is_kept_alive() -> None:
+    r = RecentJobs(capacity=10)
+    r.claim("keep", entry(), "t")
+    for i in range(100):
+        assert r.get("keep") is not None
+        r.claim(f"j{i}", entry(), "t")
+
+
+def test_capacity_zero_remembers_nothing() -> None:
+    r = RecentJobs(capacity=0)
+    assert r.claim("j", entry(), "t") is None
+    assert r.claim("j", entry("other"), "t") is None
+    assert len(r) == 0

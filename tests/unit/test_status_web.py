@@ -1,0 +1,144 @@
+"""The status view's HTTP layer over a fake source, credentials, CLI rendering."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import faust
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from dueflow.cli.status_cmd import render_job, render_status, status_from_cluster
+from dueflow.config import Settings
+from dueflow.errors import ConfigError
+from dueflow.metrics import Metrics
+from dueflow.streams.status.credentials import credentials, faust_broker_options
+from dueflow.streams.status.web import build_web_app
+
+JOB = {
+    "job_id": "j1",
+    "queue": "q",
+    "task": "t",
+    "state": "succeeded",
+    "attempts": 2,
+    "due_ms": 1_700_000_000_000,
+    "first_seen_ms": 1_700_000_000_000,
+    "fired_ms": None,
+    "started_ms": None,
+    "finished_ms": 1_700_000_001_000,
+    "updated_ms": 1_700_000_001_000,
+    "duration_ms": 3.25,
+    "last_error": {"type": "IOError", "message": "disk", "attempt": 1, "at_ms": 1},
+    "trace_id": None,
+}
+
+
+class FakeSource:
+    def job(self, job_id: str) -> dict[str, Any] | None:
+        return JOB if job_id == "j1" else None
+
+    def queues(self) -> dict[str, Any]:
+        return {"queues": {"q": {"counts": {"succeeded": 1}, "total": 1}}}
+
+    def overview(self) -> dict[str, Any]:
+        return {"queues": {}, "recent_jobs": [JOB], "recent_failures": [], "cluster": None}
+
+    def cluster(self) -> dict[str, Any] | None:
+        return None
+
+    def queue_names(self) -> list[str]:
+        return ["q"]
+
+
+async def _requests() -> dict[str, tuple[int, Any]]:
+    metrics = Metrics()
+    metrics.fires.labels("q").inc()
+    out: dict[str, tuple[int, Any]] = {}
+    async with TestClient(TestServer(build_web_app(FakeSource(), metrics))) as client:
+        for path in ("/jobs/j1", "/jobs/nope%2Fx", "/queues", "/api/overview", "/api/cluster"):
+            resp = await client.get(path)
+            out[path] = (resp.status, await resp.json())
+        for path in ("/", "/metrics"):
+            resp = await client.get(path)
+            out[path] = (resp.status, (resp.headers["Content-Type"], await resp.text()))
+        for path in ("/dlq/q/redrive", "/dlq/zzz/redrive"):
+            resp = await client.post(path)
+            out["POST " + path] = (resp.status, await resp.json())
+    return out
+
+
+def test_routes() -> None:
+    got = asyncio.run(_requests())
+    assert got["/jobs/j1"] == (200, JOB)
+    status, body = got["/jobs/nope%2Fx"]
+    assert status == 404
+    assert body["job_id"] == "nope/x"
+    assert body["error"].startswith("unknown job id")
+    assert got["/queues"][1]["queues"]["q"]["total"] == 1
+    assert got["/api/overview"][1]["recent_jobs"] == [JOB]
+    assert got["/api/cluster"][0] == 503
+    ctype, html = got["/"][1]
+    assert ctype.startswith("text/html")
+    assert "<title>dueflow status</title>" in html
+    assert "http://" not in html.replace("http://www.w3.org", ""), "no external resources"
+    ctype, text = got["/metrics"][1]
+    assert ctype.startswith("text/plain")
+    assert 'dueflow_fires_total{queue="q"} 1.0' in text
+    assert got["POST /dlq/q/redrive"][0] == 501
+    assert "not wired yet" in got["POST /dlq/q/redrive"][1]["error"]
+    assert got["POST /dlq/zzz/redrive"][0] == 404
+
+
+def test_credentials_mapping() -> None:
+    assert credentials({}) is None
+    sasl = credentials(
+        {
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "SCRAM-SHA-256",
+            "sasl.username": "u",
+            "sasl.password": "p",
+        }
+    )
+    assert isinstance(sasl, faust.SASLCredentials)
+    with pytest.raises(ConfigError, match=r"kafka\.enable\.idempotence"):
+        credentials({"enable.idempotence": "true"})
+    with pytest.raises(ConfigError, match=r"security\.protocol"):
+        credentials({"security.protocol": "KERBEROS"})
+    opts = faust_broker_options(Settings(bootstrap="a:1,b:2"))
+    assert opts["broker"] == ["kafka://a:1", "kafka://b:2"]
+
+
+def test_cli_rendering() -> None:
+    cluster = {
+        "lag_by_queue": {"q": 3},
+        "dlq_depth": {"q": 1},
+        "timers_pending": {"near": 0, "0": 4},
+        "active_emitter": None,
+        "emitter_members": 0,
+        "failures": [
+            {
+                "queue": "q",
+                "job_id": "d1",
+                "task": "t",
+                "reason": "exhausted",
+                "error_type": "E",
+                "error_message": "m" * 100,
+                "attempts": 4,
+                "dead_ms": 0,
+            }
+        ],
+        "errors": ["topic x: not found"],
+    }
+    doc = status_from_cluster(cluster, counts=None, source="kafka")
+    text = render_status(doc)
+    assert "source: kafka" in text
+    assert "active emitter: NONE" in text
+    assert "pending timers: near=0, 0=4" in text
+    assert "d1" in text
+    assert "warning: topic x: not found" in text
+    assert "counts by state need the status view" in text
+    job = render_job(JOB)
+    assert "state         succeeded" in job
+    assert "IOError: disk" in job
+    assert "3.2 ms" in job
