@@ -55,9 +55,18 @@ class EmitterSettings:
     session_timeout_ms: int = 6_000
     heartbeat_interval_ms: int = 1_000
     batch_max_records: int = 20_000
-    batch_max_ms: int = 100
+    batch_max_ms: int = 5
     catchup_max_rate_per_s: float = 200_000.0
     transaction_timeout_ms: int = 30_000
+    # Pending-timer gauges, DeleteRecords and the clock offset run this often.
+    housekeeping_interval_ms: int = 5_000
+    # Timers the emitter reads ahead into memory while a backlog drains (beyond
+    # those due within one level-0 slot of the earliest): memory vs. throughput.
+    heap_budget: int = 50_000
+    # Cron: an occurrence fired later than this after its instant is a misfire
+    # (its schedule's misfire policy decides); at most this many runs per misfire.
+    misfire_grace_ms: int = 60_000
+    cron_max_catchup: int = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,8 +202,21 @@ class Settings:
             )
         _positive("schedules_partitions", self.schedules_partitions)
         _positive("outcomes_partitions", self.outcomes_partitions)
-        for name in ("session_timeout_ms", "batch_max_records", "batch_max_ms"):
+        for name in (
+            "session_timeout_ms",
+            "heartbeat_interval_ms",
+            "batch_max_records",
+            "batch_max_ms",
+            "transaction_timeout_ms",
+            "housekeeping_interval_ms",
+            "heap_budget",
+            "cron_max_catchup",
+        ):
             _positive(f"emitter.{name}", getattr(self.emitter, name))
+        if not isinstance(self.emitter.misfire_grace_ms, int) or self.emitter.misfire_grace_ms < 0:
+            raise ConfigError(
+                "emitter.misfire_grace_ms", self.emitter.misfire_grace_ms, "an integer >= 0"
+            )
         if self.emitter.catchup_max_rate_per_s <= 0:
             raise ConfigError(
                 "emitter.catchup_max_rate_per_s", self.emitter.catchup_max_rate_per_s, "> 0"

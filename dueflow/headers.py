@@ -18,6 +18,7 @@ header                    meaning
 ``df-task``    optional   task name, for logs and metrics
 ``df-schedule``  cron     schedule id of an occurrence
 ``df-sv``        cron     schedule version the occurrence was computed from
+``df-occurrence``  cron   the occurrence's nominal instant (ms, before jitter)
 ``df-schema``  optional   value schema, e.g. ``dueflow.Job/1``
 ``traceparent``           W3C trace context (``tracestate`` too)
 ``df-trace-link``         W3C ``traceparent`` of the job's previous step, when
@@ -65,6 +66,7 @@ JOB_ID = "df-job"
 TASK = "df-task"
 SCHEDULE = "df-schedule"
 SCHEDULE_VERSION = "df-sv"
+OCCURRENCE = "df-occurrence"
 SCHEMA = "df-schema"
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"

@@ -88,6 +88,21 @@ class TopicNames:
     def emitter_transactional_id(self) -> str:
         return f"{self.prefix}.emitter"
 
+    @property
+    def emitter_cron(self) -> str:
+        """Compacted: per schedule id, the version whose next occurrence is in the wheel."""
+        return f"{self.prefix}.emitter.cron"
+
+    @property
+    def emitter_offsets_group(self) -> str:
+        """Group that holds the emitter's timer offsets and checkpoints.
+
+        Nobody subscribes with it: the active emitter commits into it through its
+        transactions, so it is kept apart from the lease group, whose members are
+        live processes.
+        """
+        return f"{self.prefix}.emitter.offsets"
+
     def worker_group(self, queue: str) -> str:
         return f"{self.prefix}.worker.{queue}"
 
@@ -118,6 +133,12 @@ def topic_layout(settings: Settings) -> list[TopicSpec]:
             ),
         ),
         TopicSpec(n.lease, "lease", 1, {"cleanup.policy": "delete", **isr}),
+        TopicSpec(
+            n.emitter_cron,
+            "cron-state",
+            1,
+            {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1", **isr},
+        ),
         TopicSpec(
             n.schedules,
             "schedules",

@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "dueflow.cli.schedule_cmd",
     "dueflow.cli.cron_cmd",
     "dueflow.cli.worker_cmd",
+    "dueflow.cli.emitter_cmd",
 )
 
 

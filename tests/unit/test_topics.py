@@ -15,6 +15,7 @@ def test_layout_has_every_topic_of_the_design() -> None:
     assert set(specs) == {
         "df.timers",
         "df.emitter.lease",
+        "df.emitter.cron",
         "df.schedules",
         "df.outcomes",
         "df.quarantine",

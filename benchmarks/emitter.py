@@ -1,0 +1,681 @@
+"""How fast, how punctual, how small and how safe is the emitter?
+
+    python -m benchmarks.emitter --scenario drain|steady|capacity|failover --json PATH
+
+Runs the emitter as a real process (``python -m dueflow emitter``) against a
+broker (``--bootstrap``, else a local one started for the run), with the
+default wheel geometry, and measures from outside:
+
+- ``drain``: a backlog of ``--timers`` overdue timers (spread over the near
+  and level-0 partitions, as after an outage) is fired as fast as the
+  emitter can: ``fires_per_s``. Baseline in the same run: raw confluent-kafka
+  consume of the same records and transactional produce of them (headers
+  appended) with offsets in the transaction, ``raw_per_s``; ``ratio``.
+- ``steady``: timers written at ``--rate`` per second for ``--duration``
+  seconds, due 0.1-15 s after they are written; a ``read_committed``
+  consumer measures receive time minus due time: ``lateness_ms``
+  {p50,p95,p99,max}. Baseline: the same consumer's latency for records a
+  transactional producer commits every ``batch_max_ms`` (the floor any
+  transactional emitter has), ``baseline_lateness_ms``.
+- ``capacity``: resident memory of the emitter process with 0, 100k and 1M
+  timers pending in the wheel (due minutes to weeks ahead), while running and
+  after a restart at 1M: ``pending``, ``emitter_rss_mb``.
+- ``failover``: two emitter processes under load; the active one is killed
+  with SIGKILL ``--kills`` times (and restarted as a standby); every job is
+  checked exactly once on the exec topic: ``kills``, ``lost``,
+  ``duplicates``, ``takeover_s`` {p50,max} (kill to the standby's first fire).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import multiprocessing
+import os
+import statistics
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+import zlib
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from dueflow import headers as hdr
+from dueflow.broker.local import LocalBroker
+from dueflow.config import Settings, load_settings
+from dueflow.schemas import codec
+from dueflow.topics import names
+from dueflow.wheel import place_timer
+from tests.support.emitters import EmitterSubprocess, ensure_topics, wait_until
+from tests.support.timers import ExecLog, job_value, now_ms
+
+SCENARIOS = ("drain", "steady", "capacity", "failover")
+
+
+# ----------------------------------------------------------------------------- plumbing
+
+
+@contextlib.contextmanager
+def cluster(bootstrap: str | None) -> Iterator[str]:
+    if bootstrap:
+        yield bootstrap
+        return
+    with tempfile.TemporaryDirectory(prefix="dueflow-bench-") as tmp:
+        port = _free_port_pair()
+        broker = LocalBroker(port=port, state_dir=Path(tmp) / "broker", heap="1g")
+        broker.start()
+        try:
+            yield broker.bootstrap
+        finally:
+            broker.stop()
+
+
+def _free_port_pair() -> int:
+    from tests.conftest import free_port_pair
+
+    return free_port_pair()
+
+
+EMITTER_OVERRIDES: dict[str, str] = {}  # --emitter KEY=VALUE, for every scenario
+
+
+def bench_settings(bootstrap: str, **emitter: Any) -> Settings:
+    emitter = {**EMITTER_OVERRIDES, **emitter}
+    prefix = f"bench{uuid.uuid4().hex[:8]}"
+    s = load_settings(
+        env={},
+        overrides={
+            "bootstrap": bootstrap,
+            "topic_prefix": prefix,
+            "queues": "default:6",
+            "emitter": emitter,
+        },
+    )
+    ensure_topics(s)
+    return s
+
+
+def metric(port: int, name: str) -> float:
+    """Sum of every sample of ``name`` on the emitter's /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024.0
+    raise RuntimeError("no VmRSS")
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_emitter(settings: Settings, workdir: Path, name: str, port: int) -> EmitterSubprocess:
+    return EmitterSubprocess(
+        settings,
+        workdir / f"{name}.log",
+        extra_env={"DUEFLOW_OBSERVABILITY_METRICS_PORT": str(port)},
+    ).start()
+
+
+def wait_active(em: EmitterSubprocess, timeout_s: float = 60.0) -> float:
+    return wait_until(lambda: em.active_count() > 0, timeout_s, "the emitter to become active")
+
+
+def produce_timers(
+    settings: Settings,
+    timers: Iterator[tuple[str, int, int]],
+    *,
+    queue: str = "default",
+) -> int:
+    """Write ``(job_id, due_ms, placed_at_ms)`` timers the way any client may."""
+    producer = Producer(
+        settings.client_config(
+            **{
+                "linger.ms": 20,
+                "batch.num.messages": 10_000,
+                "compression.type": "lz4",
+                "queue.buffering.max.messages": 1_000_000,
+                "enable.idempotence": True,
+            }
+        )
+    )
+    topic = names(settings).timers
+    schema = codec.schema_header("job")
+    qb = queue.encode()
+    count = 0
+    for job_id, due, at in timers:
+        key = job_id.encode()
+        part = place_timer(
+            due_ms=due, now_ms=at, geometry=settings.wheel, spread=zlib.crc32(key)
+        ).partition
+        headers = [
+            (hdr.DUE, str(due).encode()),
+            (hdr.QUEUE, qb),
+            (hdr.JOB_ID, key),
+            (hdr.SCHEMA, schema),
+        ]
+        value = job_value(job_id, queue=queue, due_ms=due)
+        while True:
+            try:
+                producer.produce(topic, value, key, part, headers=list(headers))
+                break
+            except BufferError:
+                producer.poll(0.1)
+        count += 1
+        if count % 20_000 == 0:
+            producer.poll(0)
+    producer.flush(120)
+    return count
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"p50": float("nan"), "p95": float("nan"), "p99": float("nan"), "max": float("nan")}
+    v = sorted(values)
+
+    def pick(q: float) -> float:
+        return round(v[min(len(v) - 1, int(q * len(v)))], 2)
+
+    return {"p50": pick(0.50), "p95": pick(0.95), "p99": pick(0.99), "max": round(v[-1], 2)}
+
+
+# ----------------------------------------------------------------------------- drain
+
+
+def raw_drain(settings: Settings, count: int) -> float:
+    """Baseline: consume the same timer records and produce them in transactions."""
+    out_topic = names(settings).exec("default")
+    consumer = Consumer(
+        settings.client_config(
+            **{
+                "group.id": f"raw-{uuid.uuid4().hex}",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+            }
+        )
+    )
+    timers = names(settings).timers
+    consumer.assign([TopicPartition(timers, p, 0) for p in range(settings.wheel.total_partitions)])
+    producer = Producer(
+        settings.client_config(
+            **{
+                "transactional.id": f"raw-{uuid.uuid4().hex}",
+                "linger.ms": 2,
+                "batch.num.messages": 10_000,
+                "compression.type": "lz4",
+                "queue.buffering.max.messages": 500_000,
+                "partitioner": "murmur2_random",
+            }
+        )
+    )
+    producer.init_transactions(30)
+    done = 0
+    in_txn = 0
+    started = None
+    producer.begin_transaction()
+    last: dict[int, int] = {}
+    while done < count:
+        msgs = consumer.consume(5_000, 1.0)
+        if started is None and msgs:
+            started = time.monotonic()
+        for m in msgs:
+            if m.error() is not None:
+                continue
+            h: list[Any] = m.headers() or []  # type: ignore[assignment]
+            h.append((hdr.FIRED, b"1"))
+            h.append((hdr.SOURCE, b"raw"))
+            producer.produce(out_topic, m.value(), m.key(), headers=h)
+            last[m.partition() or 0] = (m.offset() or 0) + 1
+            done += 1
+            in_txn += 1
+        if in_txn >= 20_000:
+            offsets = [TopicPartition(timers, p, o) for p, o in last.items()]
+            producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata())
+            producer.commit_transaction()
+            producer.begin_transaction()
+            in_txn = 0
+    producer.commit_transaction()
+    elapsed = time.monotonic() - (started or time.monotonic())
+    consumer.close()
+    return count / elapsed
+
+
+def scenario_drain(bootstrap: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    s = bench_settings(bootstrap, catchup_max_rate_per_s=1e9)
+    count = args.timers
+    base = now_ms() - 70_000
+    delays = (200, 1_000, 1_800, 5_000, 20_000, 50_000)  # near and level-0 partitions
+
+    def backlog() -> Iterator[tuple[str, int, int]]:
+        for i in range(count):
+            due = base + (i * 60_000) // count
+            yield f"d{i}", due, due - delays[i % len(delays)]
+
+    t0 = time.monotonic()
+    produce_timers(s, backlog())
+    print(f"backlog of {count} timers written in {time.monotonic() - t0:.1f}s")
+    raw = raw_drain(s, count)
+    print(f"raw consume+transactional produce: {raw:,.0f}/s")
+    # The emitter counts its own fires (its metrics), apart from the baseline's copies.
+    port = free_port()
+    em = start_emitter(s, workdir, "drain", port)
+    try:
+        active_at = wait_active(em)
+        cpu0 = cpu_s(em.pid)
+        done_at = wait_until(
+            lambda: metric(port, "dueflow_fires_total") >= count, 600, "the backlog to drain", 0.05
+        )
+        cpu = cpu_s(em.pid) - cpu0
+        rss = rss_mb(em.pid)
+    finally:
+        em.stop()
+    elapsed = done_at - active_at
+    fires_per_s = count / elapsed
+    return {
+        "scenario": "drain",
+        "timers": count,
+        "fires_per_s": round(fires_per_s),
+        "raw_per_s": round(raw),
+        "ratio": round(fires_per_s / raw, 3),
+        "seconds": round(elapsed, 2),
+        "emitter_cpu_s": round(cpu, 2),
+        "emitter_rss_mb": round(rss, 1),
+    }
+
+
+# ----------------------------------------------------------------------------- steady
+
+
+def _load(settings: Settings, rate: int, seconds: float, dues: dict[str, int]) -> None:
+    """Write ``rate`` timers per second for ``seconds``, due 0.1-15 s after writing."""
+    producer = Producer(settings.client_config(**{"linger.ms": 5, "enable.idempotence": True}))
+    topic = names(settings).timers
+    schema = codec.schema_header("job")
+    start = time.monotonic()
+    i = 0
+    tick = 0.01
+    while True:
+        elapsed = time.monotonic() - start
+        if elapsed >= seconds:
+            break
+        target = int(elapsed * rate)
+        while i < target:
+            now = now_ms()
+            due = now + 100 + (i * 7_919) % 14_900
+            job_id = f"s{i}"
+            key = job_id.encode()
+            part = place_timer(
+                due_ms=due, now_ms=now, geometry=settings.wheel, spread=zlib.crc32(key)
+            ).partition
+            headers: list[tuple[str, str | bytes | None]] = [
+                (hdr.DUE, str(due).encode()),
+                (hdr.QUEUE, b"default"),
+                (hdr.SCHEMA, schema),
+            ]
+            producer.produce(
+                topic, job_value(job_id, queue="default", due_ms=due), key, part, headers=headers
+            )
+            dues[job_id] = due
+            i += 1
+        producer.poll(0)
+        time.sleep(tick)  # pacing of the load generator
+    producer.flush(30)
+
+
+def _checker_main(settings: Settings, out_path: str, stop: Any) -> None:
+    """In its own process: read the exec topic until told to stop, then write what
+    was seen (job id, due, fired, seen) as JSON lines."""
+    log = ExecLog(settings).start()
+    try:
+        while not stop.is_set():
+            log.poll(0.005)
+        log.settle(quiet_s=0.5, timeout_s=10)
+    finally:
+        log.close()
+    with open(out_path, "w") as fh:
+        for r in log.records:
+            fh.write(json.dumps([r.job_id, r.due_ms, r.fired_ms, r.seen_ms]) + "\n")
+
+
+class Checker:
+    """A read_committed consumer of the exec topic in a separate process (so the
+    load generator does not slow it down), as a worker would be."""
+
+    def __init__(self, settings: Settings, workdir: Path, name: str) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.path = workdir / f"{name}.seen.jsonl"
+        self.stop_event = ctx.Event()
+        self.proc = ctx.Process(
+            target=_checker_main, args=(settings, str(self.path), self.stop_event)
+        )
+
+    def __enter__(self) -> Checker:
+        self.proc.start()
+        time.sleep(2.0)  # let its consumer join and fetch (no records exist yet)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop_event.set()
+        self.proc.join(60)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+    def seen(self) -> list[tuple[str, int, int, int]]:
+        out = []
+        for line in self.path.read_text().splitlines():
+            job_id, due, fired, seen = json.loads(line)
+            out.append((job_id, due, fired, seen))
+        return out
+
+
+def baseline_latency(
+    settings: Settings, rate: int, seconds: float, batch_ms: int, workdir: Path
+) -> list[float]:
+    """Latency of records a transactional producer commits every ``batch_ms``:
+    the floor of any transactional emitter on this machine."""
+    topic = names(settings).exec("default")
+    producer = Producer(
+        settings.client_config(**{"transactional.id": f"base-{uuid.uuid4().hex}", "linger.ms": 2})
+    )
+    producer.init_transactions(30)
+    with Checker(settings, workdir, "baseline") as checker:
+        start = time.monotonic()
+        i = 0
+        opened = False
+        opened_at = 0.0
+        while time.monotonic() - start < seconds:
+            target = int((time.monotonic() - start) * rate)
+            while i < target:
+                if not opened:
+                    producer.begin_transaction()
+                    opened, opened_at = True, time.monotonic()
+                t = str(now_ms()).encode()
+                producer.produce(
+                    topic, b"x", f"b{i}".encode(), headers=[(hdr.DUE, t), (hdr.FIRED, t)]
+                )
+                i += 1
+            if opened and time.monotonic() - opened_at >= batch_ms / 1000:
+                producer.commit_transaction()
+                opened = False
+            time.sleep(0.001)  # pacing of the load generator
+        if opened:
+            producer.commit_transaction()
+        time.sleep(1.0)  # the last records reach the checker
+    return [float(seen - due) for _, due, _, seen in checker.seen()]
+
+
+def scenario_steady(bootstrap: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    s = bench_settings(bootstrap)
+    base = baseline_latency(s, args.rate, min(args.duration, 15.0), s.emitter.batch_max_ms, workdir)
+    s = bench_settings(bootstrap)
+    port = free_port()
+    em = start_emitter(s, workdir, "steady", port)
+    dues: dict[str, int] = {}
+    try:
+        wait_active(em)
+        with Checker(s, workdir, "steady") as checker:
+            cpu0 = cpu_s(em.pid)
+            t0 = time.monotonic()
+            _load(s, args.rate, args.duration, dues)
+            written = time.monotonic() - t0
+            wait_until(
+                lambda: metric(port, "dueflow_fires_total") >= len(dues),
+                120,
+                "every timer to fire",
+                0.25,
+            )
+            cpu = cpu_s(em.pid) - cpu0
+            hist = _histogram(port, "dueflow_fire_lateness_seconds")
+    finally:
+        em.stop()
+    records = checker.seen()
+    counts = Counter(job_id for job_id, *_ in records)
+    lateness = [float(seen - due) for _, due, _, seen in records]
+    fired_lateness = [float(fired - due) for _, due, fired, _ in records]
+    return {
+        "scenario": "steady",
+        "rate_per_s": round(len(dues) / written),
+        "timers": len(dues),
+        "fired": len(counts),
+        "duplicates": sum(c - 1 for c in counts.values()),
+        "early": sum(1 for _, due, fired, seen in records if seen < due or fired < due),
+        "lateness_ms": percentiles(lateness),
+        "fire_minus_due_ms": percentiles(fired_lateness),
+        "emitter_histogram_share_le": hist,
+        "baseline_lateness_ms": percentiles(base),
+        "batch_max_ms": s.emitter.batch_max_ms,
+        "emitter_cpu_share": round(cpu / (written + 15.0), 3),
+    }
+
+
+def _histogram(port: int, name: str) -> dict[str, float]:
+    """Share of observations at or below each bucket bound (cumulative), per le."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    buckets: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(name + "_bucket{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets[le] = buckets.get(le, 0.0) + float(line.rsplit(" ", 1)[1])
+    total = buckets.get("+Inf", 0.0) or 1.0
+    return {
+        le: round(v / total, 4)
+        for le, v in buckets.items()
+        if le in ("0.01", "0.02", "0.05", "0.1")
+    }
+
+
+# ----------------------------------------------------------------------------- capacity
+
+
+def _far_timers(prefix: str, count: int) -> Iterator[tuple[str, int, int]]:
+    now = now_ms()
+    for i in range(count):
+        # 2 minutes to 30 days ahead: levels 1, 2 and 3 of the default wheel.
+        delay = 120_000 + (i * 2_654_435_761) % (30 * 86_400_000)
+        yield f"{prefix}{i}", now + delay, now
+
+
+def _settled_rss(pid: int, seconds: float) -> float:
+    """RSS after ``seconds`` of running (the largest sample of the last second)."""
+    end = time.monotonic() + seconds
+    samples: list[float] = []
+    while time.monotonic() < end:
+        samples.append(rss_mb(pid))
+        time.sleep(0.2)  # sampling interval of a measurement, not synchronization
+    return max(samples[-5:])
+
+
+def scenario_capacity(bootstrap: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    s = bench_settings(bootstrap, housekeeping_interval_ms=1_000)
+    port = free_port()
+    em = start_emitter(s, workdir, "capacity", port)
+    points: list[dict[str, Any]] = []
+    try:
+        wait_active(em)
+        points.append({"pending": 0, "emitter_rss_mb": round(_settled_rss(em.pid, 8), 1)})
+        written = 0
+        for target in (100_000, 1_000_000):
+            written += produce_timers(s, _far_timers(f"c{written}-", target - written))
+            wait_until(
+                lambda t=target: metric(port, "dueflow_timers_pending") >= t,
+                120,
+                "pending timers to show",
+                0.5,
+            )
+            pending = int(metric(port, "dueflow_timers_pending"))
+            points.append(
+                {"pending": pending, "emitter_rss_mb": round(_settled_rss(em.pid, 10), 1)}
+            )
+    finally:
+        em.stop()
+    # A fresh start with 1M pending: the catch-up read must not load them either.
+    port2 = free_port()
+    em2 = start_emitter(s, workdir, "capacity-restart", port2)
+    try:
+        wait_active(em2)
+        restart_rss = _settled_rss(em2.pid, 12)
+    finally:
+        em2.stop()
+    rss_100k, rss_1m = points[1]["emitter_rss_mb"], points[2]["emitter_rss_mb"]
+    return {
+        "scenario": "capacity",
+        "pending": [p["pending"] for p in points],
+        "emitter_rss_mb": [p["emitter_rss_mb"] for p in points],
+        "rss_1m_over_100k": round(rss_1m / rss_100k, 3),
+        "restart_at_1m_rss_mb": round(restart_rss, 1),
+        "baseline": "pending=0 (the same process before any timer)",
+    }
+
+
+# ----------------------------------------------------------------------------- failover
+
+
+def scenario_failover(bootstrap: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    s = bench_settings(
+        bootstrap,
+        session_timeout_ms=args.session_timeout_ms,
+        heartbeat_interval_ms=max(100, args.session_timeout_ms // 10),
+    )
+    procs = [start_emitter(s, workdir, f"fo-{i}", free_port()) for i in range(2)]
+    log = ExecLog(s).start()
+    stop = threading.Event()
+    dues: dict[str, int] = {}
+    takeovers: list[float] = []
+    lease_takeovers: list[float] = []
+
+    def read() -> None:
+        while not stop.is_set():
+            log.poll(0.005)
+
+    reader = threading.Thread(target=read, daemon=True)
+    try:
+        wait_until(lambda: any(p.active_count() for p in procs), 60, "an active emitter")
+        active = next(p for p in procs if p.active_count())
+        standby = next(p for p in procs if p is not active)
+        reader.start()
+        loader = threading.Thread(
+            target=_load, args=(s, args.rate, args.kills * 9.0 + 6.0, dues), daemon=True
+        )
+        loader.start()
+        time.sleep(3.0)  # let the load reach a steady state before the first kill
+        for k in range(args.kills):
+            before = standby.active_count()
+            killed_wall = now_ms()
+            killed = time.monotonic()
+            active.kill()
+            took = wait_until(_became_active(standby, before), 60, "the takeover")
+            first = wait_until(_fired_after(log, killed_wall + 50), 60, "fires again", 0.01)
+            lease_takeovers.append(took - killed)
+            takeovers.append(first - killed)
+            print(f"kill {k + 1}: lease {took - killed:.2f}s, firing again {first - killed:.2f}s")
+            active = standby
+            standby = start_emitter(s, workdir, f"fo-{k + 2}", free_port())
+            procs.append(standby)
+            time.sleep(4.0)  # the new standby joins; the load goes on between kills
+        loader.join()
+        wait_until(lambda: len({r.job_id for r in log.records}) >= len(dues), 120, "all fires")
+        time.sleep(2.0)  # a quiet period, so late duplicates would be seen
+    finally:
+        stop.set()
+        if reader.is_alive():
+            reader.join()
+        for p in procs:
+            p.stop()
+        log.close()
+    counts = Counter(r.job_id for r in log.records)
+    return {
+        "scenario": "failover",
+        "kills": len(takeovers),
+        "timers": len(dues),
+        "lost": len(set(dues) - set(counts)),
+        "duplicates": sum(c - 1 for c in counts.values()),
+        "early": sum(1 for r in log.records if r.fired_ms < r.due_ms or r.seen_ms < r.due_ms),
+        "takeover_s": {
+            "p50": round(statistics.median(takeovers), 2),
+            "max": round(max(takeovers), 2),
+        },
+        "lease_takeover_s": {
+            "p50": round(statistics.median(lease_takeovers), 2),
+            "max": round(max(lease_takeovers), 2),
+        },
+        "session_timeout_s": args.session_timeout_ms / 1000,
+    }
+
+
+def _became_active(p: EmitterSubprocess, before: int) -> Callable[[], bool]:
+    return lambda: p.active_count() > before
+
+
+def _fired_after(log: ExecLog, wall_ms: int) -> Callable[[], bool]:
+    return lambda: any(r.fired_ms > wall_ms for r in log.records[-2000:])
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--scenario", choices=SCENARIOS, required=True)
+    parser.add_argument("--json", metavar="PATH", help="write the result here")
+    parser.add_argument("--bootstrap", default=os.environ.get("DUEFLOW_BOOTSTRAP"))
+    parser.add_argument("--timers", type=int, default=500_000, help="drain: backlog size")
+    parser.add_argument("--rate", type=int, default=5_000, help="steady/failover: timers/s")
+    parser.add_argument("--duration", type=float, default=30.0, help="steady: seconds of load")
+    parser.add_argument("--kills", type=int, default=10, help="failover: kill -9 count")
+    parser.add_argument("--session-timeout-ms", type=int, default=3_000, help="failover")
+    parser.add_argument(
+        "--emitter",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an emitter setting, e.g. batch_max_ms=5 (repeatable)",
+    )
+    args = parser.parse_args(argv)
+    for item in args.emitter:
+        key, _, value = item.partition("=")
+        EMITTER_OVERRIDES[key.strip()] = value.strip()
+    if args.scenario == "failover" and args.rate == 5_000:
+        args.rate = 1_000
+    run = {
+        "drain": scenario_drain,
+        "steady": scenario_steady,
+        "capacity": scenario_capacity,
+        "failover": scenario_failover,
+    }[args.scenario]
+    with tempfile.TemporaryDirectory(prefix="dueflow-bench-") as tmp, cluster(args.bootstrap) as b:
+        result = run(b, args, Path(tmp))
+    width = max(len(k) for k in result)
+    for key, value in result.items():
+        print(f"{key:<{width}}  {value}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

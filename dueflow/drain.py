@@ -1,0 +1,317 @@
+"""How the emitter drains the timing wheel: the rules, as pure functions.
+
+The emitter reads two kinds of timer partitions (see ``dueflow.wheel``):
+
+*Heap feeders* -- the near partitions and the level-0 slots. Their records go
+into an in-memory heap ordered by :data:`TimerKey` ``(due, partition,
+offset)`` and fire in that order when due. A record whose due time is further
+from its broker append time than :func:`heap_horizon_ms` cannot have been
+placed there by a producer with a sane clock; it is placed again instead
+(:func:`feeds_heap`). Both decisions depend on the record alone, so an
+emitter that takes over recomputes them.
+
+*Cascade sources* -- the slots of levels 1 and up. They are read strictly in
+offset order; a record is handled once it is *ready*
+(:func:`cascade_ready_ms`): overdue records fire at once, the others are
+placed again with :func:`dueflow.wheel.place_timer`, which puts them one
+level down (or further). A record that is not ready stops its partition until
+it is, so memory never holds more than one record per slot.
+
+The *drain clock* (:func:`next_drain_ms`) is the time up to which partitions
+are read: the wall clock in steady state, held back while a backlog drains so
+that only the timers due soon after the last fired one are in memory.
+
+Commits carry a :class:`Checkpoint` in the offset metadata of each heap
+feeder: the offset read up to and the key of the last fired timer. Together
+with the committed offset (the lowest record still in the heap) it tells a
+new emitter exactly which re-read records already fired
+(:func:`already_handled`), so a takeover fires every timer once.
+
+Nothing here reads a clock: ``now_ms`` and the drain clock are arguments.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dueflow import headers as hdr
+from dueflow.wheel import NEAR_LEVEL, WheelGeometry
+
+# (due_ms, partition, offset): a total order every emitter computes alike.
+TimerKey = tuple[int, int, int]
+
+CHECKPOINT_PREFIX = "df1"
+
+_DUE = hdr.DUE
+_QUEUE = hdr.QUEUE
+_KIND = hdr.KIND
+_CRON = hdr.KIND_CRON.encode()
+_JOB = hdr.KIND_JOB.encode()
+
+
+# ------------------------------------------------------------------ geometry
+
+
+def heap_horizon_ms(geometry: WheelGeometry) -> int:
+    """Largest ``due - append time`` of a record a heap feeder keeps in the heap.
+
+    A producer places a timer in level 0 only when it is due within level 0's
+    reach, and in a near partition only within the near window; the near window
+    again is the margin for producer clocks ahead of the broker.
+    """
+    return geometry.reach_ms(0) + geometry.near_window_ms
+
+
+def read_ahead_ms(geometry: WheelGeometry, level: int) -> int:
+    """How far past the drain clock a heap feeder is read before it pauses.
+
+    Level 0: one slot plus the lookahead, so every record of a slot is in the
+    heap when the slot opens. Near: the near window plus one level-0 slot, so a
+    record placed "due within the window" never stops the records behind it.
+    """
+    w0 = geometry.levels[0].width_ms
+    if level == NEAR_LEVEL:
+        return geometry.near_window_ms + w0
+    if level == 0:
+        return w0 + geometry.lookahead_ms
+    raise ValueError(f"level {level} does not feed the heap")
+
+
+def skew_tolerance_ms(geometry: WheelGeometry, level: int) -> int:
+    """How far the broker clock may run ahead of a producer's before a timer waits a rotation."""
+    return geometry.levels[level].width_ms // 2
+
+
+def cascade_ready_ms(
+    *, geometry: WheelGeometry, level: int, index: int, due_ms: int, append_ms: int
+) -> int:
+    """Drain-clock time at which a record of a level >= 1 slot partition is handled.
+
+    The record belongs to the first visit of its partition that opens after it
+    was written (``append_ms``, broker time, less :func:`skew_tolerance_ms`):
+    a producer never writes into an open slot. If its due time's own slot opens
+    earlier (a producer clock far behind, or a record in the wrong partition),
+    that earlier time wins, so a misplaced record is placed again early rather
+    than late. Parked timers beyond the top level's reach are handled at the
+    visit they were parked for.
+    """
+    lv = geometry.levels[level]
+    width, slots, lookahead = lv.width_ms, lv.slots, geometry.lookahead_ms
+    after = append_ms - skew_tolerance_ms(geometry, level)
+    first = (after + lookahead) // width + 1  # first slot opening after `after`
+    visit = first + (index - first) % slots
+    visit_opens = visit * width - lookahead
+    due_opens = (due_ms // width) * width - lookahead
+    return min(visit_opens, due_opens)
+
+
+def feeds_heap(*, due_ms: int, append_ms: int, horizon_ms: int) -> bool:
+    """True: a heap feeder keeps the record in the heap; False: it is placed again."""
+    return due_ms - append_ms <= horizon_ms
+
+
+def landed_late(*, geometry: WheelGeometry, level: int, due_ms: int, append_ms: int) -> bool:
+    """True when a slot record was written after its slot had opened (a producer clock
+    behind the broker's): it fires late, and is counted."""
+    if level == NEAR_LEVEL:
+        return False
+    width = geometry.levels[level].width_ms
+    opens = (due_ms // width) * width - geometry.lookahead_ms
+    return append_ms - skew_tolerance_ms(geometry, level) >= opens
+
+
+def next_drain_ms(
+    *,
+    drain_ms: int,
+    now_ms: int,
+    earliest_due_ms: int | None,
+    lag_ms: int,
+    reading_limit_ms: int | None,
+) -> int:
+    """Advance the drain clock; it never goes back and never passes ``now_ms``.
+
+    ``earliest_due_ms`` is the earliest unfired timer read (the heap's top).
+    While a backlog drains the clock stays within ``lag_ms`` of it, so slots
+    open in due order and the heap holds the timers due soon after it. With
+    nothing read to anchor it, the clock does not pass ``reading_limit_ms``
+    (the least of "due time read up to + read-ahead" over feeders still
+    reading), so a feeder that has not been read far cannot make it jump.
+    """
+    target = now_ms
+    if earliest_due_ms is not None:
+        target = min(target, earliest_due_ms + lag_ms)
+    elif reading_limit_ms is not None:
+        target = min(target, reading_limit_ms)
+    return max(drain_ms, target)
+
+
+# ------------------------------------------------------------------- records
+
+
+def classify_timer(
+    headers: Any,
+    key: bytes | None,
+    exec_topics: Mapping[bytes, str],
+) -> tuple[int, str, bool] | str:
+    """``(due_ms, exec topic, is_cron)`` of a timer record, or why it is malformed.
+
+    ``headers`` is a record's header list of ``(name, value)`` pairs (or None;
+    a repeated name: the last one counts). Reads headers only (the value is
+    never decoded). ``exec_topics`` maps the ``df-queue`` value of every
+    configured queue to its exec topic.
+    """
+    found = dict(headers) if headers else {}
+    due_raw = found.get(_DUE)
+    if due_raw is None:
+        return "missing df-due header"
+    try:
+        due = int(due_raw)
+    except ValueError:
+        return f"df-due is not an integer: {due_raw[:40]!r}"
+    queue_raw = found.get(_QUEUE)
+    if queue_raw is None:
+        return "missing df-queue header"
+    topic = exec_topics.get(queue_raw)
+    if topic is None:
+        return f"unknown queue {queue_raw[:100].decode('utf-8', 'replace')!r}"
+    if not key:
+        return "missing key (the idempotency key)"
+    kind_raw = found.get(_KIND)
+    if kind_raw is None or kind_raw == _JOB:
+        return due, topic, False
+    if kind_raw == _CRON:
+        return due, topic, True
+    return f"unknown df-kind {kind_raw[:40]!r}"
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """What a committed offset of a timer partition means beyond the offset itself.
+
+    Every record of the partition below ``read_to`` (and at or above the
+    committed offset) was read: those with a key up to ``fired`` have fired,
+    malformed and placed-again ones were handled, the rest are unfired.
+    """
+
+    read_to: int
+    fired: TimerKey | None = None
+
+    def encode(self) -> str:
+        if self.fired is None:
+            return f"{CHECKPOINT_PREFIX}:{self.read_to}"
+        due, partition, offset = self.fired
+        return f"{CHECKPOINT_PREFIX}:{self.read_to}:{due}:{partition}:{offset}"
+
+    @classmethod
+    def decode(cls, text: str | None) -> Checkpoint | None:
+        """The checkpoint in ``text``; ``None`` for no or foreign metadata."""
+        if not text:
+            return None
+        parts = text.split(":")
+        if parts[0] != CHECKPOINT_PREFIX or len(parts) not in (2, 5):
+            return None
+        try:
+            numbers = [int(p) for p in parts[1:]]
+        except ValueError:
+            return None
+        if len(numbers) == 1:
+            return cls(numbers[0])
+        return cls(numbers[0], (numbers[1], numbers[2], numbers[3]))
+
+
+def already_handled(
+    *, offset: int, key: TimerKey, checkpoint: Checkpoint | None, handled_otherwise: bool
+) -> bool:
+    """True when a record re-read after a takeover was handled by the previous emitter.
+
+    ``handled_otherwise``: the record is malformed or is placed again rather than
+    kept (decisions that depend on the record alone); those were handled iff
+    the previous emitter read them. Kept records were handled iff they fired,
+    which is iff their key is at most the last fired key.
+    """
+    if checkpoint is None or offset >= checkpoint.read_to:
+        return False
+    if handled_otherwise:
+        return True
+    return checkpoint.fired is not None and key <= checkpoint.fired
+
+
+def latest_fired(checkpoints: Sequence[Checkpoint | None]) -> TimerKey | None:
+    """The global last fired key: the greatest over the partitions' checkpoints."""
+    keys = [c.fired for c in checkpoints if c is not None and c.fired is not None]
+    return max(keys) if keys else None
+
+
+# ------------------------------------------------------------ small machines
+
+
+class OpenOffsets:
+    """Offsets of one partition still in the heap, finished out of order.
+
+    ``lowest(default)`` is the offset to commit: the first unfinished one.
+    Offsets are added in increasing order (the order they are read).
+    """
+
+    __slots__ = ("_done", "_order")
+
+    def __init__(self) -> None:
+        self._order: deque[int] = deque()
+        self._done: set[int] = set()
+
+    def add(self, offset: int) -> None:
+        self._order.append(offset)
+
+    def finish(self, offset: int) -> None:
+        order = self._order
+        if order and order[0] == offset:
+            order.popleft()
+            done = self._done
+            while order and order[0] in done:
+                done.remove(order.popleft())
+        else:
+            self._done.add(offset)
+
+    def lowest(self, default: int) -> int:
+        return self._order[0] if self._order else default
+
+    def __len__(self) -> int:
+        return len(self._order) - len(self._done)
+
+
+class TokenBucket:
+    """At most ``rate_per_s`` events per second on average, bursts up to ``burst``."""
+
+    __slots__ = ("_at_ms", "_burst", "_rate_per_ms", "_tokens")
+
+    def __init__(self, *, rate_per_s: float, burst: float, now_ms: int) -> None:
+        if rate_per_s <= 0 or burst < 1:
+            raise ValueError("rate_per_s must be > 0 and burst >= 1")
+        self._rate_per_ms = rate_per_s / 1000.0
+        self._burst = float(burst)
+        self._tokens = float(burst)
+        self._at_ms = now_ms
+
+    def available(self, now_ms: int) -> int:
+        """Whole tokens available at ``now_ms``."""
+        if now_ms > self._at_ms:
+            self._tokens = min(
+                self._burst, self._tokens + (now_ms - self._at_ms) * self._rate_per_ms
+            )
+            self._at_ms = now_ms
+        return int(self._tokens)
+
+    def take(self, count: int) -> None:
+        """Spend ``count`` tokens (after :meth:`available` said they are there)."""
+        self._tokens -= count
+
+    def wait_ms(self, now_ms: int) -> int:
+        """Milliseconds until one token is available."""
+        if self.available(now_ms) >= 1:
+            return 0
+        return int((1.0 - self._tokens) / self._rate_per_ms) + 1

@@ -1,0 +1,591 @@
+"""The wheel drainer: what the active emitter does with every timer record.
+
+It applies the rules of :mod:`dueflow.drain` to the records the
+:class:`~dueflow.streams.emitter.wheel_source.WheelSource` delivers, keeps the
+heap of timers that fire soon, fires them through the
+:class:`~dueflow.streams.emitter.outbox.Outbox`, pauses and resumes
+partitions around the drain clock, and says which offsets (with their
+checkpoints) the next transaction commits. It owns no client: the source,
+the outbox and the clock readings are passed in.
+
+Flow control. A heap feeder is read until a record is due more than its
+read-ahead plus one level-0 slot past the drain clock, or until the heap
+holds ``heap_budget`` timers; it resumes when the drain clock comes within
+its read-ahead of that record (or that record fired), and the heap is below
+half its budget. A slot of level 1 or up is read record by record and stops
+at the first one not ready. The drain clock stays within one level-0 slot of
+the earliest unfired timer, so slots open in due order and memory holds the
+timers due within a few seconds of it, at most about the budget.
+
+The hot path (near and level-0 records) reads headers only and keeps the
+original message for firing, so the value bytes are forwarded unchanged.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import zlib
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from confluent_kafka import KafkaError, Message, TopicPartition
+
+from dueflow import headers as hdr
+from dueflow.config import Settings
+from dueflow.drain import (
+    Checkpoint,
+    OpenOffsets,
+    TimerKey,
+    TokenBucket,
+    cascade_ready_ms,
+    classify_timer,
+    heap_horizon_ms,
+    landed_late,
+    latest_fired,
+    next_drain_ms,
+    read_ahead_ms,
+)
+from dueflow.logs import event
+from dueflow.metrics import Metrics, observe_many
+from dueflow.streams.emitter.quarantine import quarantine_record, reason_label
+from dueflow.topics import names
+from dueflow.tracing import JobTracer
+from dueflow.wheel import NEAR_LEVEL, place_timer
+
+log = logging.getLogger("dueflow.emitter.drain")
+
+_EOF = KafkaError._PARTITION_EOF
+_FIRED = hdr.FIRED
+_SOURCE = hdr.SOURCE
+
+# (due, partition, offset, message, exec topic, is cron, headers)
+Entry = tuple[int, int, int, Message, str, bool, list[Any]]
+
+
+class PartitionControl(Protocol):
+    def pause(self, partition: int, next_offset: int) -> None:
+        """Stop fetching; continue at ``next_offset`` on resume."""
+
+    def hold(self, partition: int) -> None:
+        """Stop fetching; continue after the last record delivered on resume."""
+
+    def resume(self, partition: int) -> None: ...
+
+
+class Sender(Protocol):
+    def send(
+        self, topic: str, value: bytes | None, key: bytes | None, headers: Any, partition: int = -1
+    ) -> None: ...
+
+
+# emit(exec topic, value, key, headers, due_ms): fire one job (adds df-fired).
+Emit = Callable[[str, bytes | None, bytes | None, list[Any], int], None]
+
+
+class CronFiring(Protocol):
+    """What the drainer calls for a due cron occurrence instead of forwarding it."""
+
+    def fire_occurrence(
+        self,
+        message: Message,
+        due_ms: int,
+        topic: str,
+        headers: list[Any],
+        now_ms: int,
+        emit: Emit,
+    ) -> None:
+        """Handle one occurrence in the open transaction, firing through ``emit``."""
+
+
+class WheelDrainer:
+    """Heap, partition states and the drain clock of one active period."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        source: PartitionControl,
+        sender: Sender,
+        metrics: Metrics,
+        committed: dict[int, tuple[int, Checkpoint | None]],
+        now_ms: int,
+        cron: CronFiring | None = None,
+        tracer: JobTracer | None = None,
+    ) -> None:
+        geo = settings.wheel
+        em = settings.emitter
+        n = geo.total_partitions
+        self._geo = geo
+        self._topic = names(settings).timers
+        self._quarantine_topic = names(settings).quarantine
+        self._source = source
+        self._send = sender.send
+        self._metrics = metrics
+        self._cron = cron
+        # Off unless OTEL_TRACES_EXPORTER says otherwise: then every fire is a span.
+        self._tracer = tracer if tracer is not None and tracer.enabled else None
+        self._exec_topics = {q.encode(): names(settings).exec(q) for q in settings.queue_names}
+        self._queue_of_topic = {t: q.decode() for q, t in self._exec_topics.items()}
+        self._horizon = heap_horizon_ms(geo)
+        self._slot = geo.levels[0].width_ms  # lag of the drain clock, pause hysteresis
+        self._budget = em.heap_budget
+        self._bucket = TokenBucket(
+            rate_per_s=em.catchup_max_rate_per_s,
+            burst=max(1.0, em.catchup_max_rate_per_s / 20.0),
+            now_ms=now_ms,
+        )
+
+        self._level = [geo.locate(p)[0] for p in range(n)]
+        self._index = [geo.locate(p)[1] for p in range(n)]
+        self._feeders = [p for p in range(n) if self._level[p] <= 0]
+        self._ahead = [read_ahead_ms(geo, lv) if lv <= 0 else 0 for lv in self._level]
+        self._open = [OpenOffsets() if lv <= 0 else None for lv in self._level]
+        self._read_to = [max(committed.get(p, (-1, None))[0], 0) for p in range(n)]
+        # Due time a feeder has been read up to. Firing does not pass it (records
+        # of one partition come in due order: a near partition's as they are
+        # written, a level-0 partition's slot after slot), so a backlog fires in
+        # due order; with nothing in the heap, neither does the drain clock.
+        self._frontier = [0] * n
+        self.fire_limit_ms = 0
+        self.committed_offsets = {p: committed.get(p, (-1, None))[0] for p in range(n)}
+
+        # Heap feeders re-read after a takeover, up to the previous emitter's read
+        # offset: nothing fires until they are (it is a short stretch).
+        self._replay: dict[int, Checkpoint] = {}
+        checkpoints = []
+        for p in self._feeders:
+            offset, ck = committed.get(p, (-1, None))
+            checkpoints.append(ck)
+            if ck is not None and ck.read_to > max(offset, 0):
+                self._replay[p] = ck
+        self.fired: TimerKey | None = latest_fired(checkpoints)
+        self.drain_ms = self.fired[0] if self.fired is not None else 0
+        self._unheard = set(self._feeders)  # feeders with neither a record nor an end yet
+
+        self._heap: list[Entry] = []
+        self._paused: dict[int, int] = {}  # partition -> resume key
+        self._feeder_queue: list[tuple[int, int]] = []  # (blocker due - read-ahead, p)
+        self._blocker: dict[int, int] = {}  # paused feeder -> offset of its blocker
+        self._slot_queue: list[tuple[int, int]] = []  # (ready time, p), slots of level >= 1
+        self._rate_paused: set[int] = set()  # slots waiting for tokens
+        # Records a feeder delivered past the one that paused it (kept, up to a cap,
+        # so a resume needs no fetch) and the offset the next one must have.
+        self._stash: dict[int, list[Message]] = {}
+        self._stash_next: dict[int, int] = {}
+        self._stashed = 0
+        self._stash_cap = max(1, em.heap_budget // 2)
+        self._eof: set[int] = set()
+        self._touched: set[int] = set()
+        self._batch: dict[str, list[int]] = {}  # exec topic -> due times fired, this txn
+
+    # ------------------------------------------------------------------ state
+    @property
+    def heap_size(self) -> int:
+        return len(self._heap)
+
+    @property
+    def starting(self) -> bool:
+        """True until every feeder reported once and the re-read after a takeover is done."""
+        return bool(self._unheard or self._replay)
+
+    @property
+    def touched(self) -> bool:
+        return bool(self._touched)
+
+    # ------------------------------------------------------------------ reading
+    def on_messages(self, messages: list[Message], now_ms: int) -> None:
+        """Handle a batch of records (and partition-end events) from the source."""
+        level_of = self._level
+        read_to = self._read_to
+        paused = self._paused
+        classify = classify_timer
+        exec_topics = self._exec_topics
+        horizon = self._horizon
+        heap = self._heap
+        push = heapq.heappush
+        opens = self._open
+        ahead = self._ahead
+        touched = self._touched
+        replay = self._replay
+        unheard = self._unheard
+        eof = self._eof
+        frontier = self._frontier
+        budget = self._budget
+        slot = self._slot
+        for m in messages:
+            p: int = m.partition()  # type: ignore[assignment]
+            if p in paused:
+                self._keep(p, m)  # delivered after the pause: kept, or fetched again
+                continue
+            err = m.error()
+            if err is not None:
+                if err.code() == _EOF:
+                    eof.add(p)
+                    unheard.discard(p)
+                    ck = replay.get(p)
+                    if ck is not None and m.offset() >= ck.read_to:  # type: ignore[operator]
+                        del replay[p]
+                    continue
+                event(log, "timer consumer error", logging.WARNING, error=str(err))
+                continue
+            off: int = m.offset()  # type: ignore[assignment]
+            if off < read_to[p]:
+                continue
+            eof.discard(p)
+            level = level_of[p]
+            if level > 0:
+                self._from_slot(m, p, off, level, now_ms)
+                continue
+            unheard.discard(p)
+            ts = m.timestamp()[1]
+            ck = replay.get(p)
+            if ck is not None and off + 1 >= ck.read_to:
+                del replay[p]  # the last record the previous emitter had read
+                if off >= ck.read_to:
+                    ck = None
+            headers: Any = m.headers()
+            found = classify(headers, m.key(), exec_topics)
+            read_to[p] = off + 1
+            if isinstance(found, str):
+                if ck is None:
+                    self._quarantine(m, p, off, found, now_ms)
+                continue
+            due, topic, cron = found
+            frontier[p] = due
+            if due - ts > horizon:
+                if ck is None:
+                    self._place_again(m, p, due, level, now_ms)
+                continue
+            key = (due, p, off)
+            if ck is not None and ck.fired is not None and key <= ck.fired:
+                continue  # fired by the previous emitter
+            fired = self.fired
+            if fired is not None and key < fired:
+                # Read after later timers fired (written overdue, or placed again
+                # during a catch-up): due already, fire it now so no commit leaves it
+                # behind. It still spends a token: the rate limit holds on average.
+                self._fire(m, p, off, due, topic, cron, headers, now_ms)
+                self._bucket.take(1)
+                touched.add(p)
+                continue
+            opens[p].add(off)  # type: ignore[union-attr]
+            push(heap, (due, p, off, m, topic, cron, headers))
+            if ck is None and (
+                len(heap) >= budget or (level == 0 and due > self.drain_ms + ahead[p] + slot)
+            ):
+                self._hold(p, off + 1, due - ahead[p])
+                self._blocker[p] = off
+                push(self._feeder_queue, (due - ahead[p], p))
+
+    def _from_slot(self, m: Message, p: int, off: int, level: int, now_ms: int) -> None:
+        """A record of a level >= 1 slot: handle it when ready, else stop the partition."""
+        found = classify_timer(m.headers(), m.key(), self._exec_topics)
+        if isinstance(found, str):
+            self._quarantine(m, p, off, found, now_ms)
+            self._read_to[p] = off + 1
+            return
+        due, topic, cron = found
+        ts = m.timestamp()[1]
+        ready = cascade_ready_ms(
+            geometry=self._geo, level=level, index=self._index[p], due_ms=due, append_ms=ts
+        )
+        if ready > self.drain_ms:
+            self._pause_slot(p, off, ready)
+            return
+        if due <= now_ms:  # overdue (a catch-up, or written late): fire it from here
+            if self._bucket.available(now_ms) < 1:
+                self._pause(p, off, ready)
+                self._rate_paused.add(p)
+                return
+            self._bucket.take(1)
+            if landed_late(geometry=self._geo, level=level, due_ms=due, append_ms=ts):
+                self._metrics.late_timers.inc()
+            self._fire(m, p, off, due, topic, cron, m.headers(), now_ms)  # type: ignore[arg-type]
+        else:
+            placement = place_timer(
+                due_ms=due, now_ms=now_ms, geometry=self._geo, spread=zlib.crc32(m.key() or b"")
+            )
+            if placement.partition == p:  # cannot happen for a ready record; never loop
+                self._pause_slot(p, off, ready + self._geo.levels[level].width_ms)
+                return
+            self._send(self._topic, m.value(), m.key(), m.headers(), placement.partition)
+            self._metrics.cascaded.labels(str(level)).inc()
+        self._read_to[p] = off + 1
+        self._touched.add(p)
+
+    def _place_again(self, m: Message, p: int, due: int, level: int, now_ms: int) -> None:
+        """A heap feeder's record due too far from when it was written (a producer
+        clock far ahead): put it where it belongs now."""
+        placement = place_timer(
+            due_ms=due, now_ms=now_ms, geometry=self._geo, spread=zlib.crc32(m.key() or b"")
+        )
+        self._send(self._topic, m.value(), m.key(), m.headers(), placement.partition)
+        self._metrics.cascaded.labels("near" if level == NEAR_LEVEL else str(level)).inc()
+        self._touched.add(p)
+
+    def _quarantine(self, m: Message, p: int, off: int, reason: str, now_ms: int) -> None:
+        value, headers = quarantine_record(
+            reason=reason,
+            topic=self._topic,
+            partition=p,
+            offset=off,
+            key=m.key(),
+            value=m.value(),
+            headers=m.headers(),  # type: ignore[arg-type]
+            at_ms=now_ms,
+        )
+        self._send(self._quarantine_topic, value, m.key(), headers)
+        self._metrics.quarantined.labels("emitter", reason_label(reason)).inc()
+        event(log, "timer quarantined", logging.WARNING, reason=reason, partition=p, offset=off)
+        self._touched.add(p)
+
+    def _pause(self, p: int, next_offset: int, key: int) -> None:
+        self._source.pause(p, next_offset)
+        self._paused[p] = key
+        self._eof.discard(p)
+
+    def _hold(self, p: int, next_offset: int, key: int) -> None:
+        """Pause a feeder but keep what it already delivered (see :meth:`_keep`)."""
+        self._source.hold(p)
+        self._paused[p] = key
+        self._eof.discard(p)
+        self._stash[p] = []
+        self._stash_next[p] = next_offset
+
+    def _keep(self, p: int, m: Message) -> None:
+        stash = self._stash.get(p)
+        if stash is None or m.error() is not None:
+            return  # a slot's records are read again on resume; ends are reported again
+        off: int = m.offset()  # type: ignore[assignment]
+        nxt = self._stash_next[p]
+        if off < nxt:
+            return
+        if nxt >= 0 and self._stashed < self._stash_cap:
+            stash.append(m)
+            self._stashed += 1
+            self._stash_next[p] = off + 1
+        elif nxt >= 0:  # too much kept already: fetch the rest again on resume
+            self._source.pause(p, nxt)
+            self._stash_next[p] = -1
+
+    def _pause_slot(self, p: int, offset: int, ready_ms: int) -> None:
+        self._pause(p, offset, ready_ms)
+        heapq.heappush(self._slot_queue, (ready_ms, p))
+
+    def _resume(self, p: int, now_ms: int) -> None:
+        del self._paused[p]
+        self._blocker.pop(p, None)
+        self._stash_next.pop(p, None)
+        stash = self._stash.pop(p, None)
+        if stash:
+            self._stashed -= len(stash)
+            self.on_messages(stash, now_ms)  # may pause it again, keeping the rest
+        if p not in self._paused:
+            self._source.resume(p)
+
+    # ------------------------------------------------------------------ firing
+    def _fire(
+        self,
+        m: Message,
+        p: int,
+        off: int,
+        due: int,
+        topic: str,
+        cron: bool,
+        headers: list[Any] | None,
+        now_ms: int,
+    ) -> None:
+        headers = headers if headers is not None else []
+        if cron and self._cron is not None:
+            self._cron.fire_occurrence(m, due, topic, headers, now_ms, self._emitter(now_ms))
+            return
+        headers.append((_FIRED, str(now_ms).encode()))
+        headers.append((_SOURCE, f"{self._topic}:{p}:{off}".encode()))
+        if self._tracer is not None:
+            step = self._tracer.span_for_fire(
+                headers,
+                job_id=(m.key() or b"").decode("utf-8", "replace"),
+                queue=self._queue_of_topic.get(topic),
+                lateness_ms=now_ms - due,
+            )
+            headers = hdr.replace(headers, step.headers)
+            step.end()
+        self._send(topic, m.value(), m.key(), headers)
+        batch = self._batch.get(topic)
+        if batch is None:
+            batch = self._batch[topic] = []
+        batch.append(due)
+
+    def _emitter(self, now_ms: int) -> Emit:
+        fired_at = str(now_ms).encode()
+
+        def emit(
+            topic: str, value: bytes | None, key: bytes | None, headers: list[Any], due: int
+        ) -> None:
+            headers.append((_FIRED, fired_at))
+            if self._tracer is not None:
+                step = self._tracer.span_for_fire(
+                    headers,
+                    job_id=(key or b"").decode("utf-8", "replace"),
+                    queue=self._queue_of_topic.get(topic),
+                    lateness_ms=now_ms - due,
+                )
+                headers = hdr.replace(headers, step.headers)
+                step.end()
+            self._send(topic, value, key, headers)
+            self._batch.setdefault(topic, []).append(due)
+
+        return emit
+
+    def fire_due(self, now_ms: int) -> int:
+        """Fire heap timers due at ``now_ms`` in key order, within the rate limit and
+        the fire limit (never past a feeder that has not been read that far)."""
+        heap = self._heap
+        limit = min(now_ms, self.fire_limit_ms)
+        if not heap or heap[0][0] > limit or self.starting:
+            return 0
+        budget = self._bucket.available(now_ms)
+        pop = heapq.heappop
+        opens = self._open
+        touched = self._touched
+        blocker = self._blocker
+        send = self._send
+        batches = self._batch
+        fired_at = str(now_ms).encode()
+        source = self._topic + ":"
+        count = 0
+        key: TimerKey | None = None
+        traced = self._tracer is not None
+        while heap and heap[0][0] <= limit and count < budget:
+            due, p, off, m, topic, cron, headers = pop(heap)
+            if traced:
+                self._fire(m, p, off, due, topic, cron, headers, now_ms)
+            elif cron and self._cron is not None:
+                self._cron.fire_occurrence(m, due, topic, headers, now_ms, self._emitter(now_ms))
+            else:
+                headers.append((_FIRED, fired_at))
+                headers.append((_SOURCE, f"{source}{p}:{off}".encode()))
+                send(topic, m.value(), m.key(), headers)
+                batch = batches.get(topic)
+                if batch is None:
+                    batch = batches[topic] = []
+                batch.append(due)
+            opens[p].finish(off)  # type: ignore[union-attr]
+            touched.add(p)
+            key = (due, p, off)
+            count += 1
+            if blocker.get(p) == off:
+                self._resume(p, now_ms)  # it stopped at a timer that fired: read on
+                limit = min(limit, due + self._slot)
+        if key is not None:
+            self.fired = key
+            self._bucket.take(count)
+        return count
+
+    # ------------------------------------------------------------------ clock
+    def advance(self, now_ms: int) -> None:
+        """Move the drain clock and resume the partitions whose time came."""
+        if self.starting:
+            return  # every feeder reports a record or its end first
+        heap = self._heap
+        limit: int | None = None
+        fire_limit = now_ms
+        paused, eof, ahead, frontier = self._paused, self._eof, self._ahead, self._frontier
+        slot = self._slot
+        for p in self._feeders:
+            if p in eof:
+                continue
+            # A paused feeder was read up to its blocker, a reading one up to its
+            # frontier: nothing due later fires before it caught up (a reading one
+            # gets one level-0 slot of slack, so a fetch in flight rarely stalls).
+            at = frontier[p]
+            if p in paused:
+                if at < fire_limit:
+                    fire_limit = at
+                continue
+            if at + ahead[p] + slot < fire_limit:
+                fire_limit = at + ahead[p] + slot
+            if limit is None or at + ahead[p] < limit:
+                limit = at + ahead[p]
+        self.fire_limit_ms = fire_limit
+        drain = self.drain_ms = next_drain_ms(
+            drain_ms=self.drain_ms,
+            now_ms=now_ms,
+            earliest_due_ms=heap[0][0] if heap else None,
+            lag_ms=slot,
+            reading_limit_ms=None if heap else limit,
+        )
+        feeders = self._feeder_queue
+        if len(heap) < self._budget // 2:
+            while feeders and feeders[0][0] <= drain:
+                at, p = heapq.heappop(feeders)
+                if self._paused.get(p) == at and p in self._blocker:
+                    self._resume(p, now_ms)
+        slots = self._slot_queue
+        while slots and slots[0][0] <= drain:
+            at, p = heapq.heappop(slots)
+            if self._paused.get(p) == at and p not in self._rate_paused:
+                self._resume(p, now_ms)
+        if self._rate_paused and self._bucket.available(now_ms) >= 1:
+            for p in list(self._rate_paused):
+                self._rate_paused.discard(p)
+                if p in self._paused:
+                    self._resume(p, now_ms)
+
+    def wake_ms(self, now_ms: int) -> int:
+        """Wall-clock time the loop should look again at the latest."""
+        if self.starting:
+            return now_ms + 5
+        at = now_ms + 50
+        if self._heap:
+            top = self._heap[0][0]
+            if top > now_ms:
+                at = min(at, top)
+            elif top <= self.fire_limit_ms:
+                at = min(at, now_ms + self._bucket.wait_ms(now_ms))
+            else:  # a feeder is still reading: its records wake the loop
+                at = min(at, now_ms + 5)
+        if self.drain_ms >= now_ms - 1:  # steady state: the drain clock is the wall clock
+            if self._feeder_queue:
+                at = min(at, max(self._feeder_queue[0][0], now_ms))
+            if self._slot_queue:
+                at = min(at, max(self._slot_queue[0][0], now_ms))
+        if self._rate_paused:
+            at = min(at, now_ms + max(1, self._bucket.wait_ms(now_ms)))
+        return at
+
+    # ------------------------------------------------------------------ commits
+    def commit_offsets(self) -> list[TopicPartition]:
+        """Offsets and checkpoints of every partition changed since the last commit."""
+        out = []
+        fired = self.fired
+        for p in self._touched:
+            opens = self._open[p]
+            if opens is not None:
+                offset = opens.lowest(self._read_to[p])
+                meta = Checkpoint(self._read_to[p], fired).encode()
+            else:
+                offset = self._read_to[p]
+                meta = Checkpoint(offset).encode()
+            out.append(TopicPartition(self._topic, p, offset, meta))
+        return out
+
+    def on_committed(self, offsets: list[TopicPartition], done_ms: int) -> None:
+        """The transaction with ``offsets`` committed at ``done_ms``: count and measure.
+
+        Lateness is measured here, at commit: a fired job is visible to workers
+        (read_committed) only from now on.
+        """
+        for tp in offsets:
+            self.committed_offsets[tp.partition] = tp.offset
+        self._touched.clear()
+        metrics = self._metrics
+        for topic, dues in self._batch.items():
+            queue = self._queue_of_topic.get(topic, topic)
+            metrics.fires.labels(queue).inc(len(dues))
+            observe_many(
+                metrics.fire_lateness.labels(queue),
+                [max(0, done_ms - due) / 1000.0 for due in dues],
+            )
+        self._batch.clear()

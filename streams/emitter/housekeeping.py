@@ -1,0 +1,122 @@
+"""Off the hot path: pending timers per level, DeleteRecords, clock offset.
+
+Every ``housekeeping_interval_ms`` the active emitter asks the cluster for the
+end offset of every timer partition (one ListOffsets batch, answered through
+futures, never blocking the loop) and exports high watermark minus committed
+offset per level as ``dueflow_timers_pending``. Records below a committed
+offset were handled for good, so they are deleted with DeleteRecords; the
+timer topic has no time retention, so nothing else removes them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from concurrent.futures import Future
+from typing import Any
+
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from dueflow.clients import make_admin
+from dueflow.config import Settings
+from dueflow.logs import event
+from dueflow.metrics import Metrics
+from dueflow.topics import names
+from dueflow.wheel import NEAR_LEVEL
+
+log = logging.getLogger("dueflow.emitter.housekeeping")
+
+
+def level_label(level: int) -> str:
+    return "near" if level == NEAR_LEVEL else str(level)
+
+
+def pending_by_level(
+    *, ends: Mapping[int, int], committed: Mapping[int, int], levels: Mapping[int, int]
+) -> dict[str, int]:
+    """Timers not yet handled per level label: end offset minus committed offset (pure)."""
+    out: dict[str, int] = {}
+    for p, level in levels.items():
+        label = level_label(level)
+        end = ends.get(p)
+        out.setdefault(label, 0)
+        if end is not None:
+            out[label] += max(0, end - max(committed.get(p, 0), 0))
+    return out
+
+
+class Housekeeping:
+    """Periodic jobs of the active emitter, driven by :meth:`tick`."""
+
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        self._settings = settings
+        self._metrics = metrics
+        self._topic = names(settings).timers
+        self._interval = settings.emitter.housekeeping_interval_ms
+        geo = settings.wheel
+        self._levels = {p: geo.locate(p)[0] for p in range(geo.total_partitions)}
+        self._admin: AdminClient | None = None
+        self._next_ms = 0
+        self._ends: dict[TopicPartition, Future[Any]] = {}
+        self._deletes: dict[TopicPartition, Future[Any]] = {}
+        self._deleted: dict[int, int] = {}
+        self._clock_samples: list[int] = []
+        self.pending: dict[str, int] = {}
+
+    def start(self) -> None:
+        self._admin = make_admin(self._settings)
+
+    def observe_append(self, now_ms: int, append_ms: int) -> None:
+        """A record appended by the broker at ``append_ms`` was read at ``now_ms``."""
+        self._clock_samples.append(now_ms - append_ms)
+
+    def tick(self, now_ms: int, committed: Mapping[int, int]) -> None:
+        if now_ms < self._next_ms or self._admin is None:
+            return
+        self._next_ms = now_ms + self._interval
+        self._collect(committed)
+        admin = self._admin
+        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        specs = {TopicPartition(self._topic, p): latest for p in self._levels}
+        self._ends = admin.list_offsets(specs, request_timeout=self._interval / 1000.0)
+        todo = [
+            TopicPartition(self._topic, p, off)
+            for p, off in committed.items()
+            if off > self._deleted.get(p, 0)
+        ]
+        if todo and not self._deletes:
+            self._deletes = admin.delete_records(todo, operation_timeout=0)
+            for tp in todo:
+                self._deleted[tp.partition] = tp.offset
+        if self._clock_samples:
+            # The least "read minus appended" is the clock offset plus the shortest delay.
+            self._metrics.clock_offset.set(min(self._clock_samples) / 1000.0)
+            self._clock_samples.clear()
+
+    def _collect(self, committed: Mapping[int, int]) -> None:
+        if self._ends and all(f.done() for f in self._ends.values()):
+            ends: dict[int, int] = {}
+            for tp, fut in self._ends.items():
+                if fut.exception() is None:
+                    ends[tp.partition] = fut.result().offset
+            self.pending = pending_by_level(ends=ends, committed=committed, levels=self._levels)
+            for label, count in self.pending.items():
+                self._metrics.timers_pending.labels(label).set(count)
+            self._ends = {}
+        if self._deletes and all(f.done() for f in self._deletes.values()):
+            for tp, fut in self._deletes.items():
+                exc = fut.exception()
+                if exc is not None:
+                    self._deleted.pop(tp.partition, None)  # try again next time
+                    event(
+                        log,
+                        "delete records failed",
+                        logging.WARNING,
+                        partition=tp.partition,
+                        error=str(exc),
+                    )
+            self._deletes = {}
+
+    def close(self) -> None:
+        self._admin = None

@@ -1,0 +1,175 @@
+"""Everything the active emitter writes, one Kafka transaction at a time.
+
+Fired jobs (to ``exec.<queue>``), timers placed again (to the timer topic),
+quarantined records, cron bookkeeping and the timer offsets with their
+checkpoints all commit together or not at all. The producer's
+``transactional.id`` is fixed per cluster prefix: ``init_transactions`` of a
+new active emitter fences the previous one and aborts its open transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+
+from dueflow.clients import make_transactional_producer
+from dueflow.config import Settings
+from dueflow.errors import FencedError, KafkaOperationError
+from dueflow.logs import event
+from dueflow.topics import names
+
+log = logging.getLogger("dueflow.emitter.outbox")
+
+
+class TransactionAborted(KafkaOperationError):
+    """The open transaction failed and was aborted: re-read from the committed offsets."""
+
+
+class Outbox:
+    """The transactional producer of the active emitter."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._names = names(settings)
+        self._producer: Producer | None = None
+        self._open = False
+        self.records = 0  # records in the open transaction
+        self.opened_ms = 0  # wall clock when it was opened
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._open
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        """Create the producer and fence every earlier holder of the transactional id."""
+        em = self._settings.emitter
+        self._producer = make_transactional_producer(
+            self._settings,
+            self._names.emitter_transactional_id,
+            **{
+                "transaction.timeout.ms": em.transaction_timeout_ms,
+                "linger.ms": 2,
+                # Fencing waits for the old emitter's transaction to be aborted:
+                # ask again soon (takeover time), not after the default backoff.
+                "retry.backoff.ms": 20,
+                "retry.backoff.max.ms": 250,
+            },
+        )
+        try:
+            self._producer.list_topics(timeout=timeout_s)  # metadata before the first write
+            self._producer.init_transactions(timeout_s)
+        except KafkaException as exc:
+            raise _wrap("init_transactions", exc) from exc
+
+    def _begin(self) -> Producer:
+        producer = self._producer
+        assert producer is not None, "start() first"
+        try:
+            producer.begin_transaction()
+        except KafkaException as exc:
+            raise _wrap("begin_transaction", exc) from exc
+        self._open = True
+        self.records = 0
+        self.opened_ms = time.time_ns() // 1_000_000
+        return producer
+
+    def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        headers: Any,
+        partition: int = -1,
+    ) -> None:
+        """Write one record in the open transaction (opening one if needed).
+
+        ``partition`` -1 lets the murmur2 partitioner choose from the key.
+        """
+        producer = self._producer if self._open else self._begin()
+        assert producer is not None
+        while True:
+            try:
+                producer.produce(topic, value, key, partition, headers=headers)
+                break
+            except BufferError:  # local queue full: let deliveries drain
+                producer.poll(0.05)
+            except KafkaException as exc:
+                raise _wrap(f"produce to {topic}", exc) from exc
+        self.records += 1
+
+    def poll(self) -> None:
+        """Serve delivery reports (keeps the producer's queues short)."""
+        if self._producer is not None:
+            self._producer.poll(0)
+
+    def commit(self, offsets: list[TopicPartition], group_metadata: Any) -> None:
+        """Commit the open transaction with ``offsets`` (and their metadata).
+
+        Raises :class:`FencedError` when another emitter took over, and
+        :class:`TransactionAborted` (after aborting) when the transaction failed.
+        """
+        producer = self._producer
+        assert producer is not None
+        assert self._open
+        timeout = self._settings.emitter.transaction_timeout_ms / 1000.0
+        try:
+            if offsets:
+                producer.send_offsets_to_transaction(offsets, group_metadata, timeout)
+            while True:
+                try:
+                    producer.commit_transaction(timeout)
+                    break
+                except KafkaException as exc:
+                    err = _error(exc)
+                    if err is not None and err.retriable() and not err.txn_requires_abort():
+                        continue
+                    raise
+        except KafkaException as exc:
+            self._open = False
+            err = _error(exc)
+            if err is not None and err.txn_requires_abort() and not err.fatal():
+                self.abort()
+                raise TransactionAborted(f"transaction aborted: {exc}", cause=exc) from exc
+            raise _wrap("commit_transaction", exc) from exc
+        self._open = False
+
+    def abort(self) -> None:
+        """Abort the open transaction, if any; never raises for a dead producer."""
+        producer = self._producer
+        was_open, self._open = self._open, False
+        if producer is None or not was_open:
+            return
+        try:
+            producer.abort_transaction(self._settings.emitter.transaction_timeout_ms / 1000.0)
+        except KafkaException as exc:
+            event(log, "abort failed", logging.WARNING, error=str(exc))
+
+    def close(self, *, abort: bool = True) -> None:
+        if abort:
+            self.abort()
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            producer.flush(1.0 if abort else 10.0)
+
+
+def _error(exc: KafkaException) -> KafkaError | None:
+    arg = exc.args[0] if exc.args else None
+    return arg if isinstance(arg, KafkaError) else None
+
+
+def _wrap(what: str, exc: KafkaException) -> Exception:
+    err = _error(exc)
+    if err is not None and (err.fatal() or err.code() == KafkaError._FENCED):
+        return FencedError(f"{what}: fenced by another emitter ({exc})", cause=exc)
+    if err is not None and err.code() in (
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    ):
+        return FencedError(f"{what}: fenced by another emitter ({exc})", cause=exc)
+    wrapped = KafkaOperationError(f"{what}: {exc}", cause=exc)
+    wrapped.retriable = bool(err is not None and err.retriable())
+    return wrapped

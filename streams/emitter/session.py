@@ -1,0 +1,190 @@
+"""One period as the active emitter: fence, re-read, drain, commit.
+
+:meth:`ActiveSession.start` fences every earlier emitter (``init_transactions``
+with the fixed transactional id aborts its open transaction), reads the
+committed timer offsets and checkpoints, and assigns every timer partition.
+:meth:`ActiveSession.step` is one turn of the loop: read, fire what is due,
+move the drain clock, and commit when the batch is full (by count) or old
+enough (by time). :meth:`ActiveSession.close` commits or aborts the open
+transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from dueflow.config import Settings
+from dueflow.errors import KafkaOperationError
+from dueflow.logs import event
+from dueflow.metrics import Metrics
+from dueflow.streams.emitter.cron_keeper import CronKeeper
+from dueflow.streams.emitter.drainer import WheelDrainer
+from dueflow.streams.emitter.housekeeping import Housekeeping
+from dueflow.streams.emitter.outbox import Outbox
+from dueflow.streams.emitter.schedules import ScheduleTable
+from dueflow.streams.emitter.wheel_source import WheelSource
+from dueflow.tracing import JobTracer
+
+log = logging.getLogger("dueflow.emitter")
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class ActiveSession:
+    """The active emitter's clients and drainer, for as long as it holds the lease."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics,
+        *,
+        schedules: ScheduleTable,
+        source: WheelSource,
+        clock_ms: Callable[[], int] = wall_ms,
+        tracer: JobTracer | None = None,
+    ) -> None:
+        self._settings = settings
+        self._metrics = metrics
+        self._clock = clock_ms
+        self._schedules = schedules
+        self._tracer = tracer
+        self.outbox = Outbox(settings)
+        self.cron = CronKeeper(settings, metrics, schedules, self.outbox)
+        self.source = source  # started by the process: warm before the takeover
+        self.housekeeping = Housekeeping(settings, metrics)
+        self._drainer: WheelDrainer | None = None
+        self._started = 0.0
+        self._first_commit: float | None = None
+        self._read_in: float | None = None
+        em = settings.emitter
+        self._batch_records = em.batch_max_records
+        self._batch_ms = em.batch_max_ms
+        # Small reads, so a slot read in one go does not hold up timers due meanwhile.
+        self._consume_max = max(1, min(em.batch_max_records, 1_000))
+
+    @property
+    def drainer(self) -> WheelDrainer:
+        assert self._drainer is not None, "start() first"
+        return self._drainer
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        """Fence older emitters and start reading from the committed offsets."""
+        took: dict[str, int] = {}
+        t = self._started = time.monotonic()
+
+        def lap(name: str) -> None:
+            nonlocal t
+            now = time.monotonic()
+            took[name] = round((now - t) * 1000)
+            t = now
+
+        self.outbox.start()
+        lap("fence_ms")
+        committed = self.source.committed()
+        quarantined_to = self.source.committed_elsewhere(
+            self._schedules.topic, self._settings.schedules_partitions
+        )
+        lap("offsets_ms")
+        # Cron: every schedule known (a missing one would read as deleted), the
+        # state of the wheel, and the bad schedule records quarantined so far.
+        deadline = time.monotonic() + timeout_s
+        while not self._schedules.caught_up:
+            if time.monotonic() > deadline:
+                raise KafkaOperationError("the schedules topic could not be read to its end")
+            self._schedules.poll(0.1)
+        state = self._schedules.sync_cron_state(timeout_s)
+        lap("cron_ms")
+        now = self._clock()
+        self._drainer = WheelDrainer(
+            settings=self._settings,
+            source=self.source,
+            sender=self.outbox,
+            metrics=self._metrics,
+            committed=committed,
+            now_ms=now,
+            cron=self.cron,
+            tracer=self._tracer,
+        )
+        self.cron.start(state=state, quarantined_to=quarantined_to, now_ms=now)
+        self.source.assign({p: off for p, (off, _) in committed.items()})
+        self.housekeeping.start()
+        lap("start_ms")
+        event(
+            log,
+            "emitter active",
+            replaying=len([1 for _, ck in committed.values() if ck is not None]),
+            last_fired=self._drainer.fired,
+            **took,
+        )
+
+    def step(self) -> None:
+        """One turn: read, fire, advance, commit when the batch is due."""
+        drainer = self.drainer
+        outbox = self.outbox
+        now = self._clock()
+        wake = drainer.wake_ms(now)
+        if outbox.in_transaction:
+            wake = min(wake, outbox.opened_ms + self._batch_ms)
+        messages = self.source.consume(self._consume_max, max(0, wake - now) / 1000.0)
+        now = self._clock()
+        if messages:
+            drainer.on_messages(messages, now)
+            ts = messages[-1].timestamp()[1]
+            if ts > 0:
+                self.housekeeping.observe_append(now, ts)
+        drainer.advance(now)
+        drainer.fire_due(now)
+        if self._read_in is None and not drainer.starting:
+            self._read_in = time.monotonic()
+            event(
+                log,
+                "emitter reading",
+                after_start_ms=round((self._read_in - self._started) * 1000),
+                unheard=0,
+            )
+        if outbox.in_transaction and (
+            outbox.records >= self._batch_records or now - outbox.opened_ms >= self._batch_ms
+        ):
+            self.commit()
+        else:
+            outbox.poll()
+        self.housekeeping.tick(now, drainer.committed_offsets)
+
+    def on_schedules(self, changed: set[str]) -> None:
+        """Schedules changed (or bad records arrived): bring the wheel in line."""
+        now = self._clock()
+        self.cron.quarantine_bad(now)
+        for schedule_id in sorted(changed):
+            self.cron.reconcile(schedule_id, now)
+
+    def commit(self) -> None:
+        """Commit the open transaction with the changed offsets and checkpoints."""
+        if not self.outbox.in_transaction:
+            return
+        offsets = self.drainer.commit_offsets() + self.cron.commit_offsets()
+        self.outbox.commit(offsets, self.source.group_metadata())
+        self.drainer.on_committed(offsets, self._clock())
+        self._metrics.emitter_transactions.labels("committed").inc()
+        if self._first_commit is None:
+            self._first_commit = time.monotonic()
+            event(
+                log,
+                "emitter first commit",
+                after_start_ms=round((self._first_commit - self._started) * 1000),
+            )
+
+    def close(self, *, commit: bool) -> None:
+        """Commit (clean shutdown) or abort (lease lost, fenced) and close the clients."""
+        try:
+            if commit and self._drainer is not None:
+                self.commit()
+        finally:
+            if self.outbox.in_transaction:
+                self._metrics.emitter_transactions.labels("aborted").inc()
+            self.outbox.close(abort=True)
+            self.source.unassign()
+            self.housekeeping.close()

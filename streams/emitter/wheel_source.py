@@ -1,0 +1,145 @@
+"""The active emitter's consumer of the timer topic.
+
+It is assigned every partition of the timer topic (no group subscription: the
+lease decides who reads) at the committed offsets of the emitter's offsets
+group, reads with ``read_committed`` and reports partition ends. Partitions
+are paused and resumed by the drainer; pausing always seeks to the offset to
+read next, so messages fetched past it are dropped and fetched again on
+resume.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+
+from dueflow.clients import kafka_error, make_consumer
+from dueflow.config import Settings
+from dueflow.drain import Checkpoint
+from dueflow.topics import names
+
+
+class WheelSource:
+    """Reads the timer topic; one instance per active period."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._topic = names(settings).timers
+        self._group = names(settings).emitter_offsets_group
+        self._consumer: Consumer | None = None
+
+    @property
+    def topic(self) -> str:
+        return self._topic
+
+    def start(self) -> None:
+        """Create the consumer and learn the timer topic's metadata (a standby does
+        this ahead, so taking over does not wait for it)."""
+        self._consumer = make_consumer(
+            self._settings,
+            self._group,
+            **{
+                "enable.partition.eof": True,
+                # A shallow prefetch queue: the emitter's memory must not follow the
+                # backlog, and a resumed partition's records must not wait behind
+                # seconds of other partitions' records.
+                "queued.max.messages.kbytes": 4096,
+                "queued.min.messages": 1000,
+                # ... and a full queue postpones fetching by this much, not the
+                # default second, which would stall a partition just resumed.
+                "fetch.queue.backoff.ms": 20,
+                "fetch.wait.max.ms": 25,
+            },
+        )
+
+    @property
+    def consumer(self) -> Consumer:
+        assert self._consumer is not None, "start() first"
+        return self._consumer
+
+    def committed(self, timeout_s: float = 30.0) -> dict[int, tuple[int, Checkpoint | None]]:
+        """Committed offset and checkpoint of every partition (stable offsets only).
+
+        ``read_committed`` makes the fetch wait for offsets of open transactions,
+        so the fenced emitter's last transaction is settled first. Offset -1:
+        nothing committed yet.
+        """
+        count = self._settings.wheel.total_partitions
+        tps = [TopicPartition(self._topic, p) for p in range(count)]
+        try:
+            got = self.consumer.committed(tps, timeout=timeout_s)
+        except KafkaException as exc:
+            raise kafka_error("fetch committed timer offsets", exc) from exc
+        out: dict[int, tuple[int, Checkpoint | None]] = {}
+        for tp in got:
+            offset = tp.offset if tp.offset >= 0 else -1
+            out[tp.partition] = (offset, Checkpoint.decode(tp.metadata) if offset >= 0 else None)
+        return out
+
+    def committed_elsewhere(
+        self, topic: str, partitions: int, timeout_s: float = 30.0
+    ) -> dict[int, int]:
+        """Committed offsets of another topic in the emitter's offsets group (0: none)."""
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        try:
+            got = self.consumer.committed(tps, timeout=timeout_s)
+        except KafkaException as exc:
+            raise kafka_error(f"fetch committed offsets of {topic}", exc) from exc
+        return {tp.partition: max(tp.offset, 0) for tp in got}
+
+    def assign(self, offsets: dict[int, int]) -> None:
+        """Read every partition from ``offsets`` (-1: from the beginning).
+
+        Never committed means never deleted by the emitter either, so "the
+        beginning" is offset 0 (if someone else deleted records, the offset reset
+        policy, earliest, takes over). An explicit offset spares librdkafka an
+        offset query, which for a partition new to the client waits half a second.
+        """
+        self.consumer.assign(
+            [
+                TopicPartition(self._topic, p, off if off >= 0 else 0)
+                for p, off in sorted(offsets.items())
+            ]
+        )
+
+    def consume(self, max_messages: int, timeout_s: float) -> list[Message]:
+        """What is there, waiting at most ``timeout_s`` for the first record.
+
+        (``Consumer.consume`` alone waits for ``max_messages`` or the whole
+        timeout, so a record due soon would wait behind it.)
+        """
+        consumer = self.consumer
+        first = consumer.poll(timeout_s)
+        if first is None:
+            return []
+        rest = consumer.consume(max_messages - 1, 0) if max_messages > 1 else []
+        rest.insert(0, first)
+        return rest
+
+    def pause(self, partition: int, next_offset: int) -> None:
+        """Stop reading ``partition``; it continues at ``next_offset`` on resume."""
+        consumer = self.consumer
+        tp = TopicPartition(self._topic, partition, next_offset)
+        consumer.seek(tp)
+        consumer.pause([tp])
+
+    def hold(self, partition: int) -> None:
+        """Stop reading ``partition``; it continues after the last record delivered."""
+        self.consumer.pause([TopicPartition(self._topic, partition)])
+
+    def resume(self, partition: int) -> None:
+        self.consumer.resume([TopicPartition(self._topic, partition)])
+
+    def unassign(self) -> None:
+        """Stop reading (the lease is gone); the consumer stays, warm, for the next time."""
+        if self._consumer is not None:
+            self._consumer.unassign()
+
+    def group_metadata(self) -> Any:
+        return self.consumer.consumer_group_metadata()
+
+    def close(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            consumer.close()

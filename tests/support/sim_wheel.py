@@ -1,0 +1,182 @@
+"""An in-memory timer topic and transaction log for driving the drainer without a broker.
+
+``SimWheel`` plays the consumer (positions, pause with seek, resume, partition
+ends, read_committed visibility) and the transactional producer (records
+written in a transaction become visible, and fired jobs count, only when it
+commits; a crash discards them). Time is whatever the test says.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, KafkaError, Message, TopicPartition
+
+from dueflow import headers as hdr
+from dueflow.config import Settings
+from dueflow.drain import Checkpoint
+from dueflow.metrics import Metrics
+from dueflow.streams.emitter.drainer import WheelDrainer
+from dueflow.topics import names
+from dueflow.wheel import place_timer
+
+
+@dataclass
+class Stored:
+    key: bytes
+    value: bytes
+    headers: list[tuple[str, bytes]]
+    append_ms: int
+
+
+@dataclass
+class FiredJob:
+    key: bytes
+    due_ms: int
+    fired_ms: int
+
+
+@dataclass
+class SimWheel:
+    settings: Settings
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+    per_partition: int = 4  # most records one consume() takes from a partition
+    logs: dict[int, list[Stored]] = field(default_factory=dict)
+    positions: dict[int, int] = field(default_factory=dict)
+    paused: set[int] = field(default_factory=set)
+    eof_sent: set[int] = field(default_factory=set)
+    committed: dict[int, tuple[int, Checkpoint | None]] = field(default_factory=dict)
+    fired: list[FiredJob] = field(default_factory=list)  # committed fires
+    quarantined: list[bytes] = field(default_factory=list)
+    _pending_fires: list[FiredJob] = field(default_factory=list)
+    _pending_timers: list[tuple[int, Stored]] = field(default_factory=list)
+    _pending_quarantine: list[bytes] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for p in range(self.settings.wheel.total_partitions):
+            self.logs.setdefault(p, [])
+        self.topic = names(self.settings).timers
+
+    # ------------------------------------------------------------ producers
+    def append(self, partition: int, record: Stored) -> int:
+        self.logs[partition].append(record)
+        self.eof_sent.discard(partition)
+        return len(self.logs[partition]) - 1
+
+    def schedule(self, key: str, due_ms: int, at_ms: int, *, queue: str = "default") -> int:
+        """A producer writes a timer at ``at_ms`` (broker time)."""
+        kb = key.encode()
+        placement = place_timer(
+            due_ms=due_ms, now_ms=at_ms, geometry=self.settings.wheel, spread=zlib.crc32(kb)
+        )
+        headers = hdr.encode([(hdr.DUE, due_ms), (hdr.QUEUE, queue)])
+        self.append(placement.partition, Stored(kb, b"value-" + kb, headers, at_ms))
+        return placement.partition
+
+    # ------------------------------------------------------------ consumer
+    def start_session(self) -> None:
+        self.positions = {p: max(off, 0) for p, (off, _) in self.committed.items()}
+        for p in self.logs:
+            self.positions.setdefault(p, 0)
+        self.paused.clear()
+        self.eof_sent.clear()
+        self._pending_fires.clear()
+        self._pending_timers.clear()
+        self._pending_quarantine.clear()
+
+    def pause(self, partition: int, next_offset: int) -> None:
+        self.paused.add(partition)
+        self.positions[partition] = next_offset
+        self.eof_sent.discard(partition)
+
+    def hold(self, partition: int) -> None:
+        self.paused.add(partition)
+        self.eof_sent.discard(partition)
+
+    def resume(self, partition: int) -> None:
+        self.paused.discard(partition)
+
+    def consume(self, max_messages: int) -> list[Message]:
+        """Up to ``max_messages`` from unpaused partitions, interleaved at random."""
+        out: list[Message] = []
+        live = [p for p in self.logs if p not in self.paused]
+        self.rng.shuffle(live)
+        for p in live:
+            log = self.logs[p]
+            take = self.rng.randint(1, self.per_partition)
+            while take and self.positions[p] < len(log) and len(out) < max_messages:
+                off = self.positions[p]
+                r = log[off]
+                out.append(
+                    Message(
+                        topic=self.topic,
+                        partition=p,
+                        offset=off,
+                        key=r.key,
+                        value=r.value,
+                        headers=list(r.headers),
+                        timestamp=(TIMESTAMP_LOG_APPEND_TIME, r.append_ms),
+                    )
+                )
+                self.positions[p] = off + 1
+                take -= 1
+            if self.positions[p] >= len(log) and p not in self.eof_sent:
+                self.eof_sent.add(p)
+                out.append(
+                    Message(
+                        topic=self.topic,
+                        partition=p,
+                        offset=len(log),
+                        error=KafkaError(KafkaError._PARTITION_EOF),
+                    )
+                )
+        return out
+
+    # ------------------------------------------------------------ producer side
+    def send(
+        self, topic: str, value: bytes | None, key: bytes | None, headers: Any, partition: int = -1
+    ) -> None:
+        if topic == self.topic:
+            self._pending_timers.append((partition, Stored(key or b"", value or b"", headers, 0)))
+        elif topic.endswith(".quarantine"):
+            self._pending_quarantine.append(key or b"")
+        else:
+            due = hdr.header_int(headers, hdr.DUE)
+            fired = hdr.header_int(headers, hdr.FIRED)
+            assert due is not None
+            assert fired is not None
+            self._pending_fires.append(FiredJob(key or b"", due, fired))
+
+    def commit(self, drainer: WheelDrainer, now_ms: int) -> None:
+        offsets: list[TopicPartition] = drainer.commit_offsets()
+        for tp in offsets:
+            self.committed[tp.partition] = (tp.offset, Checkpoint.decode(tp.metadata))
+        for partition, stored in self._pending_timers:
+            stored.append_ms = now_ms
+            self.append(partition, stored)
+        self.fired.extend(self._pending_fires)
+        self.quarantined.extend(self._pending_quarantine)
+        self._pending_fires.clear()
+        self._pending_timers.clear()
+        self._pending_quarantine.clear()
+        drainer.on_committed(offsets, now_ms)
+
+    def drainer(self, now_ms: int) -> WheelDrainer:
+        """A new active period (a takeover): starts from the committed offsets."""
+        self.start_session()
+        return WheelDrainer(
+            settings=self.settings,
+            source=self,
+            sender=self,
+            metrics=Metrics(),
+            committed=dict(self.committed),
+            now_ms=now_ms,
+        )
+
+    def step(self, drainer: WheelDrainer, now_ms: int, max_messages: int = 50) -> None:
+        drainer.on_messages(self.consume(max_messages), now_ms)
+        drainer.advance(now_ms)
+        drainer.fire_due(now_ms)

@@ -1,0 +1,181 @@
+"""Write timer records the way any Kafka client may, and read what the emitter fired.
+
+``timer_record`` is the "any Kafka client" path: ``place_timer`` for the
+partition, the Avro ``Job`` codec for the value and the header contract of
+``dueflow.headers``. ``ExecLog`` is a ``read_committed`` consumer of exec
+topics, as a worker sees them.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from dueflow import headers as hdr
+from dueflow.config import Settings
+from dueflow.model import Job
+from dueflow.schemas import codec
+from dueflow.topics import names
+from dueflow.wheel import place_timer
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def job_value(job_id: str, *, queue: str, due_ms: int, task: str = "t") -> bytes:
+    job = Job(
+        job_id=job_id,
+        queue=queue,
+        task=task,
+        payload=b"{}",
+        due_ms=due_ms,
+        idempotency_key=job_id,
+        created_ms=now_ms(),
+    )
+    return codec.encode("job", job.to_record())
+
+
+def timer_record(
+    settings: Settings, job_id: str, *, due_ms: int, at_ms: int, queue: str = "default"
+) -> tuple[int, bytes, bytes, list[tuple[str, bytes]]]:
+    """``(partition, key, value, headers)`` of a timer placed at ``at_ms``."""
+    key = job_id.encode()
+    placement = place_timer(
+        due_ms=due_ms, now_ms=at_ms, geometry=settings.wheel, spread=zlib.crc32(key)
+    )
+    headers = hdr.encode(
+        [
+            (hdr.DUE, due_ms),
+            (hdr.QUEUE, queue),
+            (hdr.KIND, hdr.KIND_JOB),
+            (hdr.JOB_ID, job_id),
+            (hdr.SCHEMA, codec.schema_header("job")),
+        ]
+    )
+    return placement.partition, key, job_value(job_id, queue=queue, due_ms=due_ms), headers
+
+
+def timer_producer(settings: Settings) -> Producer:
+    return Producer(
+        settings.client_config(**{"linger.ms": 5, "enable.idempotence": True, "acks": "all"})
+    )
+
+
+def write_timers(
+    producer: Producer,
+    settings: Settings,
+    timers: Iterable[tuple[str, int]],
+    *,
+    queue: str = "default",
+    at_ms: int | None = None,
+) -> int:
+    """Write ``(job_id, due_ms)`` timers, placed as of ``at_ms`` (default: now)."""
+    topic = names(settings).timers
+    count = 0
+    for job_id, due in timers:
+        part, key, value, headers = timer_record(
+            settings, job_id, due_ms=due, at_ms=now_ms() if at_ms is None else at_ms, queue=queue
+        )
+        while True:
+            try:
+                producer.produce(topic, value, key, part, headers=list(headers))
+                break
+            except BufferError:
+                producer.poll(0.05)
+        count += 1
+        if count % 10_000 == 0:
+            producer.poll(0)
+    producer.flush(60)
+    return count
+
+
+@dataclass
+class Fired:
+    job_id: str
+    due_ms: int
+    fired_ms: int
+    seen_ms: int
+    partition: int
+    source: str
+    value: bytes = b""
+
+
+@dataclass
+class ExecLog:
+    """Everything a read_committed consumer sees on exec topics."""
+
+    settings: Settings
+    queues: tuple[str, ...] = ("default",)
+    records: list[Fired] = field(default_factory=list)
+    _consumer: Consumer | None = None
+
+    def start(self) -> ExecLog:
+        n = names(self.settings)
+        self._consumer = Consumer(
+            self.settings.client_config(
+                **{
+                    "group.id": f"check-{uuid.uuid4().hex}",
+                    "isolation.level": "read_committed",
+                    "auto.offset.reset": "earliest",
+                    "enable.auto.commit": False,
+                }
+            )
+        )
+        tps: list[TopicPartition] = []
+        for q in self.queues:
+            spec = self.settings.queue(q)
+            tps.extend(TopicPartition(n.exec(q), p, 0) for p in range(spec.partitions))
+        self._consumer.assign(tps)
+        return self
+
+    def poll(self, timeout_s: float = 0.02) -> int:
+        assert self._consumer is not None
+        got = 0
+        for m in self._consumer.consume(10_000, timeout_s):
+            if m.error() is not None:
+                continue
+            seen = now_ms()
+            h = m.headers() or []
+            due = hdr.header_int(h, hdr.DUE)  # type: ignore[arg-type]
+            fired = hdr.header_int(h, hdr.FIRED)  # type: ignore[arg-type]
+            src = hdr.header_text(h, hdr.SOURCE) or ""  # type: ignore[arg-type]
+            self.records.append(
+                Fired(
+                    (m.key() or b"").decode(),
+                    due if due is not None else -1,
+                    fired if fired is not None else -1,
+                    seen,
+                    m.partition() or 0,
+                    src,
+                    m.value() or b"",
+                )
+            )
+            got += 1
+        return got
+
+    def wait_for(self, count: int, timeout_s: float) -> list[Fired]:
+        """Poll until ``count`` records were seen or the time is up; return them all."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.records) < count and time.monotonic() < deadline:
+            self.poll()
+        return self.records
+
+    def settle(self, quiet_s: float = 1.0, timeout_s: float = 30.0) -> list[Fired]:
+        """Poll until nothing new arrived for ``quiet_s`` (catches duplicates)."""
+        deadline = time.monotonic() + timeout_s
+        last = time.monotonic()
+        while time.monotonic() < deadline and time.monotonic() - last < quiet_s:
+            if self.poll():
+                last = time.monotonic()
+        return self.records
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None

@@ -1,0 +1,287 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dueflow.drain import (
+    Checkpoint,
+    OpenOffsets,
+    TokenBucket,
+    already_handled,
+    cascade_ready_ms,
+    classify_timer,
+    feeds_heap,
+    heap_horizon_ms,
+    landed_late,
+    latest_fired,
+    next_drain_ms,
+    read_ahead_ms,
+    skew_tolerance_ms,
+)
+from dueflow.wheel import NEAR_LEVEL, WheelGeometry, WheelLevel, place_timer
+
+GEO = WheelGeometry().validate()
+SMALL = WheelGeometry(
+    levels=(WheelLevel(12, 250), WheelLevel(10, 2_000), WheelLevel(6, 16_000)),
+    near_partitions=2,
+    near_window_ms=500,
+    lookahead_ms=100,
+).validate()
+EXEC = {b"default": "p.exec.default", b"billing": "p.exec.billing"}
+
+
+# ------------------------------------------------------------- readiness
+
+
+def _ready_of_placement(geo: WheelGeometry, due: int, now: int, skew: int = 0) -> None:
+    p = place_timer(due_ms=due, now_ms=now, geometry=geo, spread=0)
+    if p.level < 1:
+        return
+    _, index = geo.locate(p.partition)
+    ready = cascade_ready_ms(
+        geometry=geo, level=p.level, index=index, due_ms=due, append_ms=now + skew
+    )
+    assert ready == geo.window(p.level, p.slot).opens_ms
+    assert ready > now, "a record is never handled at once by the visit it was written for"
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    now=st.integers(0, 4_000_000_000_000),
+    delta=st.integers(0, 400 * 86_400_000),
+    skew_fraction=st.floats(-0.99, 0.99),
+)
+def test_placed_records_are_ready_when_their_slot_opens(
+    now: int, delta: int, skew_fraction: float
+) -> None:
+    # The broker's append time may differ from the producer's clock by less than
+    # the tolerance either way; parked timers (beyond the top) included.
+    p = place_timer(due_ms=now + delta, now_ms=now, geometry=GEO, spread=0)
+    skew = int(skew_fraction * skew_tolerance_ms(GEO, max(p.level, 0)))
+    _ready_of_placement(GEO, now + delta, now, skew)
+
+
+@settings(max_examples=600, deadline=None)
+@given(now=st.integers(0, 10**9), delta=st.integers(0, 200_000))
+def test_placed_records_are_ready_when_their_slot_opens_small(now: int, delta: int) -> None:
+    _ready_of_placement(SMALL, now + delta, now)
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    append=st.integers(0, 10**9),
+    due=st.integers(-(10**6), 2 * 10**9),
+    late=st.integers(0, 200_000),
+    partition=st.integers(0, SMALL.total_partitions - 1),
+)
+def test_replacing_a_ready_record_never_loops(
+    append: int, due: int, late: int, partition: int
+) -> None:
+    level, index = SMALL.locate(partition)
+    if level < 1:
+        return
+    ready = cascade_ready_ms(geometry=SMALL, level=level, index=index, due_ms=due, append_ms=append)
+    now = max(ready, append) + late  # handled at or after ready (drain clock <= now)
+    if due <= now:
+        return  # fires at once
+    p = place_timer(due_ms=due, now_ms=now, geometry=SMALL, spread=0)
+    if p.partition != partition:
+        return
+    _, idx = SMALL.locate(p.partition)
+    again = cascade_ready_ms(geometry=SMALL, level=p.level, index=idx, due_ms=due, append_ms=now)
+    assert again > now, "a record placed back into its own partition would be read again at once"
+
+
+def test_a_record_written_into_an_open_slot_is_ready_at_once() -> None:
+    # level 1 of SMALL: 2 s slots. Slot 10 opens at 19_900; written at 21_200 (late).
+    ready = cascade_ready_ms(
+        geometry=SMALL, level=1, index=10 % 10, due_ms=21_000, append_ms=21_200
+    )
+    assert ready == 19_900
+    assert landed_late(geometry=SMALL, level=1, due_ms=21_000, append_ms=21_200)
+    assert not landed_late(geometry=SMALL, level=1, due_ms=21_000, append_ms=18_000)
+    assert not landed_late(geometry=SMALL, level=NEAR_LEVEL, due_ms=0, append_ms=10**9)
+
+
+def test_a_far_future_record_in_a_low_slot_waits_one_rotation_at_most() -> None:
+    # Written at 1_000 into level-1 partition index 3 with a due time ten years out:
+    # handled at the next visit of index 3 (slot 3 opens at 5_900), then placed again.
+    ready = cascade_ready_ms(geometry=SMALL, level=1, index=3, due_ms=10**12, append_ms=1_000)
+    assert ready == 3 * 2_000 - 100
+
+
+@pytest.mark.parametrize(
+    ("due", "append", "kept"),
+    [
+        (1_000, 1_000, True),
+        (1_000, 5_000, True),  # overdue
+        (1_000 + 12 * 250 * 0 + heap_horizon_ms(SMALL), 1_000, True),
+        (1_001 + heap_horizon_ms(SMALL), 1_000, False),
+    ],
+)
+def test_feeds_heap(due: int, append: int, kept: bool) -> None:
+    assert feeds_heap(due_ms=due, append_ms=append, horizon_ms=heap_horizon_ms(SMALL)) is kept
+
+
+@settings(max_examples=400, deadline=None)
+@given(now=st.integers(0, 10**12), delta=st.integers(-(10**7), 10**7))
+def test_every_placed_heap_feeder_record_is_kept(now: int, delta: int) -> None:
+    p = place_timer(due_ms=now + delta, now_ms=now, geometry=GEO, spread=0)
+    if p.level <= 0:
+        assert feeds_heap(due_ms=now + delta, append_ms=now, horizon_ms=heap_horizon_ms(GEO))
+
+
+def test_read_ahead() -> None:
+    assert read_ahead_ms(SMALL, NEAR_LEVEL) == 750
+    assert read_ahead_ms(SMALL, 0) == 350
+    with pytest.raises(ValueError, match="does not feed"):
+        read_ahead_ms(SMALL, 1)
+
+
+@pytest.mark.parametrize(
+    ("drain", "now", "top", "reading", "expected"),
+    [
+        (0, 10_000, None, None, 10_000),  # nothing pending: the wall clock
+        (0, 10_000, 2_000, None, 3_000),  # a backlog: stay near its earliest timer
+        (5_000, 10_000, 2_000, None, 5_000),  # never back
+        (0, 10_000, 20_000, None, 10_000),  # never past now
+        (0, 10_000, None, 4_000, 4_000),  # nothing read yet, a feeder still reading
+        (0, 10_000, 9_500, 9_900, 10_000),  # anchored: reading feeders pause themselves
+    ],
+)
+def test_next_drain(
+    drain: int, now: int, top: int | None, reading: int | None, expected: int
+) -> None:
+    got = next_drain_ms(
+        drain_ms=drain, now_ms=now, earliest_due_ms=top, lag_ms=1_000, reading_limit_ms=reading
+    )
+    assert got == expected
+
+
+# ----------------------------------------------------------------- records
+
+
+@pytest.mark.parametrize(
+    ("headers", "key", "expected"),
+    [
+        ([("df-due", b"123"), ("df-queue", b"default")], b"k", (123, "p.exec.default", False)),
+        (
+            [("df-due", b"1"), ("df-queue", b"billing"), ("df-kind", b"cron")],
+            b"k",
+            (1, "p.exec.billing", True),
+        ),
+        (
+            [("df-due", b"1"), ("df-queue", b"default"), ("df-kind", b"job")],
+            b"k",
+            (1, "p.exec.default", False),
+        ),
+        (
+            [("df-due", b"1"), ("df-due", b"2"), ("df-queue", b"default")],
+            b"k",
+            (2, "p.exec.default", False),
+        ),
+        ([("df-queue", b"default")], b"k", "missing df-due header"),
+        (None, b"k", "missing df-due header"),
+        (
+            [("df-due", b"soon"), ("df-queue", b"default")],
+            b"k",
+            "df-due is not an integer: b'soon'",
+        ),
+        ([("df-due", b"1")], b"k", "missing df-queue header"),
+        ([("df-due", b"1"), ("df-queue", b"nope")], b"k", "unknown queue 'nope'"),
+        ([("df-due", b"1"), ("df-queue", b"default")], None, "missing key (the idempotency key)"),
+        ([("df-due", b"1"), ("df-queue", b"default")], b"", "missing key (the idempotency key)"),
+        (
+            [("df-due", b"1"), ("df-queue", b"default"), ("df-kind", b"x")],
+            b"k",
+            "unknown df-kind b'x'",
+        ),
+    ],
+)
+def test_classify_timer(
+    headers: list[tuple[str, bytes]] | None, key: bytes | None, expected: object
+) -> None:
+    assert classify_timer(headers, key, EXEC) == expected
+
+
+# ------------------------------------------------------------- checkpoints
+
+
+@pytest.mark.parametrize(
+    "checkpoint",
+    [Checkpoint(0), Checkpoint(17, (1_700_000_000_000, 3, 42)), Checkpoint(5, (-5, 0, 0))],
+)
+def test_checkpoint_round_trip(checkpoint: Checkpoint) -> None:
+    assert Checkpoint.decode(checkpoint.encode()) == checkpoint
+
+
+@pytest.mark.parametrize("text", [None, "", "x", "df1", "df1:a", "df1:1:2", "df2:1", "df1:1:2:3:x"])
+def test_foreign_metadata_is_no_checkpoint(text: str | None) -> None:
+    assert Checkpoint.decode(text) is None
+
+
+CK = Checkpoint(read_to=100, fired=(5_000, 2, 40))
+
+
+@pytest.mark.parametrize(
+    ("offset", "key", "otherwise", "handled"),
+    [
+        (50, (4_000, 2, 50), False, True),  # fired before
+        (50, (5_000, 2, 40), False, True),  # the last one fired
+        (50, (5_000, 3, 0), False, False),  # same due, later key: still in the heap
+        (50, (6_000, 2, 50), False, False),
+        (50, (9_999, 2, 50), True, True),  # placed again / quarantined before
+        (100, (1, 2, 100), False, False),  # never read: a new record
+        (100, (1, 2, 100), True, False),
+    ],
+)
+def test_already_handled(
+    offset: int, key: tuple[int, int, int], otherwise: bool, handled: bool
+) -> None:
+    assert (
+        already_handled(offset=offset, key=key, checkpoint=CK, handled_otherwise=otherwise)
+        is handled
+    )
+
+
+def test_nothing_is_handled_without_a_checkpoint() -> None:
+    assert not already_handled(offset=0, key=(0, 0, 0), checkpoint=None, handled_otherwise=True)
+    assert not already_handled(
+        offset=0, key=(0, 0, 0), checkpoint=Checkpoint(5), handled_otherwise=False
+    )
+
+
+def test_latest_fired() -> None:
+    assert latest_fired([None, Checkpoint(3)]) is None
+    assert latest_fired([Checkpoint(1, (5, 1, 1)), None, Checkpoint(2, (5, 2, 0))]) == (5, 2, 0)
+
+
+# ------------------------------------------------------------- machines
+
+
+def test_open_offsets_commit_point_follows_the_lowest_unfinished() -> None:
+    oo = OpenOffsets()
+    assert oo.lowest(7) == 7
+    for off in (10, 11, 12, 13):
+        oo.add(off)
+    oo.finish(12)
+    assert (oo.lowest(99), len(oo)) == (10, 3)
+    oo.finish(10)
+    assert oo.lowest(99) == 11
+    oo.finish(11)
+    assert (oo.lowest(99), len(oo)) == (13, 1)
+    oo.finish(13)
+    assert (oo.lowest(99), len(oo)) == (99, 0)
+
+
+def test_token_bucket() -> None:
+    b = TokenBucket(rate_per_s=1_000, burst=10, now_ms=0)
+    assert b.available(0) == 10
+    b.take(10)
+    assert b.available(0) == 0
+    assert b.wait_ms(0) == 2
+    assert b.available(5) == 5
+    assert b.available(1_000) == 10  # capped at the burst
+    with pytest.raises(ValueError, match="rate_per_s"):
+        TokenBucket(rate_per_s=0, burst=1, now_ms=0)
