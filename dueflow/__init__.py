@@ -21,6 +21,15 @@ _EXPORTS = {
     "ConflictError": "dueflow.errors",
     "JobError": "dueflow.errors",
     "PermanentJobError": "dueflow.errors",
+    "Scheduler": "dueflow.producers",
+    "AsyncScheduler": "dueflow.producers",
+    "JobRequest": "dueflow.producers",
+    "task": "dueflow.consumers",
+    "TaskContext": "dueflow.consumers",
+    "TaskRegistry": "dueflow.consumers",
+    "CronSchedule": "dueflow.cron",
+    "MisfirePolicy": "dueflow.cron",
+    "Backoff": "dueflow.model",
 }
 
 

@@ -1,0 +1,30 @@
+"""The public names of ``import dueflow`` resolve lazily to the real objects."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import dueflow
+from dueflow.consumers import task
+from dueflow.producers import Scheduler
+
+
+def test_public_names_resolve() -> None:
+    assert dueflow.Scheduler is Scheduler
+    assert dueflow.task is task
+    for name in dueflow.__all__:
+        assert getattr(dueflow, name) is not None
+
+
+def test_unknown_name_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        _ = dueflow.nope
+
+
+def test_import_dueflow_is_cheap_and_side_effect_free() -> None:
+    code = "import sys, dueflow; print(sorted(m for m in sys.modules if 'kafka' in m))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
