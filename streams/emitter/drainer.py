@@ -476,7 +476,11 @@ class WheelDrainer:
             key = (due, p, off)
             count += 1
             if blocker.get(p) == off:
-                self._resume(p, now_ms)  # it stopped at a timer that fired: read on
+                # It stopped at a timer that fired: read on. Records it kept that
+                # are due before that timer must fire now, not wait in the heap (a
+                # checkpoint says every record up to `fired` has fired).
+                self.fired = key
+                self._resume(p, now_ms)
                 limit = min(limit, due + self._slot)
         if key is not None:
             self.fired = key

@@ -214,3 +214,95 @@ def test_fires_are_traced_as_children_of_the_schedule_span() -> None:
     assert fire.parent is not None
     assert schedule.context is not None
     assert fire.parent.span_id == schedule.context.span_id
+
+
+TIGHT = load_settings(
+    env={},
+    overrides={
+        "wheel": {
+            "levels": "12x250,10x2000,6x16000",
+            "near_partitions": 2,
+            "near_window_ms": 500,
+            "lookahead_ms": 100,
+        },
+        # A heap of a few timers and a rate limit that runs dry: every pause,
+        # kept record, resume and token shortage happens all the time.
+        "emitter": {"catchup_max_rate_per_s": 100, "heap_budget": 3},
+    },
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32),
+    count=st.integers(1, 80),
+    span=st.sampled_from([1_000, 4_000, 20_000]),
+    crashes=st.lists(st.integers(10_000, 35_000), max_size=6),
+)
+def test_exactly_once_with_a_tiny_heap_and_a_dry_rate_limit(
+    seed: int, count: int, span: int, crashes: list[int]
+) -> None:
+    rng = random.Random(seed)
+    sim = SimWheel(TIGHT, rng=random.Random(seed + 1), per_partition=rng.randint(1, 8))
+    timers = []
+    for i in range(count):
+        written = rng.randint(10_000, 10_000 + span)
+        due = written + rng.choice([-3_000, -500, 0, 100, 300, 450, 900, 3_000])
+        timers.append((written, f"j{i}", due + rng.randint(0, 99)))
+    timers.sort()
+    crash_points = sorted(crashes)
+    d = sim.drainer(10_000)
+    t = 10_000
+    pending = list(timers)
+    while t <= 40_000:
+        while pending and pending[0][0] <= t:
+            _, key, due = pending.pop(0)
+            sim.schedule(key, due, t)
+        sim.step(d, t, max_messages=rng.randint(1, 30))
+        if d.touched and rng.random() < 0.5:
+            sim.commit(d, t)
+        if crash_points and t >= crash_points[0]:
+            crash_points.pop(0)
+            d = sim.drainer(t)
+        t += rng.randint(1, 40)
+    sim.step(d, t)
+    sim.commit(d, t)
+    counts = Counter(f.key.decode() for f in sim.fired)
+    assert set(counts) == {key for _, key, _ in timers}, "a timer was lost"
+    assert set(counts.values()) == {1}, f"duplicates: {[k for k, c in counts.items() if c > 1]}"
+    assert all(f.fired_ms >= f.due_ms for f in sim.fired), "fired early"
+
+
+def test_a_kept_record_due_before_the_timer_that_resumed_its_feeder_survives_a_takeover() -> None:
+    # A near partition is held at X (the heap is full); Y, written after X but due
+    # before it, is kept. Firing X resumes the feeder, and the rate limit runs dry
+    # right after X. The checkpoint then says "fired up to X": Y must have fired
+    # already, or a new emitter would take it for fired and lose it.
+    tight = load_settings(
+        env={},
+        overrides={
+            "wheel": {
+                "levels": "12x250,10x2000,6x16000",
+                "near_partitions": 2,
+                "near_window_ms": 500,
+                "lookahead_ms": 100,
+            },
+            "emitter": {"catchup_max_rate_per_s": 40, "heap_budget": 2},  # burst: 2 tokens
+        },
+    )
+    sim = SimWheel(tight, per_partition=100)
+    near = next(p for p in range(GEO.total_partitions) if GEO.locate(p)[0] == NEAR_LEVEL)
+    for key, due in (("A", 10_291), ("X", 10_300), ("Y", 10_295)):
+        headers = hdr.encode([(hdr.DUE, due), (hdr.QUEUE, "default")])
+        sim.append(near, Stored(key.encode(), b"v", headers, 10_000))
+    d = sim.drainer(10_000)
+    for t in range(10_000, 10_310, 10):
+        sim.step(d, t, max_messages=1_000)
+        if d.touched:
+            sim.commit(d, t)
+    d = sim.drainer(10_310)  # a takeover
+    for t in range(10_310, 11_000, 10):
+        sim.step(d, t, max_messages=1_000)
+        if d.touched:
+            sim.commit(d, t)
+    assert sorted(f.key for f in sim.fired) == [b"A", b"X", b"Y"]
