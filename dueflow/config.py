@@ -55,7 +55,9 @@ class EmitterSettings:
     session_timeout_ms: int = 6_000
     heartbeat_interval_ms: int = 1_000
     batch_max_records: int = 20_000
-    batch_max_ms: int = 5
+    # A transaction commits once every due timer fired; while a backlog is due,
+    # every batch_max_records records or batch_max_ms milliseconds.
+    batch_max_ms: int = 100
     catchup_max_rate_per_s: float = 200_000.0
     transaction_timeout_ms: int = 30_000
     # Pending-timer gauges, DeleteRecords and the clock offset run this often.

@@ -148,6 +148,20 @@ def next_drain_ms(
     return max(drain_ms, target)
 
 
+def commit_due(*, records: int, age_ms: int, busy: bool, max_records: int, max_ms: int) -> bool:
+    """Commit the open transaction (``records`` written, the first ``age_ms`` ago) now?
+
+    Fired jobs become visible to workers only at commit, so the emitter commits
+    as soon as every timer that is due has fired (``busy`` False: also while it
+    reads ahead). While timers are due and not fired yet (a backlog, a burst)
+    it commits every ``max_records`` records or ``max_ms`` milliseconds, so
+    transactions grow with the load and their fixed cost stays small.
+    """
+    if records <= 0:
+        return False
+    return records >= max_records or age_ms >= max_ms or not busy
+
+
 # ------------------------------------------------------------------- records
 
 

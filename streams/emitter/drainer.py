@@ -193,6 +193,11 @@ class WheelDrainer:
     def touched(self) -> bool:
         return bool(self._touched)
 
+    def has_due(self, now_ms: int) -> bool:
+        """True while a timer in the heap is due at ``now_ms`` (fired or not yet firable)."""
+        heap = self._heap
+        return bool(heap) and heap[0][0] <= now_ms
+
     # ------------------------------------------------------------------ reading
     def on_messages(self, messages: list[Message], now_ms: int) -> None:
         """Handle a batch of records (and partition-end events) from the source."""

@@ -5,13 +5,26 @@ quarantined records, cron bookkeeping and the timer offsets with their
 checkpoints all commit together or not at all. The producer's
 ``transactional.id`` is fixed per cluster prefix: ``init_transactions`` of a
 new active emitter fences the previous one and aborts its open transaction.
+
+Opening ahead. After a commit the transaction coordinator still writes the
+commit markers for a few milliseconds; a partition added to the next
+transaction meanwhile is refused (``CONCURRENT_TRANSACTIONS``) and librdkafka
+asks again only after a fixed 20 ms, so the first records of the next
+transaction would wait that long. :meth:`Outbox.open_ahead` opens the next
+transaction at once and adds the offsets group to it with
+``send_offsets_to_transaction``, whose retries follow ``retry.backoff.ms``
+(1 ms here): it returns as soon as the coordinator is ready, and records
+written then are added at once. The offset it sends is one the last commit
+wrote (the same offset and metadata again), so committing it changes
+nothing; a later ``send_offsets_to_transaction`` in the same transaction
+replaces it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
@@ -37,7 +50,9 @@ class Outbox:
         self._producer: Producer | None = None
         self._open = False
         self.records = 0  # records in the open transaction
+        self.first_ms = 0  # wall clock of its first record
         self.opened_ms = 0  # wall clock when it was opened
+        self._last_offset: list[TopicPartition] = []  # one offset the last commit wrote
 
     @property
     def in_transaction(self) -> bool:
@@ -52,10 +67,15 @@ class Outbox:
             **{
                 "transaction.timeout.ms": em.transaction_timeout_ms,
                 "linger.ms": 2,
-                # Fencing waits for the old emitter's transaction to be aborted:
-                # ask again soon (takeover time), not after the default backoff.
-                "retry.backoff.ms": 20,
-                "retry.backoff.max.ms": 250,
+                # A failed delivery fails the transaction (its commit raises): the
+                # per-record delivery reports would only cost time.
+                "delivery.report.only.error": True,
+                # Fencing waits for the old emitter's transaction to be aborted,
+                # and adding the offsets to a transaction waits for the previous
+                # one's markers: ask again soon (takeover time, lateness), not
+                # after the default backoff.
+                "retry.backoff.ms": 1,
+                "retry.backoff.max.ms": 50,
             },
         )
         try:
@@ -76,6 +96,18 @@ class Outbox:
         self.opened_ms = time.time_ns() // 1_000_000
         return producer
 
+    def open_ahead(self, group_metadata: Any) -> None:
+        """Open the next transaction now and wait until it can take records (see
+        the module doc). A no-op if one is open or nothing was committed yet."""
+        if self._open or not self._last_offset:
+            return
+        producer = self._begin()
+        timeout = self._settings.emitter.transaction_timeout_ms / 1000.0
+        try:
+            producer.send_offsets_to_transaction(self._last_offset, group_metadata, timeout)
+        except KafkaException as exc:
+            self._fail("open the next transaction", exc)
+
     def send(
         self,
         topic: str,
@@ -90,6 +122,8 @@ class Outbox:
         """
         producer = self._producer if self._open else self._begin()
         assert producer is not None
+        if not self.records:
+            self.first_ms = time.time_ns() // 1_000_000
         while True:
             try:
                 producer.produce(topic, value, key, partition, headers=headers)
@@ -128,18 +162,26 @@ class Outbox:
                         continue
                     raise
         except KafkaException as exc:
-            self._open = False
-            err = _error(exc)
-            if err is not None and err.txn_requires_abort() and not err.fatal():
-                self.abort()
-                raise TransactionAborted(f"transaction aborted: {exc}", cause=exc) from exc
-            raise _wrap("commit_transaction", exc) from exc
+            self._fail("commit_transaction", exc)
         self._open = False
+        self.records = 0
+        if offsets:
+            self._last_offset = [offsets[0]]
+
+    def _fail(self, what: str, exc: KafkaException) -> NoReturn:
+        """The open transaction failed: abort it if it can be, and raise."""
+        err = _error(exc)
+        if err is not None and err.txn_requires_abort() and not err.fatal():
+            self.abort()
+            raise TransactionAborted(f"transaction aborted: {exc}", cause=exc) from exc
+        self._open = False
+        raise _wrap(what, exc) from exc
 
     def abort(self) -> None:
         """Abort the open transaction, if any; never raises for a dead producer."""
         producer = self._producer
         was_open, self._open = self._open, False
+        self.records = 0
         if producer is None or not was_open:
             return
         try:

@@ -14,8 +14,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from dueflow.config import Settings
+from dueflow.drain import commit_due
 from dueflow.errors import KafkaOperationError
 from dueflow.logs import event
 from dueflow.metrics import Metrics
@@ -65,6 +67,10 @@ class ActiveSession:
         self._batch_ms = em.batch_max_ms
         # Small reads, so a slot read in one go does not hold up timers due meanwhile.
         self._consume_max = max(1, min(em.batch_max_records, 1_000))
+        # A transaction opened ahead that nothing was written to is committed after
+        # this long, well before the coordinator would abort it.
+        self._idle_commit_ms = max(1, min(10_000, em.transaction_timeout_ms // 3))
+        self._group_metadata: Any = None
 
     @property
     def drainer(self) -> WheelDrainer:
@@ -111,6 +117,7 @@ class ActiveSession:
         )
         self.cron.start(state=state, quarantined_to=quarantined_to, now_ms=now)
         self.source.assign({p: off for p, (off, _) in committed.items()})
+        self._group_metadata = self.source.group_metadata()
         self.housekeeping.start()
         lap("start_ms")
         event(
@@ -127,8 +134,8 @@ class ActiveSession:
         outbox = self.outbox
         now = self._clock()
         wake = drainer.wake_ms(now)
-        if outbox.in_transaction:
-            wake = min(wake, outbox.opened_ms + self._batch_ms)
+        if outbox.records:
+            wake = min(wake, outbox.first_ms + self._batch_ms)
         messages = self.source.consume(self._consume_max, max(0, wake - now) / 1000.0)
         now = self._clock()
         if messages:
@@ -146,10 +153,16 @@ class ActiveSession:
                 after_start_ms=round((self._read_in - self._started) * 1000),
                 unheard=0,
             )
-        if outbox.in_transaction and (
-            outbox.records >= self._batch_records or now - outbox.opened_ms >= self._batch_ms
+        if outbox.records and commit_due(
+            records=outbox.records,
+            age_ms=now - outbox.first_ms,
+            busy=drainer.has_due(now),
+            max_records=self._batch_records,
+            max_ms=self._batch_ms,
         ):
             self.commit()
+        elif outbox.in_transaction and now - outbox.opened_ms >= self._idle_commit_ms:
+            self.commit()  # an open transaction nothing was written to: keep it young
         else:
             outbox.poll()
         self.housekeeping.tick(now, drainer.committed_offsets)
@@ -161,12 +174,13 @@ class ActiveSession:
         for schedule_id in sorted(changed):
             self.cron.reconcile(schedule_id, now)
 
-    def commit(self) -> None:
-        """Commit the open transaction with the changed offsets and checkpoints."""
+    def commit(self, *, reopen: bool = True) -> None:
+        """Commit the open transaction with the changed offsets and checkpoints, and
+        (``reopen``) open the next one ahead (see :meth:`Outbox.open_ahead`)."""
         if not self.outbox.in_transaction:
             return
         offsets = self.drainer.commit_offsets() + self.cron.commit_offsets()
-        self.outbox.commit(offsets, self.source.group_metadata())
+        self.outbox.commit(offsets, self._group_metadata)
         self.drainer.on_committed(offsets, self._clock())
         self._metrics.emitter_transactions.labels("committed").inc()
         if self._first_commit is None:
@@ -176,12 +190,14 @@ class ActiveSession:
                 "emitter first commit",
                 after_start_ms=round((self._first_commit - self._started) * 1000),
             )
+        if reopen:
+            self.outbox.open_ahead(self._group_metadata)
 
     def close(self, *, commit: bool) -> None:
         """Commit (clean shutdown) or abort (lease lost, fenced) and close the clients."""
         try:
             if commit and self._drainer is not None:
-                self.commit()
+                self.commit(reopen=False)
         finally:
             if self.outbox.in_transaction:
                 self._metrics.emitter_transactions.labels("aborted").inc()

@@ -11,6 +11,7 @@ from dueflow.drain import (
     already_handled,
     cascade_ready_ms,
     classify_timer,
+    commit_due,
     feeds_heap,
     heap_horizon_ms,
     landed_late,
@@ -285,3 +286,18 @@ def test_token_bucket() -> None:
     assert b.available(1_000) == 10  # capped at the burst
     with pytest.raises(ValueError, match="rate_per_s"):
         TokenBucket(rate_per_s=0, burst=1, now_ms=0)
+
+
+@pytest.mark.parametrize(
+    ("records", "age", "busy", "due"),
+    [
+        (0, 500, False, False),  # nothing written: nothing to commit
+        (1, 0, False, True),  # caught up: commit at once
+        (1, 0, True, False),  # a backlog: keep filling the transaction ...
+        (3, 99, True, False),
+        (3, 100, True, True),  # ... for max_ms at most
+        (1_000, 1, True, True),  # ... or max_records
+    ],
+)
+def test_commit_due(records: int, age: int, busy: bool, due: bool) -> None:
+    assert commit_due(records=records, age_ms=age, busy=busy, max_records=1_000, max_ms=100) is due
