@@ -67,15 +67,15 @@ def test_a_transaction_opened_ahead_takes_records_and_changes_no_offset(
     try:
         gm = source.group_metadata()
         outbox.open_ahead(gm)
-        assert not outbox.in_transaction  # nothing committed yet: opened on the first write
+        # Nothing committed yet: opened on the first write.
+        assert (outbox.in_transaction, outbox.records) == (False, 0)
         outbox.send(exec_topic, b"v", b"a", [])
         assert outbox.records == 1
         first = [TopicPartition(timers, 0, 5, "df1:5"), TopicPartition(timers, 1, 7, "df1:9")]
         outbox.commit(first, gm)
         assert outbox.records == 0
         outbox.open_ahead(gm)
-        assert outbox.in_transaction
-        assert outbox.records == 0
+        assert (outbox.in_transaction, outbox.records) == (True, 0)
         # An opened-ahead transaction committed as it is rewrites what was committed.
         outbox.commit([], gm)
         after = _committed(source)
