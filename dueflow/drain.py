@@ -33,7 +33,7 @@ Nothing here reads a clock: ``now_ms`` and the drain clock are arguments.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -272,14 +272,13 @@ class OpenOffsets:
     Offsets are added in increasing order (the order they are read).
     """
 
-    __slots__ = ("_done", "_order")
+    __slots__ = ("_done", "_order", "add")
 
     def __init__(self) -> None:
         self._order: deque[int] = deque()
         self._done: set[int] = set()
-
-    def add(self, offset: int) -> None:
-        self._order.append(offset)
+        # add(offset): a bound method of the deque (no Python frame per record).
+        self.add: Callable[[int], None] = self._order.append
 
     def finish(self, offset: int) -> None:
         order = self._order

@@ -46,8 +46,9 @@ from dueflow.drain import (
     next_drain_ms,
     read_ahead_ms,
 )
+from dueflow.due_queue import DueQueue
 from dueflow.logs import event
-from dueflow.metrics import Metrics, observe_many
+from dueflow.metrics import Metrics, observe_ages
 from dueflow.streams.emitter.quarantine import quarantine_record, reason_label
 from dueflow.topics import names
 from dueflow.tracing import JobTracer
@@ -59,8 +60,9 @@ _EOF = KafkaError._PARTITION_EOF
 _FIRED = hdr.FIRED
 _SOURCE = hdr.SOURCE
 
-# (due, partition, offset, message, exec topic, is cron, headers)
-Entry = tuple[int, int, int, Message, str, bool, list[Any]]
+# A timer in the queue, under its due time: (partition, offset, message, exec topic,
+# is cron, headers).
+Entry = tuple[int, int, Message, str, bool, list[Any]]
 
 
 class PartitionControl(Protocol):
@@ -163,7 +165,7 @@ class WheelDrainer:
         self.drain_ms = self.fired[0] if self.fired is not None else 0
         self._unheard = set(self._feeders)  # feeders with neither a record nor an end yet
 
-        self._heap: list[Entry] = []
+        self._queue = DueQueue()
         self._paused: dict[int, int] = {}  # partition -> resume key
         self._feeder_queue: list[tuple[int, int]] = []  # (blocker due - read-ahead, p)
         self._blocker: dict[int, int] = {}  # paused feeder -> offset of its blocker
@@ -177,12 +179,13 @@ class WheelDrainer:
         self._stash_cap = max(1, em.heap_budget // 2)
         self._eof: set[int] = set()
         self._touched: set[int] = set()
+        self._sources = [f"{self._topic}:{p}:".encode() for p in range(n)]  # df-source
         self._batch: dict[str, list[int]] = {}  # exec topic -> due times fired, this txn
 
     # ------------------------------------------------------------------ state
     @property
     def heap_size(self) -> int:
-        return len(self._heap)
+        return len(self._queue)
 
     @property
     def starting(self) -> bool:
@@ -195,8 +198,8 @@ class WheelDrainer:
 
     def has_due(self, now_ms: int) -> bool:
         """True while a timer in the heap is due at ``now_ms`` (fired or not yet firable)."""
-        heap = self._heap
-        return bool(heap) and heap[0][0] <= now_ms
+        top = self._queue.first_due()
+        return top is not None and top <= now_ms
 
     # ------------------------------------------------------------------ reading
     def on_messages(self, messages: list[Message], now_ms: int) -> None:
@@ -207,8 +210,7 @@ class WheelDrainer:
         classify = classify_timer
         exec_topics = self._exec_topics
         horizon = self._horizon
-        heap = self._heap
-        push = heapq.heappush
+        push = self._queue.push
         opens = self._open
         ahead = self._ahead
         touched = self._touched
@@ -218,6 +220,12 @@ class WheelDrainer:
         frontier = self._frontier
         budget = self._budget
         slot = self._slot
+        # The last fired key (it does not change while records are read), due first:
+        # most records are due after it and cost one comparison.
+        fired = self.fired
+        fired_due = fired[0] if fired is not None else -1
+        fired_at = fired[1:] if fired is not None else (-1, -1)
+        at_once = 0
         for m in messages:
             p: int = m.partition()  # type: ignore[assignment]
             if p in paused:
@@ -262,26 +270,26 @@ class WheelDrainer:
                 if ck is None:
                     self._place_again(m, p, due, level, now_ms)
                 continue
-            key = (due, p, off)
-            if ck is not None and ck.fired is not None and key <= ck.fired:
+            if ck is not None and ck.fired is not None and (due, p, off) <= ck.fired:
                 continue  # fired by the previous emitter
-            fired = self.fired
-            if fired is not None and key < fired:
+            if due <= fired_due and (due < fired_due or (p, off) < fired_at):
                 # Read after later timers fired (written overdue, or placed again
                 # during a catch-up): due already, fire it now so no commit leaves it
                 # behind. It still spends a token: the rate limit holds on average.
                 self._fire(m, p, off, due, topic, cron, headers, now_ms)
-                self._bucket.take(1)
+                at_once += 1
                 touched.add(p)
                 continue
             opens[p].add(off)  # type: ignore[union-attr]
-            push(heap, (due, p, off, m, topic, cron, headers))
+            held = push(due, (p, off, m, topic, cron, headers))
             if ck is None and (
-                len(heap) >= budget or (level == 0 and due > self.drain_ms + ahead[p] + slot)
+                held >= budget or (level == 0 and due > self.drain_ms + ahead[p] + slot)
             ):
                 self._hold(p, off + 1, due - ahead[p])
                 self._blocker[p] = off
-                push(self._feeder_queue, (due - ahead[p], p))
+                heapq.heappush(self._feeder_queue, (due - ahead[p], p))
+        if at_once:
+            self._bucket.take(at_once)
 
     def _from_slot(self, m: Message, p: int, off: int, level: int, now_ms: int) -> None:
         """A record of a level >= 1 slot: handle it when ready, else stop the partition."""
@@ -444,51 +452,65 @@ class WheelDrainer:
         return emit
 
     def fire_due(self, now_ms: int) -> int:
-        """Fire heap timers due at ``now_ms`` in key order, within the rate limit and
+        """Fire queued timers due at ``now_ms`` in key order, within the rate limit and
         the fire limit (never past a feeder that has not been read that far)."""
-        heap = self._heap
+        queue = self._queue
         limit = min(now_ms, self.fire_limit_ms)
-        if not heap or heap[0][0] > limit or self.starting:
+        top = queue.first_due()
+        if top is None or top > limit or self.starting:
             return 0
         budget = self._bucket.available(now_ms)
-        pop = heapq.heappop
         opens = self._open
         touched = self._touched
         blocker = self._blocker
         send = self._send
         batches = self._batch
+        sources = self._sources
         fired_at = str(now_ms).encode()
-        source = self._topic + ":"
-        count = 0
-        key: TimerKey | None = None
         traced = self._tracer is not None
-        while heap and heap[0][0] <= limit and count < budget:
-            due, p, off, m, topic, cron, headers = pop(heap)
-            if traced:
-                self._fire(m, p, off, due, topic, cron, headers, now_ms)
-            elif cron and self._cron is not None:
-                self._cron.fire_occurrence(m, due, topic, headers, now_ms, self._emitter(now_ms))
-            else:
-                headers.append((_FIRED, fired_at))
-                headers.append((_SOURCE, f"{source}{p}:{off}".encode()))
-                send(topic, m.value(), m.key(), headers)
-                batch = batches.get(topic)
-                if batch is None:
-                    batch = batches[topic] = []
-                batch.append(due)
-            opens[p].finish(off)  # type: ignore[union-attr]
-            touched.add(p)
-            key = (due, p, off)
-            count += 1
-            if blocker.get(p) == off:
-                # It stopped at a timer that fired: read on. Records it kept that
-                # are due before that timer must fire now, not wait in the heap (a
-                # checkpoint says every record up to `fired` has fired).
-                self.fired = key
-                self._resume(p, now_ms)
-                limit = min(limit, due + self._slot)
-        if key is not None:
-            self.fired = key
+        count = 0
+        last: TimerKey | None = None
+        while count < budget:
+            got = queue.pop_bucket(limit)
+            if got is None:
+                break
+            due, entries = got
+            fired_here: list[int] | None = None
+            n = 0
+            for p, off, m, topic, cron, headers in entries:
+                if count >= budget:
+                    break
+                if traced:
+                    self._fire(m, p, off, due, topic, cron, headers, now_ms)
+                elif cron and self._cron is not None:
+                    self._cron.fire_occurrence(
+                        m, due, topic, headers, now_ms, self._emitter(now_ms)
+                    )
+                else:
+                    headers.append((_FIRED, fired_at))
+                    headers.append((_SOURCE, sources[p] + str(off).encode()))
+                    send(topic, m.value(), m.key(), headers)
+                    fired_here = batches.get(topic)
+                    if fired_here is None:
+                        fired_here = batches[topic] = []
+                    fired_here.append(due)
+                opens[p].finish(off)  # type: ignore[union-attr]
+                touched.add(p)
+                count += 1
+                n += 1
+                if blocker.get(p) == off:
+                    # It stopped at a timer that fired: read on. Records it kept that
+                    # are due before that timer must fire now, not wait in the queue (a
+                    # checkpoint says every record up to `fired` has fired).
+                    self.fired = (due, p, off)
+                    self._resume(p, now_ms)
+                    limit = min(limit, due + self._slot)
+                    break  # what it read may go in this bucket: take it again
+            if n:
+                last = (due, entries[n - 1][0], entries[n - 1][1])
+            queue.put_back(due, entries[n:])
+        if last is not None:
+            self.fired = last
             self._bucket.take(count)
         return count
 
@@ -497,7 +519,7 @@ class WheelDrainer:
         """Move the drain clock and resume the partitions whose time came."""
         if self.starting:
             return  # every feeder reports a record or its end first
-        heap = self._heap
+        queue = self._queue
         limit: int | None = None
         fire_limit = now_ms
         paused, eof, ahead, frontier = self._paused, self._eof, self._ahead, self._frontier
@@ -521,12 +543,12 @@ class WheelDrainer:
         drain = self.drain_ms = next_drain_ms(
             drain_ms=self.drain_ms,
             now_ms=now_ms,
-            earliest_due_ms=heap[0][0] if heap else None,
+            earliest_due_ms=queue.first_due(),
             lag_ms=slot,
-            reading_limit_ms=None if heap else limit,
+            reading_limit_ms=None if queue else limit,
         )
         feeders = self._feeder_queue
-        if len(heap) < self._budget // 2:
+        if len(queue) < self._budget // 2:
             while feeders and feeders[0][0] <= drain:
                 at, p = heapq.heappop(feeders)
                 if self._paused.get(p) == at and p in self._blocker:
@@ -547,8 +569,8 @@ class WheelDrainer:
         if self.starting:
             return now_ms + 5
         at = now_ms + 50
-        if self._heap:
-            top = self._heap[0][0]
+        top = self._queue.first_due()
+        if top is not None:
             if top > now_ms:
                 at = min(at, top)
             elif top <= self.fire_limit_ms:
@@ -593,8 +615,5 @@ class WheelDrainer:
         for topic, dues in self._batch.items():
             queue = self._queue_of_topic.get(topic, topic)
             metrics.fires.labels(queue).inc(len(dues))
-            observe_many(
-                metrics.fire_lateness.labels(queue),
-                [max(0, done_ms - due) / 1000.0 for due in dues],
-            )
+            observe_ages(metrics.fire_lateness.labels(queue), done_ms, dues)
         self._batch.clear()

@@ -8,9 +8,12 @@ import sys
 import textwrap
 import urllib.request
 
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from dueflow.metrics import Metrics, render, serve
+from dueflow.metrics import Metrics, observe_ages, render, serve
 
 _NAME = re.compile(r"^dueflow_[a-z0-9_]+$")
 
@@ -101,3 +104,22 @@ def test_multiprocess_mode_merges_children(tmp_path: object) -> None:
     assert 'dueflow_jobs_total{outcome="succeeded",queue="q",task="t"} 5.0' in first
     assert 'dueflow_jobs_in_flight{queue="q"} 2.0' in first  # livesum of two children
     assert 'dueflow_jobs_in_flight{queue="q"} 1.0' in second  # one child marked dead
+
+
+@given(
+    now=st.integers(1_000_000, 2_000_000),
+    ages=st.lists(st.integers(-2_000, 120_000), max_size=200),
+)
+def test_observe_ages_matches_observing_one_by_one(now: int, ages: list[int]) -> None:
+    one, many = Metrics(), Metrics()
+    starts = [now - a for a in ages]
+    for s in starts:
+        one.fire_lateness.labels("q").observe(max(0, now - s) / 1000.0)
+    observe_ages(many.fire_lateness.labels("q"), now, starts)
+    for family in one.registry.collect():
+        for sample in family.samples:
+            if sample.name.startswith("dueflow_fire_lateness_seconds") and not sample.name.endswith(
+                "_created"
+            ):
+                got = many.registry.get_sample_value(sample.name, sample.labels)
+                assert got == pytest.approx(sample.value), (sample.name, sample.labels)
