@@ -42,6 +42,7 @@ import uuid
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -568,6 +569,7 @@ def scenario_failover(bootstrap: str, args: argparse.Namespace, workdir: Path) -
     dues: dict[str, int] = {}
     takeovers: list[float] = []
     lease_takeovers: list[float] = []
+    phases: list[dict[str, float]] = []
 
     def read() -> None:
         while not stop.is_set():
@@ -593,7 +595,9 @@ def scenario_failover(bootstrap: str, args: argparse.Namespace, workdir: Path) -
             first = wait_until(_fired_after(log, killed_wall + 50), 60, "fires again", 0.01)
             lease_takeovers.append(took - killed)
             takeovers.append(first - killed)
-            print(f"kill {k + 1}: lease {took - killed:.2f}s, firing again {first - killed:.2f}s")
+            phase = _phases(standby, killed_wall)
+            phases.append(phase)
+            print(f"kill {k + 1}: firing again {first - killed:.2f}s; phases (s) {phase}")
             active = standby
             standby = start_emitter(s, workdir, f"fo-{k + 2}", free_port())
             procs.append(standby)
@@ -624,8 +628,43 @@ def scenario_failover(bootstrap: str, args: argparse.Namespace, workdir: Path) -
             "p50": round(statistics.median(lease_takeovers), 2),
             "max": round(max(lease_takeovers), 2),
         },
+        # From the new active emitter's log, seconds after the kill: lease assigned,
+        # older emitters fenced, reading, first commit (p50, max).
+        "phases_s": {
+            key: {
+                "p50": round(statistics.median(ph[key] for ph in phases), 2),
+                "max": round(max(ph[key] for ph in phases), 2),
+            }
+            for key in ("lease", "fenced", "reading", "first_commit")
+            if all(key in ph for ph in phases)
+        },
         "session_timeout_s": args.session_timeout_ms / 1000,
     }
+
+
+_PHASE_EVENTS = {
+    "emitter lease acquired": "lease",
+    "emitter active": "fenced",
+    "emitter reading": "reading",
+    "emitter first commit": "first_commit",
+}
+
+
+def _phases(p: EmitterSubprocess, killed_wall_ms: int) -> dict[str, float]:
+    """Seconds from the kill to each step of the takeover, from ``p``'s log (its last
+    active period); "fenced" is when fencing and the offset reads were done."""
+    wait_until(
+        lambda: any(e.get("event") == "emitter first commit" for e in p.events()), 30, "a commit"
+    )
+    out: dict[str, float] = {}
+    for e in p.events():
+        key = _PHASE_EVENTS.get(str(e.get("event")))
+        if key is None:
+            continue
+        at = datetime.fromisoformat(str(e["ts"]).replace("Z", "+00:00")).timestamp() * 1000
+        if at >= killed_wall_ms:
+            out.setdefault(key, round((at - killed_wall_ms) / 1000, 3))
+    return out
 
 
 def _became_active(p: EmitterSubprocess, before: int) -> Callable[[], bool]:
