@@ -48,7 +48,7 @@ from dueflow.consumers.committer import CommitFailed, TransactionalCommitter
 from dueflow.consumers.context import TaskContext
 from dueflow.consumers.execution import JobExecutor
 from dueflow.consumers.failures import Failure
-from dueflow.consumers.feeds import Delivery, PartitionFeed, prepare
+from dueflow.consumers.feeds import Delivery, PartitionFeed, prepare, trace_id
 from dueflow.consumers.polling import GroupPoller
 from dueflow.consumers.quarantine import Quarantine
 from dueflow.consumers.ratelimit import QueueRates
@@ -57,7 +57,7 @@ from dueflow.consumers.registry import TaskRegistry
 from dueflow.consumers.spans import end_attempt, start_attempt
 from dueflow.consumers.store import StoreFactory
 from dueflow.consumers.tail import KeyTail
-from dueflow.logs import event
+from dueflow.logs import JOB_STARTED, event, job_event
 from dueflow.metrics import Metrics
 from dueflow.schemas.fast import F_JOB_ID, F_MAX_ATTEMPTS, F_TASK, F_TIMEOUT_MS
 from dueflow.topics import names
@@ -117,6 +117,7 @@ class QueueRuntime:
         self._settings = settings
         self._tracer = tracer or JobTracer()
         self._tracing = self._tracer.enabled
+        self._log_starts = settings.observability.job_log == "all"
         self._ws = settings.worker
         self._queue = queue
         self._registry = registry
@@ -600,6 +601,17 @@ class QueueRuntime:
                 job_id=fields[F_JOB_ID],
                 queue=self._queue.name,
                 task=fields[F_TASK],
+            )
+        if self._log_starts and _LOG.isEnabledFor(logging.INFO):
+            job_event(
+                _LOG,
+                JOB_STARTED,
+                job_id=fields[F_JOB_ID],
+                queue=self._queue.name,
+                task=fields[F_TASK],
+                attempt=d.attempt,
+                trace_id=trace_id(d),
+                max_attempts=d.max_attempts,
             )
         ctx = TaskContext(
             fields, d.attempt, d.max_attempts, d.hmap, (feed.topic, feed.partition, d.offset), otel

@@ -43,7 +43,18 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--drain-timeout", type=float, help="seconds in-flight jobs may finish at shutdown"
     )
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus /metrics on this port; with --processes, one merged view "
+        "(env DUEFLOW_OBSERVABILITY_METRICS_PORT)",
+    )
+    p.add_argument(
+        "--job-log",
+        choices=["all", "failures"],
+        help="log every job's start and success too (all, the default) or only failed "
+        "attempts, retries and dead letters (env DUEFLOW_OBSERVABILITY_JOB_LOG)",
+    )
     p.set_defaults(func=_run)
 
 
@@ -82,12 +93,14 @@ def worker_settings(args: argparse.Namespace) -> tuple[Settings, list[str] | Non
         queues=settings.queues + tuple(extra),
         worker=dataclasses.replace(worker, **changes),
     )
+    observed: dict[str, Any] = {}
     if args.metrics_port is not None:
+        observed["metrics_port"] = args.metrics_port
+    if getattr(args, "job_log", None) is not None:
+        observed["job_log"] = args.job_log
+    if observed:
         settings = dataclasses.replace(
-            settings,
-            observability=dataclasses.replace(
-                settings.observability, metrics_port=args.metrics_port
-            ),
+            settings, observability=dataclasses.replace(settings.observability, **observed)
         )
     return settings.validate(), [name for name, _ in selection] or None
 
