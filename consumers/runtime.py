@@ -60,7 +60,7 @@ from dueflow.consumers.tail import KeyTail
 from dueflow.logs import JOB_STARTED, event, job_event
 from dueflow.metrics import Metrics
 from dueflow.schemas.fast import F_JOB_ID, F_MAX_ATTEMPTS, F_TASK, F_TIMEOUT_MS
-from dueflow.topics import names
+from dueflow.topics import names, tier_label
 from dueflow.tracing import JobTracer
 
 _LOG = logging.getLogger("dueflow.worker")
@@ -156,6 +156,11 @@ class QueueRuntime:
             partitions=queue.partitions,
             now=time.monotonic(),
         )
+        # Series a dashboard rates over exist from the start (at 0), not from the first event.
+        metrics.duplicates_skipped.labels(queue.name)
+        for tier in queue.retry_tiers_ms:
+            metrics.retries.labels(queue.name, tier_label(tier))
+        metrics.in_flight.labels(queue.name).set(0)
         # Back pressure: a partition whose backlog reaches _high stops fetching until _low.
         self._high = max(2 * self._ws.fetch_batch, 2 * self._ws.concurrency)
         self._low = self._high // 2
