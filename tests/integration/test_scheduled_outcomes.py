@@ -50,8 +50,10 @@ def test_one_outcome_per_scheduled_job_when_asked(settings: Settings) -> None:
             [{"task": "bulk", "payload": i, "delay": "2h"} for i in range(5)]
             + [{"task": "", "delay": "1h"}]  # refused: no outcome
         )
-    assert again.duplicate and again.job_id == one.job_id  # no write, not even an outcome
-    assert bulk.scheduled == 5 and len(bulk.errors) == 1
+    assert again.duplicate  # no write, not even an outcome
+    assert again.job_id == one.job_id
+    assert bulk.scheduled == 5
+    assert len(bulk.errors) == 1
 
     async def from_asyncio() -> str:
         async with AsyncScheduler(settings, scheduled_outcomes=True) as s:
