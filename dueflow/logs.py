@@ -14,6 +14,7 @@ Every dueflow process calls :func:`configure` once at start with the
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
@@ -164,22 +165,24 @@ class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
 
     def close(self) -> None:
         self._closed.set()
-        self.flush()
+        with contextlib.suppress(ValueError, OSError):  # the stream may be closed already
+            self.flush()
         super().close()
 
     def _write_queued(self) -> None:
         text, self._queued = "\n".join(self._queued) + self.terminator, []
-        try:
+        # Logging never fails the caller (nor the flusher thread): a stream that
+        # cannot be written (closed, full disk) loses these lines.
+        with contextlib.suppress(ValueError, OSError):
             self.stream.write(text)
             self.stream.flush()
-        except Exception:  # like Handler.handleError: logging never fails the caller
-            if logging.raiseExceptions:
-                raise
 
     def _flush_loop(self) -> None:
         while not self._closed.wait(self.FLUSH_INTERVAL_S):
             if self._queued:
-                self.flush()
+                with self.lock:  # type: ignore[union-attr]
+                    if self._queued:
+                        self._write_queued()
 
 
 def _line_handler(logger: logging.Logger, level: int) -> LineHandler | None:
