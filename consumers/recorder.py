@@ -359,7 +359,7 @@ class BatchRecorder:
                     due_ms=fields[F_DUE_MS] if fields else None,
                     duration_ms=None if seconds is None else seconds * 1000,
                     error_type=failure.error_type if failure else None,
-                    error=failure.summary if failure else None,
+                    error=failure.short_message if failure else None,
                     worker=self._worker_id,
                     trace_id=trace_id(d),
                     schedule_id=fields[F_SCHEDULE_ID] if fields else None,
