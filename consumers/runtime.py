@@ -717,21 +717,41 @@ class QueueRuntime:
         m = self._metrics
         m.in_flight.labels(self.queue).set(self.in_flight)
         poller = self._poller
-        committed = {f.tp: f.committed for f in self._feeds.values() if f.committed is not None}
-        if poller is None or not committed:
+        feeds = {
+            f.tp: (f.committed, f.tracker.unfinished)
+            for f in self._feeds.values()
+            if f.committed is not None
+        }
+        if poller is None or not feeds:
             return
         lag = m.consumer_lag
         group = self._group
 
         def report(consumer: Consumer) -> None:
             # On the consumer's thread; cached watermarks: no network round trip.
-            for tp, position in committed.items():
+            # Lag = records not read yet (high watermark - position) + records read
+            # and not finished. Not "high - committed": the commit marker after the
+            # last committed record takes an offset, so a group that finished
+            # everything would show a lag of 1 per partition.
+            try:
+                positions = {
+                    (tp.topic, tp.partition): tp.offset for tp in consumer.position(list(feeds))
+                }
+            except KafkaException:
+                positions = {}
+            for tp, (committed, unfinished) in feeds.items():
                 try:
                     _low, high = consumer.get_watermark_offsets(tp, cached=True)
                 except KafkaException:
                     continue
-                if high >= 0:
-                    lag.labels(group, tp.topic, str(tp.partition)).set(max(0, high - position))
+                if high < 0:
+                    continue
+                read_to = positions.get((tp.topic, tp.partition), -1)
+                if read_to >= committed:
+                    behind = max(0, high - read_to) + unfinished
+                else:  # nothing read since the assignment
+                    behind = max(0, high - committed)
+                lag.labels(group, tp.topic, str(tp.partition)).set(behind)
 
         poller.post(report)
 

@@ -137,6 +137,9 @@ class EmitterProcess:
         if session is None:
             return
         self._metrics.emitter_leader.set(0)
+        # Only the active emitter measures pending timers: a standby's old numbers
+        # would go stale (and dashboards take the least report per level).
+        self._metrics.timers_pending.clear()
         try:
             session.close(commit=commit)
         except (FencedError, KafkaOperationError) as exc:

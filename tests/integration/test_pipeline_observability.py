@@ -145,20 +145,25 @@ def test_metrics_and_job_logs_of_one_emitter_and_one_worker(pipeline: Pipeline) 
     assert wk.total("dueflow_quarantined_total") == 0
     group = names(p.settings).worker_group(QUEUE)
     exec_topic = names(p.settings).exec(QUEUE)
+
+    def lags(s: Samples) -> dict[tuple[str, str], float]:
+        return {
+            (lbl["topic"], lbl["partition"]): v
+            for n, lbl, v in s.rows
+            if n == "dueflow_consumer_lag" and lbl["group"] == group
+        }
+
     wk = scrape_until(
         wk_port,
-        "consumer lag of every exec partition and the DLQ depth",
+        "no lag on any exec partition (the commit markers are not lag), the DLQ depth",
         lambda s: (
-            {
-                lbl["partition"]
-                for lbl in s.labels_of("dueflow_consumer_lag")
-                if lbl["group"] == group and lbl["topic"] == exec_topic
-            }
-            == {"0", "1", "2"}
+            {part: v for (topic, part), v in lags(s).items() if topic == exec_topic}
+            == {"0": 0, "1": 0, "2": 0}
             and (s.value("dueflow_dlq_depth", queue=QUEUE) or 0) >= 1
         ),
         timeout=40,  # the DLQ depth is read every 15 s
     )
+    assert set(lags(wk).values()) == {0}  # the retry tiers too
     assert wk.value("dueflow_jobs_in_flight", queue=QUEUE) == 0
 
     # --- job log lines (JSON): start, success, failure, retry, dead letter
