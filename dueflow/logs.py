@@ -45,11 +45,25 @@ def _fields(record: logging.LogRecord) -> dict[str, Any]:
     }
 
 
+_LEVEL_NAMES = {
+    level: logging.getLevelName(level)
+    for level in (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL)
+}
+
+
+class _Seconds:
+    """The formatted second of the last stamp (one strftime per second, not per line)."""
+
+    second = -1
+    text = ""
+
+
 def _utc_stamp(created: float) -> str:
-    return (
-        time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created))
-        + f".{int(created * 1000) % 1000:03d}Z"
-    )
+    second = int(created)
+    if second != _Seconds.second:
+        _Seconds.text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        _Seconds.second = second
+    return f"{_Seconds.text}.{int(created * 1000) % 1000:03d}Z"
 
 
 class JsonFormatter(logging.Formatter):
@@ -75,8 +89,8 @@ class JsonFormatter(logging.Formatter):
             "level": levelname.lower(),
             "logger": logger,
             "event": name,
+            **fields,
         }
-        out.update(fields)
         if exc:
             out["exc"] = exc
         return orjson.dumps(out, default=str).decode()
@@ -139,7 +153,13 @@ class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
         self._closed = threading.Event()
 
     def write_event(self, level: int, logger: str, name: str, fields: dict[str, Any]) -> None:
-        text = self._line(time.time(), logging.getLevelName(level), logger, name, fields)
+        text = self._line(
+            time.time(),
+            _LEVEL_NAMES.get(level) or logging.getLevelName(level),
+            logger,
+            name,
+            fields,
+        )
         with self.lock:  # type: ignore[union-attr]
             queued = self._queued
             queued.append(text)
@@ -258,16 +278,13 @@ def job_event(
     """A job event (:data:`JOB_STARTED`, ...) with the fields of :data:`JOB_FIELDS`.
 
     ``duration_ms`` and ``outcome`` are left out when ``None``; ``trace_id``
-    falls back to the current span's and is ``null`` when the job has no
-    trace. Cheap enough to call per job: a check of the level when it is
-    off, about 2 us per line through :class:`LineHandler`.
+    is the job's (from its record headers: the caller knows it, so no
+    current span is looked up), ``null`` when the job has no trace. Cheap
+    enough to call per job: a check of the level when it is off, a few
+    microseconds per line through :class:`LineHandler`.
     """
     if not logger.isEnabledFor(level):
         return
-    if trace_id is None:
-        ctx = trace.get_current_span().get_span_context()
-        if ctx.is_valid:
-            trace_id = format(ctx.trace_id, "032x")
     fields: dict[str, Any] = {"job_id": job_id, "queue": queue, "task": task, "attempt": attempt}
     if duration_ms is not None:
         fields["duration_ms"] = round(duration_ms, 3)
