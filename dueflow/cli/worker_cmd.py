@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import shutil
 import tempfile
 from typing import Any
 
@@ -115,15 +116,20 @@ def _run(args: argparse.Namespace) -> int:
     if settings.worker.processes > 1:
         from dueflow.consumers.supervisor import Supervisor
 
+        own_dir = None
         if obs.metrics_port is not None:
-            directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(
-                prefix="dueflow-metrics-"
-            )
+            directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+            if not directory:
+                directory = own_dir = tempfile.mkdtemp(prefix="dueflow-metrics-")
             enable_multiprocess(directory)  # before the children start
-            serve(Metrics(), obs.metrics_port)
-        return Supervisor(
-            settings, app=app, queues=queues, processes=settings.worker.processes
-        ).run()
+            serve(Metrics(), obs.metrics_port)  # the view merged over the children
+        try:
+            return Supervisor(
+                settings, app=app, queues=queues, processes=settings.worker.processes
+            ).run()
+        finally:
+            if own_dir is not None:
+                shutil.rmtree(own_dir, ignore_errors=True)
 
     from dueflow.consumers.registry import TaskRegistry
     from dueflow.consumers.worker import run_worker
