@@ -150,7 +150,7 @@ class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
         self.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
         self._queued: list[str] = []
         self._flusher: threading.Thread | None = None
-        self._closed = threading.Event()
+        self._stop_flushing = threading.Event()
 
     def write_event(self, level: int, logger: str, name: str, fields: dict[str, Any]) -> None:
         text = self._line(
@@ -184,7 +184,7 @@ class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
         super().flush()
 
     def close(self) -> None:
-        self._closed.set()
+        self._stop_flushing.set()
         with contextlib.suppress(ValueError, OSError):  # the stream may be closed already
             self.flush()
         super().close()
@@ -198,7 +198,7 @@ class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
             self.stream.flush()
 
     def _flush_loop(self) -> None:
-        while not self._closed.wait(self.FLUSH_INTERVAL_S):
+        while not self._stop_flushing.wait(self.FLUSH_INTERVAL_S):
             if self._queued:
                 with self.lock:  # type: ignore[union-attr]
                     if self._queued:

@@ -109,7 +109,10 @@ def test_metrics_and_job_logs_of_one_emitter_and_one_worker(pipeline: Pipeline) 
     assert lateness_sum is not None
     assert 0 <= lateness_sum < 10 * n
     assert em.value("dueflow_emitter_leader") == 1
-    assert em.value("dueflow_emitter_failovers_total") == 1
+    # One takeover, unless CPU starvation cost it the lease once: the log says so too.
+    activations = emitter.events("emitter is active")
+    assert em.value("dueflow_emitter_failovers_total") == len(activations) >= 1
+    assert {e["role"] for e in activations} == {"active"}
     assert (em.value("dueflow_emitter_transactions_total", result="committed") or 0) >= 1
     levels = {lbl["level"] for lbl in em.labels_of("dueflow_timers_pending")}
     assert levels == {"near", "0", "1", "2"}
@@ -198,9 +201,6 @@ def test_metrics_and_job_logs_of_one_emitter_and_one_worker(pipeline: Pipeline) 
     assert (dead["attempt"], dead["outcome"], dead["reason"]) == (2, "dead", "exhausted")
     assert dead["level"] == "error"
     assert dead["duration_ms"] >= 0
-    # ... and the emitter's leadership change.
-    (active,) = emitter.events("emitter is active")
-    assert active["role"] == "active"
 
 
 @pytest.mark.timeout(240)
