@@ -51,19 +51,19 @@ _LEVEL_NAMES = {
 }
 
 
-class _Seconds:
-    """The formatted second of the last stamp (one strftime per second, not per line)."""
+class _Second:
+    """The last second stamped and its text (one strftime per second, not per line);
+    one tuple, replaced whole, so threads never see a second with another's text."""
 
-    second = -1
-    text = ""
+    last: tuple[int, str] = (-1, "")
 
 
 def _utc_stamp(created: float) -> str:
     second = int(created)
-    if second != _Seconds.second:
-        _Seconds.text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-        _Seconds.second = second
-    return f"{_Seconds.text}.{int(created * 1000) % 1000:03d}Z"
+    last = _Second.last
+    if last[0] != second:
+        last = _Second.last = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)))
+    return f"{last[1]}.{int(created * 1000) % 1000:03d}Z"
 
 
 class JsonFormatter(logging.Formatter):
@@ -134,7 +134,7 @@ class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
     :func:`job_event` runs once or twice per job in a worker doing tens of
     thousands of jobs per second. Through ``logging`` a line costs about
     15 us (the ``LogRecord``, the caller lookup, a write and flush per
-    line); :meth:`write_event` formats the same line in about 2 us and
+    line); :meth:`write_event` formats the same line in about 3 us and
     queues it: queued lines are written together at most
     :data:`FLUSH_INTERVAL_S` later (a daemon thread), before any other
     record, when :data:`MAX_QUEUED` are waiting, and on :meth:`flush` (which
