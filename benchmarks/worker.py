@@ -133,7 +133,9 @@ def child(settings: Settings, handler: str, out: str) -> None:
     from dueflow.consumers import TaskContext, TaskRegistry, task
     from dueflow.consumers.worker import run_worker
 
-    logs.configure("text", "WARNING")
+    obs = settings.observability
+    # Log lines go to a file (what a deployment pays), not to the terminal.
+    logs.configure(obs.log_format, obs.log_level, open(out + ".log", "w"))  # noqa: SIM115
     ran: list[str] = []
     marks: list[tuple[int, float]] = []  # (jobs run so far, process CPU seconds)
 
@@ -179,7 +181,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "topic_prefix": prefix,
                 "queues": [{"name": QUEUE, "partitions": args.partitions}],
                 "worker": {"concurrency": args.concurrency, "session_timeout_ms": 6000},
-                "observability": {"log_format": "text", "log_level": "WARNING"},
+                # --job-log off: warnings only (no job lines); all / failures: the
+                # default INFO level in JSON with observability.job_log set so.
+                "observability": (
+                    {"log_format": "text", "log_level": "WARNING"}
+                    if args.job_log == "off"
+                    else {"log_format": "json", "log_level": "INFO", "job_log": args.job_log}
+                ),
             },
         )
         # The queue's topics and the outcomes topic: not the timer topic (no emitter here).
@@ -246,6 +254,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "partitions": args.partitions,
             "concurrency": args.concurrency,
             "handler": args.handler,
+            "job_log": args.job_log,
             "produce_s": round(produce_s, 2),
             "exactly_once": True,
         }
@@ -258,6 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--handler", choices=["async", "sync"], default="async")
+    parser.add_argument(
+        "--job-log",
+        choices=["off", "failures", "all"],
+        default="off",
+        help="job log lines: off (WARNING level), or INFO with observability.job_log",
+    )
     parser.add_argument("--bootstrap", help="existing cluster (default: start a local broker)")
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--json", help="write the result here")

@@ -27,6 +27,11 @@ class Failure:
     timed_out: bool = False
 
     @property
+    def short_message(self) -> str:
+        """The message alone (the type travels beside it), as short as :attr:`summary`."""
+        return self.message[:_SUMMARY_MAX]
+
+    @property
     def summary(self) -> str:
         """``<type>: <message>``, short enough for a header."""
         text = f"{self.error_type}: {self.message}" if self.message else self.error_type

@@ -40,7 +40,7 @@ from dueflow.consumers.outputs import (
     retry_headers,
 )
 from dueflow.consumers.store import CANCELLED, DEAD, DONE
-from dueflow.logs import JOB_DEAD_LETTER, JOB_RETRY, JOB_SUCCEEDED, job_event
+from dueflow.logs import JOB_DEAD_LETTER, JOB_FAILED, JOB_RETRY, JOB_SUCCEEDED, job_event
 from dueflow.metrics import Metrics, observe_many
 from dueflow.schemas.fast import (
     F_BACKOFF,
@@ -87,6 +87,8 @@ class BatchRecorder:
         self._worker_id = worker_id
         self._metrics = metrics
         self._rng = rng
+        # Per-job success lines (observability.job_log); failures are always logged.
+        self._log_successes = settings.observability.job_log == "all"
         self.records: list[tuple[Any, ...]] = []  # (feed, topic, partition, key, value, headers)
         self.finals: list[Final] = []
         self.pending_final: dict[bytes, int] = {}
@@ -130,7 +132,7 @@ class BatchRecorder:
         ok = self._succeeded
         ok[task] = ok.get(task, 0) + 1
         self._durations.append((task, seconds))
-        if _LOG.isEnabledFor(logging.DEBUG):
+        if self._log_successes and _LOG.isEnabledFor(logging.INFO):
             job_event(
                 _LOG,
                 JOB_SUCCEEDED,
@@ -141,7 +143,6 @@ class BatchRecorder:
                 duration_ms=seconds * 1000,
                 outcome="succeeded",
                 trace_id=trace_id(d),
-                level=logging.DEBUG,
             )
 
     def failed(self, d: Delivery, failure: Failure, seconds: float, now_ms: int) -> None:
@@ -153,12 +154,28 @@ class BatchRecorder:
         self._durations.append((task, seconds))
         if failure.timed_out:
             self._metrics.job_timeouts.labels(self._name, task).inc()
+        job_event(
+            _LOG,
+            JOB_FAILED,
+            job_id=fields[F_JOB_ID],
+            queue=self._name,
+            task=task,
+            attempt=d.attempt,
+            duration_ms=seconds * 1000,
+            outcome="failed",
+            trace_id=trace_id(d),
+            level=logging.WARNING,
+            error_type=failure.error_type,
+            error=failure.summary,
+            timed_out=failure.timed_out,
+            permanent=failure.permanent,
+        )
         if failure.permanent:
-            self.dead(d, "permanent_error", failure, now_ms, started=True)
+            self.dead(d, "permanent_error", failure, now_ms, started=True, seconds=seconds)
             return
         if d.attempt >= d.max_attempts:
             reason = "timeout" if failure.timed_out else "exhausted"
-            self.dead(d, reason, failure, now_ms, started=True)
+            self.dead(d, reason, failure, now_ms, started=True, seconds=seconds)
             return
         feed = d.feed
         policy = d.task.spec.backoff or fields[F_BACKOFF]
@@ -208,9 +225,19 @@ class BatchRecorder:
         )
 
     def dead(
-        self, d: Delivery, reason: str, failure: Failure, now_ms: int, *, started: bool
+        self,
+        d: Delivery,
+        reason: str,
+        failure: Failure,
+        now_ms: int,
+        *,
+        started: bool,
+        seconds: float | None = None,
     ) -> None:
-        """Dead letter: DLQ record + key ``dead`` + outcome ``dead``."""
+        """Dead letter: DLQ record + key ``dead`` + outcome ``dead``.
+
+        ``seconds``: how long the last attempt ran (``None`` when none ran:
+        undecodable record, unknown task)."""
         feed = d.feed
         hmap = d.hmap
         job_id, task, key_text = identity(d)
@@ -275,7 +302,7 @@ class BatchRecorder:
             )
             self.finals.append((feed, d.key, DEAD, now_ms))
             self.pending_final[d.key] = DEAD
-        self._outcome(d, "dead", now_ms, failure=failure)
+        self._outcome(d, "dead", now_ms, failure=failure, seconds=seconds)
         self._metrics.dead_letters.labels(self._name, reason).inc()
         self._tally[(task, "dead")] += 1
         fields = d.fields
@@ -286,9 +313,10 @@ class BatchRecorder:
             queue=self._name,
             task=task,
             attempt=attempts,
+            duration_ms=None if seconds is None else seconds * 1000,
             outcome="dead",
             trace_id=trace_id(d),
-            level=logging.WARNING,
+            level=logging.ERROR,
             reason=reason,
             error=failure.summary,
             schedule_id=fields[F_SCHEDULE_ID] if fields else None,
@@ -331,7 +359,7 @@ class BatchRecorder:
                     due_ms=fields[F_DUE_MS] if fields else None,
                     duration_ms=None if seconds is None else seconds * 1000,
                     error_type=failure.error_type if failure else None,
-                    error=failure.summary if failure else None,
+                    error=failure.short_message if failure else None,
                     worker=self._worker_id,
                     trace_id=trace_id(d),
                     schedule_id=fields[F_SCHEDULE_ID] if fields else None,

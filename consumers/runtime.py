@@ -48,7 +48,7 @@ from dueflow.consumers.committer import CommitFailed, TransactionalCommitter
 from dueflow.consumers.context import TaskContext
 from dueflow.consumers.execution import JobExecutor
 from dueflow.consumers.failures import Failure
-from dueflow.consumers.feeds import Delivery, PartitionFeed, prepare
+from dueflow.consumers.feeds import Delivery, PartitionFeed, prepare, trace_id
 from dueflow.consumers.polling import GroupPoller
 from dueflow.consumers.quarantine import Quarantine
 from dueflow.consumers.ratelimit import QueueRates
@@ -57,10 +57,10 @@ from dueflow.consumers.registry import TaskRegistry
 from dueflow.consumers.spans import end_attempt, start_attempt
 from dueflow.consumers.store import StoreFactory
 from dueflow.consumers.tail import KeyTail
-from dueflow.logs import event
+from dueflow.logs import JOB_STARTED, event, job_event
 from dueflow.metrics import Metrics
 from dueflow.schemas.fast import F_JOB_ID, F_MAX_ATTEMPTS, F_TASK, F_TIMEOUT_MS
-from dueflow.topics import names
+from dueflow.topics import names, tier_label
 from dueflow.tracing import JobTracer
 
 _LOG = logging.getLogger("dueflow.worker")
@@ -117,6 +117,7 @@ class QueueRuntime:
         self._settings = settings
         self._tracer = tracer or JobTracer()
         self._tracing = self._tracer.enabled
+        self._log_starts = settings.observability.job_log == "all"
         self._ws = settings.worker
         self._queue = queue
         self._registry = registry
@@ -155,6 +156,11 @@ class QueueRuntime:
             partitions=queue.partitions,
             now=time.monotonic(),
         )
+        # Series a dashboard rates over exist from the start (at 0), not from the first event.
+        metrics.duplicates_skipped.labels(queue.name)
+        for tier in queue.retry_tiers_ms:
+            metrics.retries.labels(queue.name, tier_label(tier))
+        metrics.in_flight.labels(queue.name).set(0)
         # Back pressure: a partition whose backlog reaches _high stops fetching until _low.
         self._high = max(2 * self._ws.fetch_batch, 2 * self._ws.concurrency)
         self._low = self._high // 2
@@ -601,6 +607,17 @@ class QueueRuntime:
                 queue=self._queue.name,
                 task=fields[F_TASK],
             )
+        if self._log_starts and _LOG.isEnabledFor(logging.INFO):
+            job_event(
+                _LOG,
+                JOB_STARTED,
+                job_id=fields[F_JOB_ID],
+                queue=self._queue.name,
+                task=fields[F_TASK],
+                attempt=d.attempt,
+                trace_id=trace_id(d),
+                max_attempts=d.max_attempts,
+            )
         ctx = TaskContext(
             fields, d.attempt, d.max_attempts, d.hmap, (feed.topic, feed.partition, d.offset), otel
         )
@@ -700,21 +717,41 @@ class QueueRuntime:
         m = self._metrics
         m.in_flight.labels(self.queue).set(self.in_flight)
         poller = self._poller
-        committed = {f.tp: f.committed for f in self._feeds.values() if f.committed is not None}
-        if poller is None or not committed:
+        feeds = {
+            f.tp: (f.committed, f.tracker.unfinished)
+            for f in self._feeds.values()
+            if f.committed is not None
+        }
+        if poller is None or not feeds:
             return
         lag = m.consumer_lag
         group = self._group
 
         def report(consumer: Consumer) -> None:
             # On the consumer's thread; cached watermarks: no network round trip.
-            for tp, position in committed.items():
+            # Lag = records not read yet (high watermark - position) + records read
+            # and not finished. Not "high - committed": the commit marker after the
+            # last committed record takes an offset, so a group that finished
+            # everything would show a lag of 1 per partition.
+            try:
+                positions = {
+                    (tp.topic, tp.partition): tp.offset for tp in consumer.position(list(feeds))
+                }
+            except KafkaException:
+                positions = {}
+            for tp, (committed, unfinished) in feeds.items():
                 try:
                     _low, high = consumer.get_watermark_offsets(tp, cached=True)
                 except KafkaException:
                     continue
-                if high >= 0:
-                    lag.labels(group, tp.topic, str(tp.partition)).set(max(0, high - position))
+                if high < 0:
+                    continue
+                read_to = positions.get((tp.topic, tp.partition), -1)
+                if read_to >= committed:
+                    behind = max(0, high - read_to) + unfinished
+                else:  # nothing read since the assignment
+                    behind = max(0, high - committed)
+                lag.labels(group, tp.topic, str(tp.partition)).set(behind)
 
         poller.post(report)
 

@@ -8,16 +8,26 @@ per wheel level and the active emitter. The reader that fills a snapshot is
 ``dueflow.streams.status.cluster_reader``; the CLI and the status view both
 use it.
 
-Definitions (all exact and cheap: no record is read):
+Definitions (from offsets, made exact by counting where it is cheap):
 
-- lag of a group on a partition = high watermark - committed offset; with no
-  committed offset, high - low (everything retained is still to be read).
-  With transactional producers a committed partition may show a lag of 1:
-  the commit marker occupies an offset.
-- DLQ depth = high - low watermark, summed over the DLQ topic's partitions.
-- pending timers of a wheel level = high watermark - max(committed offset of
-  the emitter group, low watermark), summed over the level's partitions
-  (``geometry.locate``); level ``near`` holds timers due within seconds.
+- lag of a group on a partition = records from its committed offset to the
+  high watermark; with no committed offset, from the low watermark
+  (everything retained is still to be read).
+- DLQ depth = records from the low to the high watermark, summed over the
+  DLQ topic's partitions.
+- pending timers of a wheel level = records from max(committed offset of the
+  emitter offsets group, low watermark) to the high watermark, summed over the
+  level's partitions (``geometry.locate``); level ``near`` holds timers due
+  within seconds.
+
+Offsets alone overcount: every transaction leaves a commit marker that takes
+an offset (and aborted records take theirs), so an idle worker group that
+committed everything shows a lag of 1 per partition, and a DLQ written by
+one-record transactions looks twice as deep. The reader therefore counts
+the committed records of some ranges (:func:`ranges_to_count`: every DLQ
+partition, and lag and pending ranges of at most :data:`COUNT_UP_TO`
+offsets) and the snapshot carries them as :class:`RecordCount`; any other
+range is the offset distance, an upper bound.
 - active emitter = the member of the emitter group assigned partition 0 of
   the lease topic; none when no member holds it.
 """
@@ -39,6 +49,20 @@ TopicPartition = tuple[str, int]
 class Watermarks:
     low: int
     high: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecordCount:
+    """Committed records counted (by reading them) from offset ``start`` to ``end``."""
+
+    start: int
+    end: int
+    records: int
+
+
+# Lag and pending-timer ranges up to this many offsets are counted exactly;
+# longer ones (busy partitions, where markers are a small share) are not read.
+COUNT_UP_TO = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +103,7 @@ class ClusterSnapshot:
     emitter_group_state: str = "unknown"
     failures: tuple[FailureRecord, ...] = ()
     errors: tuple[str, ...] = ()  # what could not be read, for the operator
+    counted: Mapping[TopicPartition, RecordCount] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,10 +153,27 @@ def wheel_labels(geometry: WheelGeometry) -> list[str]:
     return ["near"] + [str(k) for k in range(len(geometry.levels))]
 
 
-def partition_lag(committed: int | None, marks: Watermarks) -> int:
-    """Records a group still has to read on one partition (never negative)."""
-    start = marks.low if committed is None or committed < 0 else max(committed, marks.low)
+def lag_start(committed: int | None, marks: Watermarks) -> int:
+    """Where a group's unread records of a partition begin."""
+    return marks.low if committed is None or committed < 0 else max(committed, marks.low)
+
+
+def records_from(start: int, marks: Watermarks, counted: RecordCount | None = None) -> int:
+    """Records from ``start`` to the high watermark: ``counted`` when it counted exactly
+    that range, else the offset distance (an upper bound); never negative."""
+    if counted is not None and counted.start == start and counted.end == marks.high:
+        return counted.records
     return max(0, marks.high - start)
+
+
+def partition_lag(
+    committed: int | None, marks: Watermarks, counted: RecordCount | None = None
+) -> int:
+    """Records a group still has to read on one partition (never negative)."""
+    return records_from(lag_start(committed, marks), marks, counted)
+
+
+_NOTHING_COUNTED: Mapping[TopicPartition, RecordCount] = {}
 
 
 def consumer_lag(
@@ -139,22 +181,29 @@ def consumer_lag(
     topics: Sequence[str],
     committed: Mapping[TopicPartition, int],
     watermarks: Mapping[TopicPartition, Watermarks],
+    counted: Mapping[TopicPartition, RecordCount] = _NOTHING_COUNTED,
 ) -> list[LagRow]:
     """Lag of ``group`` on every known partition of ``topics``."""
     rows = []
-    for (topic, partition), marks in sorted(watermarks.items()):
+    for tp, marks in sorted(watermarks.items()):
+        topic, partition = tp
         if topic not in topics:
             continue
-        offset = committed.get((topic, partition))
-        rows.append(
-            LagRow(group, topic, partition, offset, marks.high, partition_lag(offset, marks))
-        )
+        offset = committed.get(tp)
+        lag = partition_lag(offset, marks, counted.get(tp))
+        rows.append(LagRow(group, topic, partition, offset, marks.high, lag))
     return rows
 
 
-def topic_depth(topic: str, watermarks: Mapping[TopicPartition, Watermarks]) -> int:
-    """Records retained in ``topic`` (high - low, summed over partitions)."""
-    return sum(max(0, m.high - m.low) for (t, _), m in watermarks.items() if t == topic)
+def topic_depth(
+    topic: str,
+    watermarks: Mapping[TopicPartition, Watermarks],
+    counted: Mapping[TopicPartition, RecordCount] = _NOTHING_COUNTED,
+) -> int:
+    """Records retained in ``topic`` (low to high watermark, summed over partitions)."""
+    return sum(
+        records_from(m.low, m, counted.get(tp)) for tp, m in watermarks.items() if tp[0] == topic
+    )
 
 
 def pending_timers(
@@ -162,14 +211,49 @@ def pending_timers(
     geometry: WheelGeometry,
     committed: Mapping[TopicPartition, int],
     watermarks: Mapping[TopicPartition, Watermarks],
+    counted: Mapping[TopicPartition, RecordCount] = _NOTHING_COUNTED,
 ) -> dict[str, int]:
     """Timers not yet fired, per wheel level label (every level present, maybe 0)."""
     out = dict.fromkeys(wheel_labels(geometry), 0)
-    for (topic, partition), marks in watermarks.items():
+    for tp, marks in watermarks.items():
+        topic, partition = tp
         if topic != timer_topic or partition >= geometry.total_partitions:
             continue
         level, _index = geometry.locate(partition)
-        out[level_label(level)] += partition_lag(committed.get((topic, partition)), marks)
+        out[level_label(level)] += partition_lag(committed.get(tp), marks, counted.get(tp))
+    return out
+
+
+def ranges_to_count(
+    settings: Settings,
+    watermarks: Mapping[TopicPartition, Watermarks],
+    committed: Mapping[str, Mapping[TopicPartition, int]],
+    *,
+    up_to: int = COUNT_UP_TO,
+) -> dict[TopicPartition, int]:
+    """Partition -> offset to count records from (to the high watermark): every
+    non-empty DLQ partition, and the lag and pending-timer ranges of 1 to
+    ``up_to`` offsets (see the module doc)."""
+    n = names(settings)
+    out: dict[TopicPartition, int] = {}
+
+    def small(tp: TopicPartition, group: str) -> None:
+        marks = watermarks.get(tp)
+        if marks is not None:
+            start = lag_start(committed.get(group, {}).get(tp), marks)
+            if 0 < marks.high - start <= up_to:
+                out[tp] = start
+
+    for q in settings.queue_names:
+        for tp, marks in watermarks.items():
+            if tp[0] == n.dlq(q) and marks.high > marks.low:
+                out[tp] = marks.low
+        group = n.worker_group(q)
+        for topic in queue_topics(settings, q):
+            for p in range(settings.queue(q).partitions):
+                small((topic, p), group)
+    for p in range(settings.wheel.total_partitions):
+        small((n.timers, p), n.emitter_offsets_group)
     return out
 
 
@@ -194,19 +278,25 @@ def compute_view(snapshot: ClusterSnapshot, settings: Settings) -> ClusterView:
     lag: list[LagRow] = []
     lag_by_queue: dict[str, int] = {}
     dlq: dict[str, int] = {}
+    counted = snapshot.counted
     for q in settings.queue_names:
         group = n.worker_group(q)
         rows = consumer_lag(
-            group, queue_topics(settings, q), snapshot.committed.get(group, {}), snapshot.watermarks
+            group,
+            queue_topics(settings, q),
+            snapshot.committed.get(group, {}),
+            snapshot.watermarks,
+            counted,
         )
         lag.extend(rows)
         lag_by_queue[q] = sum(r.lag for r in rows)
-        dlq[q] = topic_depth(n.dlq(q), snapshot.watermarks)
+        dlq[q] = topic_depth(n.dlq(q), snapshot.watermarks, counted)
     timers = pending_timers(
         n.timers,
         settings.wheel,
-        snapshot.committed.get(n.emitter_group, {}),
+        snapshot.committed.get(n.emitter_offsets_group, {}),
         snapshot.watermarks,
+        counted,
     )
     failures = tuple(sorted(snapshot.failures, key=lambda f: (f.dead_ms, f.offset), reverse=True))
     return ClusterView(

@@ -109,6 +109,10 @@ class ObservabilitySettings:
     metrics_port: int | None = None
     log_format: Literal["json", "text"] = "json"
     log_level: str = "INFO"
+    # Worker job events: "all" logs the start and the success of every job too
+    # (a few microseconds per line); "failures" only failed attempts, retries
+    # and dead letters.
+    job_log: Literal["all", "failures"] = "all"
     # The status view (faust app over the outcomes topic) and its HTTP server.
     status_bind: str = "127.0.0.1"
     status_port: int = 6066
@@ -245,6 +249,10 @@ class Settings:
         if self.observability.log_format not in ("json", "text"):
             raise ConfigError(
                 "observability.log_format", self.observability.log_format, "'json' or 'text'"
+            )
+        if self.observability.job_log not in ("all", "failures"):
+            raise ConfigError(
+                "observability.job_log", self.observability.job_log, "'all' or 'failures'"
             )
         port = self.observability.metrics_port
         if port is not None and not 0 <= port <= 65535:

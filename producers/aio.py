@@ -80,6 +80,7 @@ class AsyncScheduler:
         delivery_timeout_s: float = 30.0,
         producer_config: Mapping[str, Any] | None = None,
         tracer: JobTracer | None = None,
+        scheduled_outcomes: bool = False,
     ) -> None:
         self.sync = Scheduler(
             settings,
@@ -90,6 +91,7 @@ class AsyncScheduler:
             delivery_timeout_s=delivery_timeout_s,
             producer_config=producer_config,
             tracer=tracer,
+            scheduled_outcomes=scheduled_outcomes,
         )
         self._poller: threading.Thread | None = None
         self._stop = threading.Event()
@@ -199,6 +201,8 @@ class AsyncScheduler:
             planner.failed(planned)
             raise
         planner.delivered(planned.job.queue)
+        if self.sync.scheduled_outcomes:
+            self.sync.record_scheduled(planned)
         return planned.result()
 
     async def schedule_many(

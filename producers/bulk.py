@@ -22,9 +22,11 @@ from dueflow.clients import kafka_error
 from dueflow.errors import ConflictError, DueflowError, InvalidInput, KafkaOperationError
 from dueflow.job_request import JobRequest, as_request
 from dueflow.producers.core import PlannedTimer, ScheduleSpan, TimerPlanner, delivery_error
+from dueflow.producers.outcomes import OutcomeReports, scheduled_outcome
 from dueflow.producers.results import BulkError, BulkResult, Scheduled
 from dueflow.schemas.job_binary import leading_strings
-from dueflow.tracing import JobTracer
+from dueflow.topics import names
+from dueflow.tracing import JobTracer, trace_id_of
 
 
 class BulkDeliveries:
@@ -57,6 +59,7 @@ class BulkRun:
         clock: Callable[[], int],
         poll_every: int = 1000,
         tracer: JobTracer | None = None,
+        outcome_reports: OutcomeReports | None = None,
     ) -> None:
         self.planner = planner
         self.producer = producer
@@ -66,6 +69,10 @@ class BulkRun:
         self.deliveries = BulkDeliveries()
         self.per_queue: dict[str, int] = {}
         self.tracer = tracer or JobTracer()
+        # With `scheduled` outcomes on: what they need of each produced job, written
+        # after the timers are acknowledged (see dueflow.producers.outcomes).
+        self.outcome_reports = outcome_reports
+        self.written: list[tuple[str, str, str, str, int, str | None, str | None]] = []
 
     def run(
         self, jobs: Iterable[JobRequest | Mapping[str, Any]], *, flush_timeout_s: float
@@ -85,6 +92,7 @@ class BulkRun:
         tracer = self.tracer
         traced = tracer.enabled
         ids_source = self.planner.ids
+        written = self.written if self.outcome_reports is not None else None
         produced = 0
         index = -1
         for index, item in enumerate(jobs):
@@ -129,6 +137,18 @@ class BulkRun:
                     poll(0)
                 job_id, due_ms, queue = job.job_id, job.due_ms, job.queue
                 per_queue[queue] = per_queue.get(queue, 0) + 1
+                if written is not None:
+                    written.append(
+                        (
+                            job_id,
+                            queue,
+                            job.task,
+                            job.idempotency_key,
+                            due_ms,
+                            trace_id_of(rec.headers) if traced else None,
+                            job.schedule_id,
+                        )
+                    )
             else:  # an idempotent repeat: nothing to write
                 assert type(planned) is Scheduled
                 result.duplicates += 1
@@ -144,7 +164,44 @@ class BulkRun:
                 f"{remaining} records still unacknowledged after {flush_timeout_s:.0f}s"
             )
         self._settle()
+        if written:
+            self._write_outcomes(flush_timeout_s)
         return result
+
+    def _write_outcomes(self, flush_timeout_s: float) -> None:
+        """The ``scheduled`` outcomes of the jobs whose timers were acknowledged."""
+        failed = {job_id for job_id, _queue, _err in self.deliveries.failures}
+        topics = names(self.planner.settings)
+        produce: Callable[..., None] = self.producer.produce
+        at_ms = self.clock()
+        for job_id, queue, task, key, due_ms, trace_id, schedule_id in self.written:
+            if job_id in failed:
+                continue
+            rec = scheduled_outcome(
+                topics,
+                job_id=job_id,
+                queue=queue,
+                task=task,
+                idempotency_key=key,
+                due_ms=due_ms,
+                at_ms=at_ms,
+                trace_id=trace_id,
+                schedule_id=schedule_id,
+            )
+            while True:
+                try:
+                    produce(
+                        rec.topic,
+                        rec.value,
+                        rec.key,
+                        on_delivery=self.outcome_reports,
+                        headers=rec.headers,
+                    )
+                    break
+                except BufferError:
+                    self.producer.poll(0.05)
+        self.written = []
+        self.producer.flush(flush_timeout_s)
 
     def _reject(
         self, index: int, job_id: str | None, error: DueflowError, span: ScheduleSpan | None

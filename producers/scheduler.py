@@ -28,6 +28,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from dueflow import tracing
 from dueflow.clients import kafka_error, make_admin, make_producer
 from dueflow.config import Settings
 from dueflow.cron import CronSchedule, MisfirePolicy
@@ -48,6 +49,7 @@ from dueflow.producers.core import (
     producer_settings,
     wall_ms,
 )
+from dueflow.producers.outcomes import OutcomeReports, scheduled_outcome
 from dueflow.producers.recent import DEFAULT_CAPACITY, RecentJobs
 from dueflow.producers.results import BulkResult, Cancelled, Scheduled
 from dueflow.producers.schedules import ScheduleStore
@@ -92,8 +94,13 @@ class Scheduler:
         delivery_timeout_s: float = 30.0,
         producer_config: Mapping[str, Any] | None = None,
         tracer: JobTracer | None = None,
+        scheduled_outcomes: bool = False,
     ) -> None:
         self.settings = settings
+        # Also write a `scheduled` outcome per job, for the status view (see
+        # dueflow.producers.outcomes): off by default, it doubles the writes.
+        self.scheduled_outcomes = scheduled_outcomes
+        self.outcome_reports = OutcomeReports()
         self.names = names(settings)
         self.metrics = metrics
         self.clock = clock
@@ -242,7 +249,26 @@ class Scheduler:
             self.planner.failed(planned)
             raise delivery_error(f"scheduling job {planned.job.job_id!r}", delivery.error)
         self.planner.delivered(planned.job.queue)
+        if self.scheduled_outcomes:
+            self.record_scheduled(planned)
         return planned.result()
+
+    def record_scheduled(self, planned: PlannedTimer) -> None:
+        """Produce the ``scheduled`` outcome of a job whose timer was acknowledged
+        (nobody waits for it; ``close()`` flushes it)."""
+        job = planned.job
+        rec = scheduled_outcome(
+            self.names,
+            job_id=job.job_id,
+            queue=job.queue,
+            task=job.task,
+            idempotency_key=job.idempotency_key,
+            due_ms=job.due_ms,
+            at_ms=self.clock(),
+            trace_id=tracing.trace_id_of(planned.record.headers),
+            schedule_id=job.schedule_id,
+        )
+        self._produce(rec.topic, rec.value, rec.key, None, rec.headers, self.outcome_reports)
 
     # ------------------------------------------------------------ bulk
     def schedule_many(
@@ -261,7 +287,12 @@ class Scheduler:
         if producer is None:
             raise DueflowError("the scheduler is not started: use start() or `with`")
         run = BulkRun(
-            self.planner, producer, clock=self.clock, poll_every=poll_every, tracer=self.tracer
+            self.planner,
+            producer,
+            clock=self.clock,
+            poll_every=poll_every,
+            tracer=self.tracer,
+            outcome_reports=self.outcome_reports if self.scheduled_outcomes else None,
         )
         return run.run(jobs, flush_timeout_s=self.delivery_timeout_s + 30.0)
 
@@ -421,7 +452,7 @@ class Scheduler:
         key: bytes,
         partition: int | None,
         headers: list[tuple[str, bytes]],
-        delivery: Delivery,
+        delivery: Callable[[KafkaError | None, Message], None],
     ) -> None:
         producer = self.producer
         produce: Callable[..., None] = producer.produce  # headers: list[tuple[str, bytes]]

@@ -206,13 +206,16 @@ def _job(args: argparse.Namespace) -> int:
             status, body = got
             found = status == 200
             doc = {"job_id": job_id, "found": found, "source": "status-view"}
-            doc["job" if found else "error"] = body if found else body.get("error")
+            if found:
+                doc["job"] = body
+            else:
+                doc.update(state="unknown", error=body.get("error"))
             if args.json:
                 print_json(doc)
             elif found:
                 print(render_job(body))
             else:
-                print(f"job {job_id}: not known to the status view ({body.get('error')})")
+                print(f"job {job_id}: unknown / pending ({body.get('error')})")
             return 0 if found else 1
     from dueflow.streams.status.outcome_scan import scan_for_job
 
@@ -228,7 +231,10 @@ def _job(args: argparse.Namespace) -> int:
         if scan.skipped_older:
             where += f"; {scan.skipped_older} older records not read (--scan-limit)"
         if scan.view is None:
-            print(f"job {job_id}: no outcome found; {where}")
+            print(
+                f"job {job_id}: unknown / pending (no outcome yet: not run, or no such job); "
+                f"{where}"
+            )
         else:
             print(render_job(scan.view))
             print(where)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import shutil
 import tempfile
 from typing import Any
 
@@ -43,7 +44,18 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--drain-timeout", type=float, help="seconds in-flight jobs may finish at shutdown"
     )
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus /metrics on this port; with --processes, one merged view "
+        "(env DUEFLOW_OBSERVABILITY_METRICS_PORT)",
+    )
+    p.add_argument(
+        "--job-log",
+        choices=["all", "failures"],
+        help="log every job's start and success too (all, the default) or only failed "
+        "attempts, retries and dead letters (env DUEFLOW_OBSERVABILITY_JOB_LOG)",
+    )
     p.set_defaults(func=_run)
 
 
@@ -82,12 +94,14 @@ def worker_settings(args: argparse.Namespace) -> tuple[Settings, list[str] | Non
         queues=settings.queues + tuple(extra),
         worker=dataclasses.replace(worker, **changes),
     )
+    observed: dict[str, Any] = {}
     if args.metrics_port is not None:
+        observed["metrics_port"] = args.metrics_port
+    if getattr(args, "job_log", None) is not None:
+        observed["job_log"] = args.job_log
+    if observed:
         settings = dataclasses.replace(
-            settings,
-            observability=dataclasses.replace(
-                settings.observability, metrics_port=args.metrics_port
-            ),
+            settings, observability=dataclasses.replace(settings.observability, **observed)
         )
     return settings.validate(), [name for name, _ in selection] or None
 
@@ -102,15 +116,20 @@ def _run(args: argparse.Namespace) -> int:
     if settings.worker.processes > 1:
         from dueflow.consumers.supervisor import Supervisor
 
+        own_dir = None
         if obs.metrics_port is not None:
-            directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(
-                prefix="dueflow-metrics-"
-            )
+            directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+            if not directory:
+                directory = own_dir = tempfile.mkdtemp(prefix="dueflow-metrics-")
             enable_multiprocess(directory)  # before the children start
-            serve(Metrics(), obs.metrics_port)
-        return Supervisor(
-            settings, app=app, queues=queues, processes=settings.worker.processes
-        ).run()
+            serve(Metrics(), obs.metrics_port)  # the view merged over the children
+        try:
+            return Supervisor(
+                settings, app=app, queues=queues, processes=settings.worker.processes
+            ).run()
+        finally:
+            if own_dir is not None:
+                shutil.rmtree(own_dir, ignore_errors=True)
 
     from dueflow.consumers.registry import TaskRegistry
     from dueflow.consumers.worker import run_worker

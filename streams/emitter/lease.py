@@ -15,6 +15,8 @@ producer (a fixed ``transactional.id``) fences any older holder that still runs.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -50,6 +52,8 @@ class Lease:
                 "partition.assignment.strategy": "cooperative-sticky",
                 "session.timeout.ms": em.session_timeout_ms,
                 "heartbeat.interval.ms": em.heartbeat_interval_ms,
+                # Names the active emitter in the group (status view, `dueflow status`).
+                "client.id": f"dueflow-emitter-{socket.gethostname()}-{os.getpid()}",
             },
         )
         self._consumer.subscribe(

@@ -49,6 +49,10 @@ class EmitterProcess:
         self.source = WheelSource(settings)
         self.session: ActiveSession | None = None
         self._cooldown_until = 0.0
+        metrics.emitter_leader.set(0)
+        for queue in settings.queue_names:  # series at 0 from the start, not from the first fire
+            metrics.fires.labels(queue)
+            metrics.fire_lateness.labels(queue)
 
     def run(self, stop: threading.Event) -> None:
         self.schedules.start()
@@ -133,6 +137,9 @@ class EmitterProcess:
         if session is None:
             return
         self._metrics.emitter_leader.set(0)
+        # Only the active emitter measures pending timers: a standby's old numbers
+        # would go stale (and dashboards take the least report per level).
+        self._metrics.timers_pending.clear()
         try:
             session.close(commit=commit)
         except (FencedError, KafkaOperationError) as exc:

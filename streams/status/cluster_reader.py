@@ -1,6 +1,8 @@
 """Fill a :class:`~dueflow.cluster_view.ClusterSnapshot` from Kafka (I/O edge).
 
-One admin client and one assign-mode consumer (for the DLQ tail), created in
+One admin client and one assign-mode consumer (for the DLQ tail and for
+counting the records of small ranges, see
+:mod:`~dueflow.streams.status.record_counter`), created in
 :meth:`ClusterReader.start`. A read never raises for what it cannot see: a
 missing topic or an unreachable coordinator becomes a line in
 ``snapshot.errors`` and the rest of the view is still filled in.
@@ -28,12 +30,15 @@ from dueflow.cluster_view import (
     ClusterSnapshot,
     FailureRecord,
     GroupMember,
+    RecordCount,
     Watermarks,
     queue_topics,
+    ranges_to_count,
 )
 from dueflow.config import Settings
 from dueflow.errors import UndecodableRecord
 from dueflow.schemas import codec
+from dueflow.streams.status.record_counter import RecordCounter
 from dueflow.topics import names
 
 Clock = Callable[[], int]
@@ -61,6 +66,7 @@ class ClusterReader:
         self._clock = clock
         self._admin: AdminClient | None = None
         self._consumer: Any = None
+        self._counter: RecordCounter | None = None
 
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> ClusterReader:
@@ -70,12 +76,14 @@ class ClusterReader:
             f"{self._names.prefix}.cluster-reader",  # never joins, never commits
             **{"enable.partition.eof": True, "log_level": 3},
         )
+        self._counter = RecordCounter(self._consumer, timeout_s=self._timeout)
         return self
 
     def close(self) -> None:
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+        self._counter = None
         self._admin = None
 
     def __enter__(self) -> ClusterReader:
@@ -103,10 +111,17 @@ class ClusterReader:
         partitions = self._partitions(topics, errors)
         watermarks = self._watermarks(partitions, errors)
         committed: dict[str, dict[tuple[str, int], int]] = {}
-        for group in [n.worker_group(q) for q in queues] + [n.emitter_group]:
+        for group in [n.worker_group(q) for q in queues] + [n.emitter_offsets_group]:
             committed[group] = self._committed(group, errors)
         members, state = self._emitter_members(errors)
         failures = self._dlq_tail(watermarks, errors)
+        counted: dict[tuple[str, int], RecordCount] = {}
+        wanted = ranges_to_count(self._settings, watermarks, committed)
+        if wanted and self._counter is not None:
+            try:
+                counted = self._counter.count(wanted, watermarks)
+            except KafkaException as exc:
+                errors.append(f"counting records: {exc}")
         return ClusterSnapshot(
             taken_ms=self._clock(),
             watermarks=watermarks,
@@ -115,6 +130,7 @@ class ClusterReader:
             emitter_group_state=state,
             failures=failures,
             errors=tuple(errors),
+            counted=counted,
         )
 
     def _partitions(self, topics: Iterable[str], errors: list[str]) -> list[tuple[str, int]]:

@@ -8,7 +8,10 @@ built by folding the job's outcome records in log order with
 Rules:
 
 - the state follows the newest outcome, except ``duplicate`` (a skipped
-  second delivery: counted in ``duplicates``, the state stays) and
+  second delivery: counted in ``duplicates``, the state stays),
+  ``scheduled`` once the job has any other state (the client writes it
+  after the timer, so a fast job's first worker outcome can land before
+  it; and a job id scheduled again after it ran stays what it was), and
   ``unknown`` (a state this reader does not know yet: ignored);
 - ``attempts`` is the highest attempt seen;
 - ``finished_ms`` is set by a final state and cleared when the job moves on
@@ -85,6 +88,8 @@ def apply_outcome(
         view["duplicates"] = int(view["duplicates"]) + 1
         if view["state"] is None:
             view["state"] = "duplicate"
+    elif state == "scheduled" and view["state"] not in (None, "scheduled"):
+        pass  # late or repeated: the job has moved on (history keeps it)
     elif state in STATES:
         view["state"] = state
         if state == "fired":

@@ -4,7 +4,7 @@ Routes:
 
 =============================  ===============================================
 ``GET /``                      the web page (one self-contained HTML file)
-``GET /jobs/{job_id}``         one job's view; 404 ``{"error": ...}`` if unknown
+``GET /jobs/{job_id}``         one job's view; 404 ``{"state": "unknown", ...}``
 ``GET /queues``                per queue: counts by state, lag, DLQ depth
 ``GET /api/overview``          everything the page shows, in one document
 ``GET /api/cluster``           the Kafka-direct cluster view
@@ -25,6 +25,14 @@ from aiohttp import web
 from dueflow.metrics import Metrics, render
 
 PAGE = "page.html"
+# A job gets its first outcome when a worker finishes an attempt (or is
+# cancelled); by default neither the SDK (``scheduled``) nor the emitter
+# (``fired``) writes one, so a job waiting for its due time is not known yet.
+UNKNOWN_JOB = (
+    "unknown job id: the status view has no outcome for it yet. A job is known once a "
+    "worker finishes an attempt, or when scheduled if the client writes scheduled "
+    "outcomes; until then it is pending (not due, not fired or running), or no such job"
+)
 
 
 class StatusSource(Protocol):
@@ -68,9 +76,7 @@ def build_web_app(source: StatusSource, metrics: Metrics) -> web.Application:
         job_id = request.match_info["job_id"]
         view = source.job(job_id)
         if view is None:
-            return error(
-                404, "unknown job id: the status view has no outcome for it", job_id=job_id
-            )
+            return error(404, UNKNOWN_JOB, job_id=job_id, state="unknown")
         return json_response(view)
 
     async def queues(_request: web.Request) -> web.Response:

@@ -116,7 +116,7 @@ def test_cluster_view_reads_lag_dlq_timers_and_emitter(
     _produce(settings, n.timers, level1, 4)
     _commit(
         settings,
-        n.emitter_group,
+        n.emitter_offsets_group,
         [TopicPartition(n.timers, near, 2), TopicPartition(n.timers, level1, 4)],
     )
     _produce(settings, n.exec("default"), 0, 5)
@@ -194,7 +194,7 @@ def test_job_command_scans_the_outcomes_partition(
     assert doc["scan"]["older_records_not_read"] == 0
 
     assert main(["job", "missing", *common, "--kafka"]) == 1
-    assert "no outcome found" in capsys.readouterr().out
+    assert "missing: unknown / pending (no outcome yet" in capsys.readouterr().out
     # bounded: with a scan limit of 1 only the newest record of the partition is read
     assert main(["job", "wanted", *common, "--kafka", "--json", "--scan-limit", "1"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -219,3 +219,41 @@ def test_murmur2_partitions_agree_with_librdkafka(settings: Settings) -> None:
         k: partition_for_key(k, settings.outcomes_partitions) for k in keys
     }
     assert want == got
+
+
+def _in_transactions(settings: Settings, topic: str, partition: int, values: list[bytes]) -> None:
+    """One transaction per record (as a worker writes a rare dead letter), and one aborted."""
+    p = make_producer(settings, **{"transactional.id": f"{settings.topic_prefix}.txn-test"})
+    p.init_transactions(10)
+    for value in values:
+        p.begin_transaction()
+        p.produce(topic, value=value, partition=partition)
+        p.commit_transaction(10)
+    p.begin_transaction()
+    p.produce(topic, value=b"aborted", partition=partition)
+    p.flush(10)
+    p.abort_transaction(10)
+
+
+@pytest.mark.timeout(120)
+def test_records_are_counted_where_transaction_markers_take_offsets(settings: Settings) -> None:
+    n = names(settings)
+    dlq, exec_topic = n.dlq("default"), n.exec("default")
+    _in_transactions(settings, dlq, 1, [_dead_letter(f"t{i}") for i in range(3)])
+    _in_transactions(settings, exec_topic, 1, [b"job"] * 2)
+    group = n.worker_group("default")
+    # The group finished both jobs: it committed the offset after the second one,
+    # which is followed by a commit marker, an aborted record and an abort marker.
+    _commit(settings, group, [TopicPartition(exec_topic, 1, 3)])
+    with ClusterReader(settings) as reader:
+        snap = reader.read()
+        view = compute_view(snap, settings)
+        assert snap.watermarks[(dlq, 1)].high - snap.watermarks[(dlq, 1)].low == 8
+        assert view.dlq_depth == {"default": 3}
+        exec_row = [r for r in view.lag if (r.topic, r.partition) == (exec_topic, 1)]
+        assert [(r.committed, r.high, r.lag) for r in exec_row] == [(3, 6, 0)]
+        # The DLQ grows: counted again from where the last count stopped.
+        _in_transactions(settings, dlq, 1, [_dead_letter("t9")])
+        view = compute_view(reader.read(), settings)
+        assert view.dlq_depth == {"default": 4}
+        assert view.lag_by_queue == {"default": 0}

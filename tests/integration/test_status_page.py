@@ -1,38 +1,30 @@
-"""The status page in a real headless Chromium (Debian's chromium + chromedriver).
-
-The page must show a job the test scheduled and follow its state to
-``succeeded`` without a reload. Outcomes are written with a plain producer
-for now; the full-pipeline variant comes when the emitter and worker land.
+"""The status page in a real headless Chromium (Debian's chromium + chromedriver),
+over a real pipeline: the SDK schedules jobs (with ``scheduled`` outcomes on),
+``dueflow emitter``, ``dueflow worker`` and ``dueflow status-view`` run as
+processes. The page must show the job, follow its state from ``scheduled`` to
+``succeeded`` without a reload, show a dead-lettered job in the DLQ table,
+and say "unknown / pending" for a job id it has no outcome for.
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
-from dueflow import headers as hdr
-from dueflow.clients import make_producer
-from dueflow.config import Settings
-from dueflow.schemas import codec
-from dueflow.topics import names
+from dueflow.producers.scheduler import Scheduler
 from tests.conftest import KafkaCluster
-from tests.integration.status_support import (
-    ViewProcess,
-    ensure_topics,
-    outcome,
-    start_view,
-    write_outcomes,
-)
+from tests.integration.pipeline_support import QUEUE, Pipeline, scrape, wait_for
+from tests.integration.status_support import ViewProcess
 from tests.integration.test_status_view import free_port
 
 CHROMIUM = "/usr/bin/chromium"
@@ -70,98 +62,103 @@ def browser(tmp_path: Path) -> Iterator[WebDriver]:
 
 
 @pytest.fixture
-def view(
-    kafka: KafkaCluster, prefix: str, tmp_path: Path
-) -> Iterator[tuple[Settings, ViewProcess]]:
-    settings = kafka.settings(prefix, queues="default:3")
-    ensure_topics(settings)
-    proc = start_view(
-        settings, port=free_port(), data_dir=tmp_path / "data", log_path=tmp_path / "view.log"
-    )
+def pipeline(kafka: KafkaCluster, prefix: str, tmp_path: Path) -> Iterator[Pipeline]:
+    p = Pipeline(kafka.bootstrap, prefix, tmp_path)
     try:
-        proc.wait_ready()
-        yield settings, proc
+        yield p
     finally:
-        proc.stop()
+        p.stop_all()
+
+
+# The page rewrites its tables every second: read them with one script call
+# each, so no element reference goes stale between finding and reading it.
 
 
 def _state_of(driver: WebDriver, job_id: str) -> str | None:
-    rows = driver.find_elements(
-        By.CSS_SELECTOR, f'#recent-jobs tr[data-job-id="{job_id}"] td.state'
+    script = (
+        "const td = document.querySelector("
+        "`#recent-jobs tr[data-job-id='${arguments[0]}'] td.state`);"
+        "return td ? td.textContent : null;"
     )
-    return rows[0].text if rows else None
+    state: str | None = driver.execute_script(script, job_id)
+    return state
 
 
-def _dead_letter(settings: Settings, job_id: str) -> None:
-    now = int(time.time() * 1000)
-    rec = {
-        "job_id": job_id,
-        "queue": "default",
-        "task": "send_email",
-        "idempotency_key": f"k-{job_id}",
-        "reason": "exhausted",
-        "error_type": "SMTPError",
-        "error_message": "mailbox unavailable",
-        "attempts": 4,
-        "first_failure_ms": now - 5000,
-        "last_failure_ms": now,
-        "dead_ms": now,
-        "original_topic": names(settings).exec("default"),
-        "original_partition": 0,
-        "original_offset": 7,
-        "job_value": b"",
-    }
-    p = make_producer(settings)
-    p.produce(
-        names(settings).dlq("default"),
-        key=f"k-{job_id}".encode(),
-        value=codec.encode("dead_letter", rec),
-        partition=0,
-        headers=[(hdr.SCHEMA, codec.schema_header("dead_letter"))],
+def _queue_row(driver: WebDriver) -> list[str]:
+    script = (
+        "const tr = document.querySelector(`#queues tr[data-queue='${arguments[0]}']`);"
+        "return tr ? [...tr.querySelectorAll('td')].map((td) => td.textContent) : [];"
     )
-    assert p.flush(10) == 0
+    row: list[str] = driver.execute_script(script, QUEUE)
+    return row
 
 
-@pytest.mark.timeout(180)
-def test_page_follows_a_job_to_succeeded_without_reloading(
-    view: tuple[Settings, ViewProcess], browser: WebDriver, tmp_path: Path
+def _click_redrive(driver: WebDriver) -> bool:
+    """Click the queue's redrive button once it is enabled (found afresh each try)."""
+    try:
+        button = driver.find_element(By.CSS_SELECTOR, f'button.redrive[data-queue="{QUEUE}"]')
+        if not button.is_enabled():
+            return False
+        button.click()
+    except (NoSuchElementException, StaleElementReferenceException):
+        return False
+    return True
+
+
+@pytest.mark.timeout(240)
+def test_page_follows_a_real_job_to_succeeded_without_reloading(
+    pipeline: Pipeline, browser: WebDriver, tmp_path: Path
 ) -> None:
-    settings, proc = view
-    job_id = f"page-job-{int(time.time())}"
-    t = int(time.time() * 1000)
-    write_outcomes(settings, [outcome(job_id, "scheduled", at_ms=t, due_ms=t + 2000)])
-
-    browser.get(proc.url + "/")
-    assert browser.title == "dueflow status"
-    wait = WebDriverWait(browser, 30, poll_frequency=0.2)
-    wait.until(lambda d: _state_of(d, job_id) == "scheduled")
-    browser.execute_script("window.__sameDocument = 'yes';")
-    row = browser.find_element(By.CSS_SELECTOR, '#queues tr[data-queue="default"]')
-    assert row.find_elements(By.TAG_NAME, "td")[1].text == "1"  # scheduled column
-
-    write_outcomes(settings, [outcome(job_id, "fired", at_ms=t + 2001)])
-    wait.until(lambda d: _state_of(d, job_id) == "fired")
-    write_outcomes(
-        settings,
-        [
-            outcome(job_id, "started", at_ms=t + 2002, attempt=1),
-            outcome(job_id, "succeeded", at_ms=t + 2010, attempt=1, duration_ms=8.0),
-        ],
+    p = pipeline
+    port, em_port = free_port(), free_port()
+    started = p.start("view", "status-view", "--port", str(port), "--data-dir", str(tmp_path / "d"))
+    view = ViewProcess(started.popen, port, started.log_path)
+    p.emitter(em_port)
+    p.worker(free_port())
+    view.wait_ready()
+    wait_for(
+        "an active emitter",
+        lambda: (s := scrape(em_port)) is not None and s.value("dueflow_emitter_leader") == 1,
     )
-    wait.until(lambda d: _state_of(d, job_id) == "succeeded")
+
+    browser.get(view.url + "/")
+    assert browser.title == "dueflow status"
+    wait = WebDriverWait(browser, 60, poll_frequency=0.2)
+    browser.execute_script("window.__sameDocument = 'yes';")
+
+    # A job id nobody wrote an outcome for: unknown / pending.
+    browser.find_element(By.ID, "lookup-id").send_keys("not-scheduled-yet")
+    browser.find_element(By.CSS_SELECTOR, "#lookup button").click()
+    wait.until(lambda d: d.find_element(By.ID, "lookup-result").get_attribute("data-state"))
+    result = browser.find_element(By.ID, "lookup-result")
+    assert result.get_attribute("data-state") == "unknown"
+    assert "unknown / pending" in result.text
+
+    # Due in 10 s: the page shows it scheduled first, then succeeded.
+    with Scheduler(p.settings, scheduled_outcomes=True) as s:
+        job = s.schedule("ok", {"to": "page"}, queue=QUEUE, delay=10)
+        doomed = s.schedule("doomed", {}, queue=QUEUE)
+    wait.until(lambda d: _state_of(d, job.job_id) == "scheduled")
+    assert _queue_row(browser)[1] == "1"  # the scheduled column
+    wait.until(lambda d: _state_of(d, job.job_id) == "succeeded")
     assert browser.execute_script("return window.__sameDocument") == "yes", "page was reloaded"
-    cells = browser.find_element(By.CSS_SELECTOR, '#queues tr[data-queue="default"]')
-    texts = [td.text for td in cells.find_elements(By.TAG_NAME, "td")]
-    assert texts[0] == "default"
+    wait.until(lambda d: _state_of(d, doomed.job_id) == "dead")
+    texts = _queue_row(browser)
+    assert texts[0] == QUEUE
     assert texts[1] == "0"  # scheduled
     assert texts[5] == "1"  # succeeded
+    assert texts[6] == "1"  # dead
 
-    # A dead letter shows in the DLQ table; the redrive button reaches the view.
-    _dead_letter(settings, "dead-1")
-    wait.until(lambda d: bool(d.find_elements(By.CSS_SELECTOR, '#dlq tr[data-job-id="dead-1"]')))
-    button = browser.find_element(By.CSS_SELECTOR, 'button.redrive[data-queue="default"]')
-    wait.until(lambda d: button.is_enabled())
-    button.click()
-    wait.until(lambda d: "not wired yet" in d.find_element(By.ID, "message").text)
-    assert "501" in browser.find_element(By.ID, "message").text
+    # The dead letter shows in the DLQ table; the redrive button reaches the view.
+    wait.until(
+        lambda d: bool(d.find_elements(By.CSS_SELECTOR, f'#dlq tr[data-job-id="{doomed.job_id}"]'))
+    )
+    # Counted records, not offsets (commit markers take offsets too): the idle
+    # queue has no lag, one dead letter, and no timer is pending.
+    wait.until(lambda d: _queue_row(d)[8:10] == ["0", "1"])
+    timers = "return [...document.querySelectorAll('#timers td.num')].map((td) => td.textContent)"
+    wait.until(lambda d: d.execute_script(timers) == ["0", "0", "0", "0"])
+    wait.until(_click_redrive)
+    # The server's answer (whatever the operations commands make of it) is shown.
+    wait.until(lambda d: d.find_element(By.ID, "message").text.startswith(f"redrive of {QUEUE}"))
     browser.save_screenshot(str(tmp_path / "status-page.png"))

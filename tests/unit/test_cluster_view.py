@@ -5,11 +5,13 @@ from __future__ import annotations
 from dueflow.cluster_view import (
     ClusterSnapshot,
     GroupMember,
+    RecordCount,
     Watermarks,
     compute_view,
     level_label,
     partition_lag,
     pending_timers,
+    ranges_to_count,
 )
 from dueflow.config import QueueSpec, Settings
 from dueflow.partitioning import murmur2, partition_for_key
@@ -28,6 +30,41 @@ def test_partition_lag() -> None:
     assert partition_lag(8, Watermarks(3, 10)) == 2
     assert partition_lag(1, Watermarks(3, 10)) == 7  # committed below low: records deleted
     assert partition_lag(12, Watermarks(3, 10)) == 0
+
+
+def test_counted_records_replace_the_offset_distance_of_exactly_that_range() -> None:
+    marks = Watermarks(3, 10)
+    assert partition_lag(8, marks, RecordCount(8, 10, 1)) == 1  # the marker is not a record
+    assert partition_lag(8, marks, RecordCount(7, 10, 1)) == 2  # another range: distance
+    assert partition_lag(8, marks, RecordCount(8, 9, 0)) == 2  # counted before a write
+    assert partition_lag(None, marks, RecordCount(3, 10, 4)) == 4
+
+
+def test_ranges_to_count() -> None:
+    s = Settings(
+        topic_prefix="p",
+        queues=(QueueSpec("billing", partitions=2, retry_tiers_ms=(1000,)),),
+        wheel=GEO,
+    )
+    marks = {
+        ("p.dlq.billing", 0): Watermarks(5, 5000),  # every DLQ range, however long
+        ("p.dlq.billing", 1): Watermarks(7, 7),  # empty: nothing to count
+        ("p.exec.billing", 0): Watermarks(0, 1000),  # busy: offsets are close enough
+        ("p.exec.billing", 1): Watermarks(0, 12),
+        ("p.retry.billing.1s", 0): Watermarks(0, 4),
+        ("p.timers", 0): Watermarks(0, 3),
+        ("p.timers", 1): Watermarks(0, 3),
+    }
+    committed = {
+        "p.worker.billing": {("p.exec.billing", 0): 1, ("p.exec.billing", 1): 11},
+        "p.emitter.offsets": {("p.timers", 0): 3},  # the timer offsets group
+    }
+    assert ranges_to_count(s, marks, committed, up_to=100) == {
+        ("p.dlq.billing", 0): 5,
+        ("p.exec.billing", 1): 11,
+        ("p.retry.billing.1s", 0): 0,  # nothing committed: from the low watermark
+        ("p.timers", 1): 0,
+    }
 
 
 def test_pending_timers_per_level() -> None:
@@ -83,6 +120,18 @@ def test_compute_view() -> None:
     doc = view.to_json()
     assert doc["active_emitter"]["partitions"] == ["p.emitter.lease:0"]
     assert doc["lag"][0]["group"] == "p.worker.billing"
+
+    counted = {
+        ("p.dlq.billing", 0): RecordCount(1, 4, 2),
+        ("p.exec.billing", 0): RecordCount(9, 10, 0),
+        ("p.timers", 1): RecordCount(0, 3, 1),
+    }
+    exact = compute_view(
+        ClusterSnapshot(taken_ms=5, watermarks=marks, committed=committed, counted=counted), s
+    )
+    assert exact.dlq_depth == {"billing": 2 + 2}
+    assert exact.lag_by_queue == {"billing": 0 + 0 + 2 + 0}
+    assert exact.timers_pending["near"] == 1
 
     nobody = compute_view(ClusterSnapshot(taken_ms=5, watermarks={}, committed={}), s)
     assert nobody.active_emitter is None

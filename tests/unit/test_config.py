@@ -76,6 +76,7 @@ def test_queues_from_env_text() -> None:
         ({"emitter": {"session_timeout_ms": "soon"}}, "emitter.session_timeout_ms", "integer"),
         ({"emitter": {"nope": 1}}, "emitter.nope", "known settings"),
         ({"observability": {"log_format": "xml"}}, "observability.log_format", "'json'"),
+        ({"observability": {"job_log": "some"}}, "observability.job_log", "'failures'"),
         ({"wheel": {"near_window_ms": 1000}}, "wheel.near_window_ms", "lookahead"),
         ({"wheel": {"levels": [[64, 1000], [64, 3_600_000]]}}, "wheel.levels[1]", "level 0"),
     ],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -21,6 +22,9 @@ def stream() -> Iterator[io.StringIO]:
     try:
         yield out
     finally:
+        for handler in root.handlers:
+            if handler not in saved[0]:
+                handler.close()
         root.handlers[:], root.level, root.propagate = saved
 
 
@@ -104,9 +108,91 @@ def test_job_event_helper(stream: io.StringIO) -> None:
         tier="1s",
         level=logging.WARNING,
     )
+    logs.flush()
     rec = json.loads(stream.getvalue())
     assert rec["event"] == "job.retry"
     assert rec["level"] == "warning"
     assert rec["duration_ms"] == 1.235
     assert rec["tier"] == "1s"
     assert set(logs.JOB_FIELDS) <= set(rec)
+
+
+def _job_line(log: logging.Logger, event_name: str, /, **extra: object) -> None:
+    logs.job_event(
+        log,
+        event_name,
+        job_id="j-9",
+        queue="q",
+        task="t",
+        attempt=2,
+        duration_ms=4.0,
+        outcome="succeeded",
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_job_event_lines_are_queued_written_in_order_and_equal_to_logging_lines(
+    stream: io.StringIO, fmt: str
+) -> None:
+    logs.configure(fmt, "INFO", stream)
+    log = logging.getLogger("dueflow.worker")
+    _job_line(log, logs.JOB_STARTED)  # queued
+    logs.event(log, "worker stopping", why="test")  # any other record writes them first
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 2
+    assert "job.started" in lines[0]
+    assert "worker stopping" in lines[1]
+    # The queued line is the line logging would write for the same fields.
+    plain = io.StringIO()
+    handler = logging.StreamHandler(plain)
+    handler.setFormatter(logs.JsonFormatter() if fmt == "json" else logs.TextFormatter())
+    other = logging.getLogger("dueflow-plain.worker")
+    other.addHandler(handler)
+    other.setLevel(logging.INFO)
+    other.propagate = False
+    try:
+        _job_line(other, logs.JOB_STARTED)
+    finally:
+        other.removeHandler(handler)
+    expected = plain.getvalue().strip().replace("dueflow-plain.worker", "dueflow.worker")
+    assert _without_time(lines[0], fmt) == _without_time(expected, fmt)
+
+
+def _without_time(line: str, fmt: str) -> object:
+    """The line without its time stamp (the two lines were written at different times)."""
+    if fmt == "json":
+        rec = json.loads(line)
+        rec.pop("ts")
+        return rec
+    return line.split(" ", 1)[1]
+
+
+def test_queued_job_lines_are_written_within_the_flush_interval(stream: io.StringIO) -> None:
+    logs.configure("json", "INFO", stream)
+    _job_line(logging.getLogger("dueflow.worker"), logs.JOB_SUCCEEDED)
+    deadline = time.monotonic() + 10
+    while not stream.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    rec = json.loads(stream.getvalue())
+    assert rec["event"] == "job.succeeded"
+    assert rec["trace_id"] is None  # present, null: the job has no trace
+
+
+def test_job_event_below_level_or_under_foreign_handlers_uses_logging(
+    stream: io.StringIO, caplog: pytest.LogCaptureFixture
+) -> None:
+    logs.configure("json", "WARNING", stream)
+    _job_line(logging.getLogger("dueflow.worker"), logs.JOB_SUCCEEDED)
+    logs.flush()
+    assert stream.getvalue() == ""
+    root = logging.getLogger("dueflow")
+    root.handlers[:] = []
+    root.propagate = True
+    root.setLevel(logging.INFO)
+    with caplog.at_level(logging.INFO, logger="dueflow"):
+        _job_line(logging.getLogger("dueflow.worker"), logs.JOB_SUCCEEDED, name="n")
+    (record,) = caplog.records
+    assert record.getMessage() == "job.succeeded"
+    assert record.job_id == "j-9"  # type: ignore[attr-defined]
+    assert record.name_ == "n"  # type: ignore[attr-defined]

@@ -66,6 +66,15 @@ def test_duplicate_and_unknown_do_not_change_the_state() -> None:
     assert fold(o("duplicate", 5))["state"] == "duplicate"
 
 
+def test_a_late_scheduled_outcome_does_not_move_the_job_back() -> None:
+    v = fold(o("succeeded", 30, 1, duration_ms=1.0), o("scheduled", 10, due_ms=20))
+    assert v["state"] == "succeeded"
+    assert v["finished_ms"] == 30
+    assert (v["first_seen_ms"], v["due_ms"]) == (10, 20)
+    assert [h[0] for h in v["history"]] == ["succeeded", "scheduled"]
+    assert fold(o("scheduled", 10), o("scheduled", 11))["state"] == "scheduled"
+
+
 def test_a_redriven_dead_job_is_no_longer_finished() -> None:
     v = fold(o("dead", 10, 4, error="x"), o("fired", 20), o("started", 30, 1))
     assert v["state"] == "started"

@@ -53,3 +53,13 @@ def test_without_queues_the_tasks_decide(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_a_bad_queue_selection_names_the_option() -> None:
     with pytest.raises(InvalidInput, match="--queues"):
         worker_settings(parse("--queues", "billing:many"))  # type: ignore[arg-type]
+
+
+def test_observability_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DUEFLOW_CONFIG", raising=False)
+    settings, _ = worker_settings(parse())  # type: ignore[arg-type]
+    assert (settings.observability.metrics_port, settings.observability.job_log) == (None, "all")
+    args = parse("--metrics-port", "9470", "--job-log", "failures", "--log-format", "text")
+    settings, _ = worker_settings(args)  # type: ignore[arg-type]
+    obs = settings.observability
+    assert (obs.metrics_port, obs.job_log, obs.log_format) == (9470, "failures", "text")

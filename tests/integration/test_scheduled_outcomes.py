@@ -1,0 +1,70 @@
+"""``scheduled`` outcomes from the scheduling client: off by default, on by a flag."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from dueflow.clients import make_admin
+from dueflow.config import Settings
+from dueflow.producers.aio import AsyncScheduler
+from dueflow.producers.scheduler import Scheduler
+from dueflow.schemas import codec
+from dueflow.topic_admin import TopicAdmin
+from dueflow.topics import names, topic_layout
+from tests.conftest import KafkaCluster
+from tests.integration.records import read_all
+
+WHEEL = {"levels": "10x1000,10x5000", "near_partitions": 2, "near_window_ms": 1500}
+
+
+@pytest.fixture
+def settings(kafka: KafkaCluster, prefix: str) -> Settings:
+    s = kafka.settings(prefix, wheel=WHEEL, queues="default:3")
+    report = TopicAdmin(make_admin(s), replication_factor=1).ensure(topic_layout(s))
+    assert report.ok
+    return s
+
+
+def outcomes(settings: Settings) -> list[dict[str, Any]]:
+    return [
+        codec.decode("outcome", m.value() or b"")
+        for m in read_all(settings, names(settings).outcomes)
+    ]
+
+
+def test_off_by_default(settings: Settings) -> None:
+    with Scheduler(settings) as s:
+        s.schedule("t", {}, delay="1h")
+        s.schedule_many([{"task": "t", "delay": "1h"}] * 3)
+    assert outcomes(settings) == []
+
+
+def test_one_outcome_per_scheduled_job_when_asked(settings: Settings) -> None:
+    with Scheduler(settings, scheduled_outcomes=True) as s:
+        one = s.schedule("send", {"a": 1}, delay="1h", job_id="one", idempotency_key="k-one")
+        again = s.schedule("send", {"a": 1}, delay="1h", job_id="one", idempotency_key="k-one")
+        bulk = s.schedule_many(
+            [{"task": "bulk", "payload": i, "delay": "2h"} for i in range(5)]
+            + [{"task": "", "delay": "1h"}]  # refused: no outcome
+        )
+    assert again.duplicate  # no write, not even an outcome
+    assert again.job_id == one.job_id
+    assert bulk.scheduled == 5
+    assert len(bulk.errors) == 1
+
+    async def from_asyncio() -> str:
+        async with AsyncScheduler(settings, scheduled_outcomes=True) as s:
+            return (await s.schedule("async", None, delay="1h")).job_id
+
+    async_id = asyncio.run(from_asyncio())
+    got = {o["job_id"]: o for o in outcomes(settings)}
+    assert sorted(got) == sorted(["one", async_id, *[j for j in bulk.job_ids if j]])
+    assert {o["state"] for o in got.values()} == {"scheduled"}
+    first = got["one"]
+    assert (first["queue"], first["task"], first["idempotency_key"]) == ("default", "send", "k-one")
+    assert first["due_ms"] == one.due_ms
+    assert first["attempt"] == 0
+    assert all(got[j]["due_ms"] == d for j, d in zip(bulk.job_ids, bulk.due_ms, strict=True) if j)
