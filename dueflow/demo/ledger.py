@@ -130,9 +130,11 @@ class LedgerReader:
         total = 0
         for path in self._files():
             with _readonly(path) as db:
-                total += int(
-                    db.execute("SELECT COALESCE(SUM(count), 0) FROM effects").fetchone()[0]
-                )
+                try:
+                    row = db.execute("SELECT COALESCE(SUM(count), 0) FROM effects").fetchone()
+                except sqlite3.OperationalError:  # a file its writer has not set up yet
+                    continue
+                total += int(row[0])
         return total
 
     def read(self) -> LedgerView:
@@ -140,6 +142,8 @@ class LedgerReader:
         attempts: list[Attempt] = []
         for path in self._files():
             with _readonly(path) as db:
+                if not _has_tables(db):
+                    continue
                 for key, count in db.execute("SELECT key, count FROM effects"):
                     effects[str(key)] += int(count)
                 attempts.extend(
@@ -154,3 +158,11 @@ class LedgerReader:
 def _readonly(path: Path) -> contextlib.closing[sqlite3.Connection]:
     """A short-lived connection, closed on exit (sqlite3's own context only commits)."""
     return contextlib.closing(sqlite3.connect(path, timeout=30))
+
+
+def _has_tables(db: sqlite3.Connection) -> bool:
+    found = db.execute(
+        "SELECT count(*) FROM sqlite_master "
+        "WHERE type = 'table' AND name IN ('attempts', 'effects')"
+    ).fetchone()
+    return int(found[0]) == 2

@@ -52,7 +52,8 @@ from dueflow.demo.workload import (
 from dueflow.producers import Scheduler
 
 SETTLE_S = 1.5  # quiet time after the last job, so a late duplicate would be seen
-DRAIN_S = 45.0  # after the last due time, how long the demo waits for stragglers
+DRAIN_S = 45.0
+WARM_UP_JOBS = 60  # after the last due time, how long the demo waits for stragglers
 
 
 def wall_ms() -> int:
@@ -143,10 +144,17 @@ def run_workload(
     first_leader = stack.leader()
     wait_for("two worker processes in every queue's group", stack.workers_ready, 120, 0.5)
     console.print(f"emitters and workers ready in {time.monotonic() - t0:.1f} s")
+    ledger = LedgerReader(stack.ledger_dir)
+    with Scheduler(settings) as scheduler:
+        t0 = time.monotonic()
+        warm_up(scheduler, ledger, stack)
+        console.print(
+            f"warm-up: {WARM_UP_JOBS} jobs through emitter and workers in "
+            f"{time.monotonic() - t0:.1f} s (first transactions, connections, coordinators)"
+        )
     waves = plan_waves(shape, rng=random.Random(seed))
     flaky = sum(1 for w in waves for r in w.requests if r.task == "payment.charge")
     observer = Observer(settings, list(QUEUES)).start()
-    ledger = LedgerReader(stack.ledger_dir)
     takeover: Takeover | None = None
     timings: dict[str, float] = {}
     with Scheduler(settings) as scheduler:
@@ -252,6 +260,32 @@ def run_workload(
         **timings,
     }
     return summary, extra
+
+
+def warm_up(scheduler: Scheduler, ledger: LedgerReader, stack: DemoStack) -> None:
+    """Run a few jobs through the whole pipeline before the measured workload, and give
+    the status view a little time to come up.
+
+    On a fresh broker the first transactions of each process wait for their
+    coordinators to load; jobs due then would be late for reasons no running
+    cluster has.
+    """
+    result = scheduler.schedule_many(
+        {
+            "task": "email.send" if i % 2 else "report.build",
+            "payload": {"warm_up": i},
+            "queue": "emails" if i % 2 else "reports",
+            "job_id": f"warm-up-{i}",
+        }
+        for i in range(WARM_UP_JOBS)
+    )
+    if not result.ok:
+        raise RuntimeError(f"warm-up jobs not scheduled: {result.to_json()}")
+    wait_for("the warm-up jobs", lambda: ledger.effect_count() >= WARM_UP_JOBS, 90, 0.2)
+    if stack.view is not None:
+        deadline = time.monotonic() + 15
+        while not stack.status_ready() and time.monotonic() < deadline:
+            time.sleep(0.2)
 
 
 def _kill_leader(stack: DemoStack, view: ProgressView) -> Takeover | None:

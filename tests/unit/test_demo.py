@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import sqlite3
 import subprocess
 import sys
 from collections import Counter
@@ -218,3 +219,11 @@ def test_lateness_outside_the_takeover_leaves_out_jobs_due_around_it() -> None:
 def test_percentiles_use_nearest_rank() -> None:
     assert percentiles(range(1, 101)) == {"p50": 51.0, "p95": 96.0, "p99": 100.0, "max": 100.0}
     assert percentiles([]) == {"p50": 0.0, "p95": 0.0, "p99": 0.0, "max": 0.0}
+
+
+def test_the_reader_skips_a_file_whose_writer_has_not_created_its_tables(tmp_path: Path) -> None:
+    sqlite3.connect(tmp_path / "ledger-1.db").close()  # created, not set up yet
+    LedgerWriter(tmp_path).record(key="k", task="t", attempt=1, due_ms=1, started_ms=2, ok=True)
+    reader = LedgerReader(tmp_path)
+    assert reader.effect_count() == 1
+    assert reader.read().effects == Counter({"k": 1})
