@@ -254,8 +254,7 @@ def run_workload(
         "dead_is_the_poison_job": observer.tally.dead == {POISON_ID},
         "status_view_answered": status_seen,
         "exit_codes": codes,
-        "pids": {c.name: c.pid for c in stack.children}
-        | ({"broker": stack.broker_pid} if stack.broker_pid else {}),
+        "pids": stack.pids(),
         "emitter_session_timeout_ms": EMITTER_SESSION_MS,
         **timings,
     }
@@ -377,6 +376,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         shape = dataclasses.replace(shape, schedule_s=max(0.5, args.seconds))
     console = Console()
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    # Ctrl-C raises KeyboardInterrupt even where the caller ignored SIGINT (a shell's
+    # background job): the stack's exit then stops whatever was started.
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     t0 = time.monotonic()
     try:
         with DemoStack(
@@ -389,8 +391,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             summary, extra = run_workload(
                 stack, shape, seed=args.seed, kill=not args.no_kill, console=console
             )
+    except KeyboardInterrupt:
+        console.print("interrupted: everything the demo started has been stopped")
+        return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
     summary = dataclasses.replace(summary, elapsed_s=round(time.monotonic() - t0, 1))
     console.print(summary_table(summary))
     console.print(f"logs of every process: {args.workdir / 'logs'}")

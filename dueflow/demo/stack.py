@@ -10,6 +10,7 @@ process shares are written to ``<workdir>/dueflow.toml``.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import time
@@ -127,6 +128,7 @@ class DemoStack:
             t0 = time.monotonic()
             pid, _ = self.broker.start()
             self.broker_pid = pid
+            self._write_pids()
             bootstrap = self.broker.bootstrap
             self.on_step(
                 f"local Kafka broker on {bootstrap} (pid {pid}), "
@@ -196,7 +198,19 @@ class DemoStack:
                 status_port,
             ).start()
         started = ", ".join(f"{c.name} (pid {c.pid})" for c in self.children)
+        self._write_pids()
         self.on_step(f"started {started}")
+
+    def pids(self) -> dict[str, int]:
+        """Every process this stack started, by name."""
+        out = {c.name: c.pid for c in self.children}
+        if self.broker_pid:
+            out["broker"] = self.broker_pid
+        return out
+
+    def _write_pids(self) -> None:
+        # What the demo started, for whoever has to check or clean up after it.
+        (self.workdir / "pids.json").write_text(json.dumps(self.pids(), indent=2) + "\n")
 
     # ------------------------------------------------------------ state
     def leader(self) -> Child | None:

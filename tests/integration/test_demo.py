@@ -1,13 +1,16 @@
 """``make demo``'s short variant runs green, as on a fresh clone: its own broker, real
 processes, a kill -9 of the active emitter, nothing lost or duplicated, and nothing
-left running afterwards."""
+left running afterwards; Ctrl-C stops everything too."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -27,14 +30,17 @@ def _gone(pid: int) -> bool:
         return True
 
 
+def _env() -> dict[str, str]:
+    # No DUEFLOW_BOOTSTRAP: the demo starts (and stops) a broker of its own.
+    return {k: v for k, v in os.environ.items() if not k.startswith("DUEFLOW_")}
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_short_demo_loses_and_duplicates_nothing_and_stops_everything(
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "summary.json"
-    # No DUEFLOW_BOOTSTRAP: the demo starts (and stops) a broker of its own.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DUEFLOW_")}
     proc = subprocess.run(
         [
             sys.executable,
@@ -47,7 +53,7 @@ def test_the_short_demo_loses_and_duplicates_nothing_and_stops_everything(
             str(tmp_path / "demo"),
         ],
         cwd=ROOT,
-        env=env,
+        env=_env(),
         capture_output=True,
         text=True,
         timeout=280,
@@ -77,4 +83,39 @@ def test_the_short_demo_loses_and_duplicates_nothing_and_stops_everything(
     # Everything it started is gone: children and its broker.
     assert "broker" in doc["pids"]
     for name, pid in doc["pids"].items():
+        assert _gone(pid), f"{name} (pid {pid}) is still running"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_ctrl_c_stops_everything_the_demo_started(tmp_path: Path) -> None:
+    workdir = tmp_path / "demo"
+    log = (tmp_path / "demo.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dueflow.demo", "--short", "--workdir", str(workdir)],
+        cwd=ROOT,
+        env=_env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    pids: dict[str, int] = {}
+    try:
+        deadline = time.monotonic() + 120
+        while "workers" not in pids:  # the broker and every child process have started
+            assert proc.poll() is None, (tmp_path / "demo.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the demo did not start its processes"
+            with contextlib.suppress(OSError, ValueError):
+                pids = json.loads((workdir / "pids.json").read_text())
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(90) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        log.close()
+    output = (tmp_path / "demo.log").read_text()
+    assert "interrupted: everything the demo started has been stopped" in output
+    assert set(pids) >= {"broker", "emitter-a", "emitter-b", "workers", "status-view"}
+    for name, pid in pids.items():
         assert _gone(pid), f"{name} (pid {pid}) is still running"
