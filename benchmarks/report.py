@@ -202,6 +202,7 @@ def machine_line(host: dict[str, Any], docs: Results) -> str:
 
 def charts(docs: Results, img: Path) -> list[Path]:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -228,13 +229,16 @@ def charts(docs: Results, img: Path) -> list[Path]:
         ys = range(len(bars))
         ax.barh([y + 0.2 for y in ys], [b[2] for b in bars], 0.4, label="plain Kafka, same run")
         ax.barh([y - 0.2 for y in ys], [b[1] for b in bars], 0.4, label="dueflow")
-        for y, (_, v, _) in zip(ys, bars, strict=True):
+        for y, (_, v, raw) in zip(ys, bars, strict=True):
             ax.text(v, y - 0.2, f" {v:,.0f}", va="center", fontsize=8)
+            ax.text(raw, y + 0.2, f" {raw:,.0f}", va="center", fontsize=8, color="gray")
         ax.set_yticks(list(ys), [b[0] for b in bars])
         ax.invert_yaxis()
+        ax.xaxis.set_major_formatter(matplotlib.ticker.StrMethodFormatter("{x:,.0f}"))
+        ax.set_xlim(0, max(max(b[1], b[2]) for b in bars) * 1.15)
         ax.set_xlabel("jobs (or records) per second")
-        ax.set_title("Throughput, exactly-once on, against plain confluent-kafka")
-        ax.legend(loc="lower right", fontsize=8)
+        ax.set_title("Throughput, exactly-once on, against plain confluent-kafka", pad=28)
+        ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, fontsize=8, frameon=False)
         fig.tight_layout()
         written.append(_save(fig, img / "throughput.png"))
         plt.close(fig)
@@ -252,9 +256,9 @@ def charts(docs: Results, img: Path) -> list[Path]:
                     range(len(cdf)),
                     label=f"end to end, handler start - due ({d['rate_per_s']:,}/s)",
                 )
-            raw = d.get("raw_latency_ms")
-            if raw:
-                _points(ax, raw, "plain produce → consume latency, same rate", "s")
+            raw_latency = d.get("raw_latency_ms")
+            if raw_latency:
+                _points(ax, raw_latency, "plain produce → consume latency, same rate", "s")
         for d in em:
             _points(ax, d["lateness_ms"], "emitter only: fired, seen by a consumer", "o")
             _points(ax, d["baseline_lateness_ms"], "txn producer baseline", "^")
