@@ -27,6 +27,16 @@ demo: $(STAMP) jars
 test: $(STAMP) jars browser-deps promtool lint
 	$(PY) -m pytest
 
+## every benchmark at sane sizes (about 15 minutes), then charts (docs/img/) and
+## the README's Performance table. Needs the optional `bench` extra (matplotlib).
+BENCH_STAMP := $(VENV)/.bench-installed
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP) jars
+	$(PY) -m benchmarks.suite --readme README.md
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

@@ -39,6 +39,21 @@ Command = Callable[[Consumer], Any]
 Rebalance = Callable[[list[TopicPartition]], Coroutine[Any, Any, None]]
 
 
+def read_batch(consumer: Consumer, max_messages: int, timeout_s: float) -> list[Any]:
+    """What the consumer has, waiting at most ``timeout_s`` for the first record.
+
+    ``Consumer.consume(n, timeout)`` alone waits until it has ``n`` records or
+    the whole timeout has passed, so below ``n`` records per timeout every
+    record would wait up to ``timeout_s`` before its job could start.
+    """
+    first = consumer.poll(timeout_s)
+    if first is None:
+        return []
+    rest: list[Any] = consumer.consume(max_messages - 1, 0) if max_messages > 1 else []
+    rest.insert(0, first)
+    return rest
+
+
 class ConsumerThread:
     """Owns ``consumer`` on a thread: polls, runs posted commands, hands batches over."""
 
@@ -134,7 +149,7 @@ class ConsumerThread:
             while not self._stop.is_set():
                 self._serve_commands()
                 try:
-                    msgs = consumer.consume(self._batch, _POLL_S)
+                    msgs = read_batch(consumer, self._batch, _POLL_S)
                 except KafkaException as exc:
                     event(_LOG, "consume failed", logging.WARNING, error=str(exc))
                     continue

@@ -1,0 +1,568 @@
+"""End to end: schedule jobs, fire them, run them, commit them (exactly-once on).
+
+    python -m benchmarks.e2e --jobs 200000 --processes 2 --json e2e.json
+    python -m benchmarks.e2e --mode steady --rate 5000 --duration 30 --json steady.json
+
+The whole pipeline as real processes on one broker (``--bootstrap`` /
+``DUEFLOW_BOOTSTRAP``, else a local one started for the run), default wheel:
+the SDK's ``schedule_many`` in this process, one ``python -m dueflow
+emitter`` (the active one), ``--processes`` worker processes running an
+async no-op handler that notes the job's key, due time and start time.
+
+- ``burst`` (default): ``--jobs`` jobs due within ``--window-s`` of the
+  first schedule. ``throughput_jobs_per_s`` = jobs / (first schedule ->
+  the workers' committed offsets cover every job).
+- ``steady``: ``--rate`` jobs per second for ``--duration`` seconds, each
+  due 1-3 s after it is scheduled: the lateness a job sees at that rate.
+
+Both: ``lateness_ms`` = handler start - due {p50,p95,p99,max}; ``executed``,
+``lost`` (jobs never run), ``duplicates`` (runs beyond the first). Baseline
+in the same run, on the same broker: ``raw_roundtrip_msgs_per_s``, plain
+confluent-kafka produce + consume of as many records of the same size
+through one topic with the exec topic's partition count (a consumer in its
+own process, first produce to last receive); ``ratio`` = pipeline / raw. In
+steady mode the raw records are also sent at ``--rate`` and their latency
+(receive - produce) is ``raw_latency_ms``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from benchmarks.produce import plan_records
+from dueflow.broker.local import LocalBroker
+from dueflow.clients import make_admin
+from dueflow.config import Settings, load_settings
+from dueflow.demo.processes import free_port_pair
+from dueflow.demo.summary import percentiles
+from dueflow.job_request import JobRequest
+from dueflow.producers import Scheduler
+from dueflow.topic_admin import TopicAdmin
+from dueflow.topics import TopicSpec, names, topic_layout
+from tests.support.emitters import EmitterSubprocess, wait_until
+
+QUEUE = "bench"
+TASK = "e2e.noop"
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+# ----------------------------------------------------------------------------- workers
+
+
+def worker_main(settings: Settings, out: str) -> None:
+    """One worker process: a no-op handler that notes (key, due, start) of every run."""
+    from dueflow import logs
+    from dueflow.consumers import TaskContext, TaskRegistry, task
+    from dueflow.consumers.worker import run_worker
+
+    logs.configure("text", "WARNING")
+    runs: list[tuple[str, int, int]] = []
+    note = runs.append
+    cpu: list[float] = []  # process CPU seconds at the first and the latest job
+
+    async def noop(payload: Any, ctx: TaskContext) -> None:
+        note((ctx.idempotency_key, ctx.due_ms, time.time_ns() // 1_000_000))
+        if len(runs) == 1 or len(runs) % 1_000 == 0:
+            cpu.append(time.process_time())
+
+    code = run_worker(settings, TaskRegistry([task(TASK, queue=QUEUE)(noop)]), queues=[QUEUE])
+    busy = cpu[-1] - cpu[0] if len(cpu) >= 2 else 0.0
+    Path(out).write_text(json.dumps({"runs": runs, "cpu_s": busy}))
+    sys.exit(code)
+
+
+class Workers:
+    """``count`` spawned worker processes, stopped with SIGTERM (then SIGKILL) by pid."""
+
+    def __init__(self, settings: Settings, count: int, workdir: Path) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.files = [workdir / f"worker-{i}.json" for i in range(count)]
+        self.procs = [
+            ctx.Process(target=worker_main, args=(settings, str(f)), daemon=False)
+            for f in self.files
+        ]
+
+    def start(self) -> Workers:
+        for p in self.procs:
+            p.start()
+        return self
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.pid is not None and p.is_alive():
+                os.kill(p.pid, signal.SIGTERM)
+        for p in self.procs:
+            p.join(60)
+            if p.is_alive():
+                p.kill()
+                p.join(10)
+
+    def runs(self) -> tuple[list[tuple[str, int, int]], float]:
+        runs: list[tuple[str, int, int]] = []
+        cpu = 0.0
+        for f in self.files:
+            doc = json.loads(f.read_text())
+            runs.extend((str(k), int(d), int(s)) for k, d, s in doc["runs"])
+            cpu += float(doc["cpu_s"])
+        return runs, cpu
+
+
+def group_ready(admin: AdminClient, group: str, members: int) -> bool:
+    try:
+        desc = admin.describe_consumer_groups([group], request_timeout=5)[group].result(10)
+    except Exception:
+        return False
+    return len(desc.members) >= members and "STABLE" in str(desc.state).upper()
+
+
+def watcher_main(settings: Settings, target: Any, done_at: Any, ready: Any) -> None:
+    """Count committed outcome records until there are ``target`` (set later by the
+    parent); then note the wall time in ``done_at``.
+
+    Outcomes commit in the same transaction as the workers' offsets, so this is
+    the moment the last job was done as far as Kafka can see. (Committed offsets
+    of the exec topic would not do: transaction markers take offsets too.)
+    """
+    topic = names(settings).outcomes
+    consumer = Consumer(
+        settings.client_config(
+            **{
+                "group.id": f"watch-{uuid.uuid4().hex}",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+            }
+        )
+    )
+    parts = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+    consumer.consume(1, 0.5)
+    ready.set()
+    seen = 0
+    while True:
+        seen += sum(1 for m in consumer.consume(10_000, 0.05) if m.error() is None)
+        if target.value and seen >= target.value:
+            done_at.value = time.time()
+            break
+    consumer.close()
+
+
+class Watcher:
+    """:func:`watcher_main` in its own process."""
+
+    def __init__(self, settings: Settings) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.target = ctx.Value("q", 0)
+        self.done_at = ctx.Value("d", 0.0)
+        self.ready = ctx.Event()
+        self.proc = ctx.Process(
+            target=watcher_main, args=(settings, self.target, self.done_at, self.ready)
+        )
+
+    def __enter__(self) -> Watcher:
+        self.proc.start()
+        self.ready.wait(60)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(10)
+
+    def wait(self, jobs: int, timeout_s: float) -> float:
+        """Wall time at which ``jobs`` outcomes were committed."""
+        self.target.value = jobs
+        wait_until(lambda: self.done_at.value > 0, timeout_s, "every job committed", 0.05)
+        return float(self.done_at.value)
+
+
+# ----------------------------------------------------------------------------- baseline
+
+
+def raw_consumer_main(settings: Settings, topic: str, count: int, out: str, ready: Any) -> None:
+    """Read ``count`` records of ``topic``; write the last receive time and latencies."""
+    consumer = Consumer(
+        settings.client_config(
+            **{
+                "group.id": f"raw-{uuid.uuid4().hex}",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+            }
+        )
+    )
+    parts = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+    consumer.consume(1, 0.5)  # connected and fetching before the producer starts
+    ready.set()
+    seen = 0
+    last = 0
+    latencies: list[int] = []
+    deadline = time.monotonic() + 300
+    while seen < count and time.monotonic() < deadline:
+        msgs = consumer.consume(5_000, 0.05)
+        if not msgs:
+            continue
+        at = now_ms()
+        for m in msgs:
+            if m.error() is None:
+                seen += 1
+                if len(latencies) < 200_000:
+                    latencies.append(at - int(m.timestamp()[1]))
+        last = at
+    consumer.close()
+    Path(out).write_text(json.dumps({"seen": seen, "last_ms": last, "latencies": latencies}))
+
+
+def raw_roundtrip(
+    settings: Settings,
+    records: list[tuple[bytes, bytes, int, list[tuple[str, bytes]]]],
+    workdir: Path,
+    *,
+    rate: float | None = None,
+) -> dict[str, Any]:
+    """Plain produce + consume of ``records`` through one topic (see the module docstring)."""
+    topic = f"{settings.topic_prefix}.raw"
+    parts = settings.queue(QUEUE).partitions
+    report = TopicAdmin(make_admin(settings), replication_factor=1).ensure(
+        [TopicSpec(topic, "bench", parts, {"cleanup.policy": "delete"})]
+    )
+    assert report.ok, report.differences
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Event()
+    out = workdir / "raw.json"
+    proc = ctx.Process(
+        target=raw_consumer_main, args=(settings, topic, len(records), str(out), ready)
+    )
+    proc.start()
+    try:
+        ready.wait(60)
+        producer = Producer(
+            settings.client_config(
+                **{
+                    "linger.ms": 5 if rate else 20,
+                    "compression.type": "lz4",
+                    "queue.buffering.max.messages": 1_000_000,
+                    "enable.idempotence": True,
+                }
+            )
+        )
+        first = now_ms()
+        t0 = time.monotonic()
+        for i, (key, value, _p, headers) in enumerate(records):
+            if rate and i % 50 == 0:
+                ahead = t0 + i / rate - time.monotonic()
+                if ahead > 0:
+                    time.sleep(ahead)  # pacing of the load generator
+            while True:
+                try:
+                    producer.produce(topic, value, key, i % parts, headers=list(headers))
+                    break
+                except BufferError:
+                    producer.poll(0.01)
+            if i % 1_000 == 0:
+                producer.poll(0)
+        producer.flush(60)
+        proc.join(300)
+    finally:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(10)
+    doc = json.loads(out.read_text())
+    if doc["seen"] < len(records):
+        raise RuntimeError(f"raw consumer read {doc['seen']} of {len(records)}")
+    seconds = (doc["last_ms"] - first) / 1000
+    return {
+        "msgs_per_s": round(len(records) / seconds) if seconds > 0 else None,
+        "seconds": round(seconds, 2),
+        "latency_ms": percentiles(doc["latencies"]),
+    }
+
+
+# ----------------------------------------------------------------------------- pipeline
+
+
+def bench_settings(bootstrap: str, partitions: int) -> Settings:
+    s = load_settings(
+        env={},
+        overrides={
+            "bootstrap": bootstrap,
+            "topic_prefix": f"e2e{uuid.uuid4().hex[:8]}",
+            "queues": [{"name": QUEUE, "partitions": partitions}],
+            "worker": {"concurrency": 64, "session_timeout_ms": 6_000},
+            "observability": {"log_format": "json", "log_level": "INFO"},
+        },
+    )
+    report = TopicAdmin(make_admin(s), replication_factor=1).ensure(topic_layout(s))
+    assert report.ok, report.differences
+    return s
+
+
+def requests_burst(jobs: int, window_ms: int) -> list[JobRequest]:
+    """``jobs`` e-mail jobs due evenly over ``window_ms`` after they are scheduled."""
+    return [
+        JobRequest(
+            TASK,
+            {"to": f"user{i}@example.com", "template": "welcome", "locale": "en"},
+            delay=(i * window_ms // jobs) / 1000,
+            queue=QUEUE,
+        )
+        for i in range(jobs)
+    ]
+
+
+def steady_feed(scheduler: Scheduler, rate: int, seconds: float) -> tuple[int, float]:
+    """Schedule ``rate`` jobs/s for ``seconds``, due 1-3 s ahead; (count, seconds taken)."""
+    t0 = time.monotonic()
+    i = 0
+    while (elapsed := time.monotonic() - t0) < seconds:
+        target = int(elapsed * rate)
+        if target > i:
+            batch = [
+                JobRequest(
+                    TASK,
+                    {"to": f"user{k}@example.com", "template": "welcome", "locale": "en"},
+                    delay=1.0 + (k * 7_919 % 2_000) / 1000,
+                    queue=QUEUE,
+                )
+                for k in range(i, target)
+            ]
+            result = scheduler.schedule_many(batch)
+            if not result.ok:
+                raise RuntimeError(f"schedule_many: {result.to_json()}")
+            i = target
+        time.sleep(0.005)  # pacing of the load generator
+    return i, time.monotonic() - t0
+
+
+@contextmanager
+def pipeline(
+    settings: Settings, processes: int, workdir: Path
+) -> Iterator[tuple[EmitterSubprocess, Workers]]:
+    """An active emitter and ``processes`` workers in a stable group."""
+    port = _free_port()
+    emitter = EmitterSubprocess(
+        settings,
+        workdir / "emitter.log",
+        extra_env={"DUEFLOW_OBSERVABILITY_METRICS_PORT": str(port)},
+    ).start()
+    workers = Workers(settings, processes, workdir)
+    try:
+        workers.start()
+        wait_until(lambda: emitter.active_count() > 0, 90, "the emitter to become active")
+        admin = make_admin(settings)
+        group = names(settings).worker_group(QUEUE)
+        wait_until(lambda: group_ready(admin, group, processes), 120, "the worker group", 0.25)
+        yield emitter, workers
+    finally:
+        workers.stop()
+        emitter.stop()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextmanager
+def cluster(bootstrap: str | None, workdir: Path) -> Iterator[tuple[str, int | None]]:
+    """``(bootstrap, broker pid)``: the given cluster (pid unknown) or a local broker."""
+    if bootstrap:
+        yield bootstrap, None
+        return
+    local = LocalBroker(port=free_port_pair(), state_dir=workdir / "broker", heap="1g")
+    pid, _ = local.start()
+    try:
+        yield local.bootstrap, pid
+    finally:
+        local.stop()
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="dueflow-e2e-") as tmp:
+        workdir = Path(tmp)
+        with cluster(args.bootstrap, workdir) as (bootstrap, broker_pid):
+            return _run(args, bootstrap, broker_pid, workdir, load_before)
+
+
+def _run(
+    args: argparse.Namespace,
+    bootstrap: str,
+    broker_pid: int | None,
+    workdir: Path,
+    load_before: tuple[float, float, float],
+) -> dict[str, Any]:
+    settings = bench_settings(bootstrap, args.partitions)
+    with (
+        pipeline(settings, args.processes, workdir) as (emitter, workers),
+        Watcher(settings) as watcher,
+    ):
+        cpu0 = _cpu_s(emitter.pid)
+        broker0 = _cpu_s(broker_pid) if broker_pid else 0.0
+        own0 = time.process_time()
+        with Scheduler(settings) as scheduler:
+            if args.mode == "burst":
+                reqs = requests_burst(args.jobs, int(args.window_s * 1000))
+                started = time.time()
+                result = scheduler.schedule_many(reqs)
+                scheduled_s = time.time() - started
+                if not result.ok:
+                    raise RuntimeError(f"schedule_many: {result.to_json()}")
+                jobs = result.scheduled
+            else:
+                started = time.time()
+                jobs, scheduled_s = steady_feed(scheduler, args.rate, args.duration)
+        done = watcher.wait(jobs, args.timeout)
+        emitter_cpu = _cpu_s(emitter.pid) - cpu0
+        broker_cpu = (_cpu_s(broker_pid) - broker0) if broker_pid else None
+        scheduler_cpu = time.process_time() - own0
+    runs, workers_cpu = workers.runs()
+    # The baseline: records of the very size the SDK writes, same run, same broker.
+    sample = plan_records(settings, requests_burst(min(jobs, 1_000), 1_000))
+    records = [sample[i % len(sample)] for i in range(jobs)]
+    raw = raw_roundtrip(
+        settings, records, workdir, rate=args.rate if args.mode == "steady" else None
+    )
+    counts = Counter(k for k, _, _ in runs)
+    seconds = done - started
+    throughput = jobs / seconds
+    lateness = [float(s - d) for _, d, s in _first_runs(runs)]
+    record_bytes = statistics.mean(
+        len(k) + len(v) + sum(len(a) + len(b) for a, b in h) for k, v, _p, h in sample
+    )
+    out: dict[str, Any] = {
+        "benchmark": "e2e",
+        "mode": args.mode,
+        "jobs": jobs,
+        "executed": len(counts),
+        "lost": jobs - len(counts),
+        "duplicates": sum(c - 1 for c in counts.values()),
+        "throughput_jobs_per_s": round(throughput),
+        "seconds": round(seconds, 2),
+        "schedule_s": round(scheduled_s, 2),
+        "lateness_ms": percentiles(lateness),
+        "lateness_cdf_ms": _cdf(lateness),
+        "raw_roundtrip_msgs_per_s": raw["msgs_per_s"],
+        "ratio": round(throughput / raw["msgs_per_s"], 3) if raw["msgs_per_s"] else None,
+        "processes": args.processes,
+        "partitions": args.partitions,
+        "exactly_once": True,
+        "record_bytes": round(record_bytes, 1),
+        "emitter_cpu_s": round(emitter_cpu, 2),
+        # CPU between each worker's first and latest (every 1000th) job, all threads
+        "workers_cpu_s": round(workers_cpu, 2),
+        # this process: schedule_many and the commit polling
+        "scheduler_cpu_s": round(scheduler_cpu, 2),
+        "broker_cpu_s": round(broker_cpu, 2) if broker_cpu is not None else None,
+        "cpu_us_per_job": _cpu_per_job(
+            jobs,
+            scheduler=scheduler_cpu,
+            emitter=emitter_cpu,
+            workers=workers_cpu,
+            broker=broker_cpu,
+        ),
+        "host": host_info(load_before),
+    }
+    if args.mode == "burst":
+        out["window_s"] = args.window_s
+    else:
+        out["rate_per_s"] = args.rate
+        out["duration_s"] = args.duration
+        out["raw_latency_ms"] = raw["latency_ms"]
+        out["throughput_jobs_per_s"] = round(jobs / scheduled_s)
+        out["ratio"] = None  # the rate is given: a throughput ratio says nothing here
+    return out
+
+
+def _cpu_per_job(jobs: int, **cpu_s: float | None) -> dict[str, float]:
+    """Microseconds of CPU per job by process (and their total): what two cores can do
+    at most, whatever else the host runs, is 2e6 / total."""
+    out = {k: round(v * 1e6 / jobs, 1) for k, v in cpu_s.items() if v is not None and jobs}
+    out["total"] = round(sum(out.values()), 1)
+    return out
+
+
+def _first_runs(runs: list[tuple[str, int, int]]) -> Iterator[tuple[str, int, int]]:
+    seen: set[str] = set()
+    for k, d, s in sorted(runs, key=lambda r: r[2]):
+        if k not in seen:
+            seen.add(k)
+            yield k, d, s
+
+
+def _cdf(values: list[float]) -> list[float]:
+    """Lateness at percentiles 0, 1, ..., 100 (for the report's distribution chart)."""
+    if not values:
+        return []
+    v = sorted(values)
+    return [v[min(len(v) - 1, int(q / 100 * len(v)))] for q in range(101)]
+
+
+def host_info(load_before: tuple[float, float, float]) -> dict[str, Any]:
+    mem_kb = 0
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            mem_kb = int(line.split()[1])
+    return {
+        "cpus": os.cpu_count(),
+        "memory_gib": round(mem_kb / 1024 / 1024, 1),
+        "load_before": [round(x, 2) for x in load_before],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.e2e", description=__doc__)
+    p.add_argument("--mode", choices=["burst", "steady"], default="burst")
+    p.add_argument("--jobs", type=int, default=100_000, help="burst: jobs to schedule")
+    p.add_argument("--window-s", type=float, default=1.0, help="burst: jobs due within this")
+    p.add_argument("--rate", type=int, default=5_000, help="steady: jobs per second")
+    p.add_argument("--duration", type=float, default=30.0, help="steady: seconds of load")
+    p.add_argument("--processes", type=int, default=2, help="worker processes")
+    p.add_argument("--partitions", type=int, default=6, help="exec topic partitions")
+    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--bootstrap", default=os.environ.get("DUEFLOW_BOOTSTRAP"))
+    p.add_argument("--json", type=Path, help="write the result here")
+    args = p.parse_args(argv)
+    result = run(args)
+    width = max(len(k) for k in result)
+    for key, value in result.items():
+        if key != "lateness_cdf_ms":
+            print(f"{key:<{width}}  {value}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

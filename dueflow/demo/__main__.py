@@ -1,0 +1,7 @@
+"""``python -m dueflow.demo``."""
+
+import sys
+
+from dueflow.demo.run import main
+
+sys.exit(main())

@@ -1,0 +1,152 @@
+"""benchmarks.report: every benchmark's JSON becomes a table row, the README section is
+replaced in place, and the charts are written when matplotlib is there."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+from benchmarks.report import BEGIN, END, main
+
+PCT = {"p50": 10.0, "p95": 20.0, "p99": 30.0, "max": 40.0}
+RESULTS = {
+    "produce": {
+        "jobs": 1000,
+        "rounds": 3,
+        "schedules_per_s": 50_000,
+        "raw_per_s": 100_000,
+        "ratio": 0.5,
+    },
+    "emitter-drain": {
+        "scenario": "drain",
+        "timers": 1000,
+        "fires_per_s": 40_000,
+        "raw_per_s": 80_000,
+        "ratio": 0.5,
+    },
+    "emitter-steady": {
+        "scenario": "steady",
+        "rate_per_s": 5000,
+        "timers": 100,
+        "duplicates": 0,
+        "early": 0,
+        "lateness_ms": PCT,
+        "baseline_lateness_ms": PCT,
+        "batch_max_ms": 5,
+    },
+    "emitter-capacity": {
+        "scenario": "capacity",
+        "pending": [0, 100_000, 1_000_000],
+        "emitter_rss_mb": [42.0, 43.0, 43.5],
+        "rss_1m_over_100k": 1.01,
+        "restart_at_1m_rss_mb": 60.0,
+    },
+    "emitter-failover": {
+        "scenario": "failover",
+        "kills": 3,
+        "timers": 9000,
+        "lost": 0,
+        "duplicates": 0,
+        "takeover_s": {"p50": 4.1, "max": 4.6},
+        "session_timeout_s": 3.0,
+    },
+    "worker-p2": {
+        "processes": 2,
+        "jobs": 1000,
+        "partitions": 6,
+        "jobs_per_s": 30_000,
+        "duplicates": 0,
+        "raw_consume_per_s": 150_000,
+        "ratio": 0.2,
+    },
+    "e2e-p2": {
+        "mode": "burst",
+        "processes": 2,
+        "jobs": 100_000,
+        "window_s": 1.0,
+        "throughput_jobs_per_s": 12_345,
+        "lost": 0,
+        "duplicates": 0,
+        "raw_roundtrip_msgs_per_s": 70_000,
+        "ratio": 0.176,
+        "cpu_us_per_job": {"total": 110.0},
+        "host": {
+            "load_before": [1.0, 1, 1],
+            "load_after": [2.0, 1, 1],
+            "date": "2030-01-02 03:04 UTC",
+        },
+    },
+    "e2e-steady": {
+        "mode": "steady",
+        "processes": 2,
+        "jobs": 1000,
+        "rate_per_s": 5000,
+        "duration_s": 20,
+        "lateness_ms": PCT,
+        "lateness_cdf_ms": list(range(101)),
+        "raw_latency_ms": PCT,
+        "lost": 0,
+        "duplicates": 0,
+    },
+    "cron_next_fire": {"unit": "us_per_call", "rows": [{"next_fire_us": 6.0, "tz_lookup_us": 2.0}]},
+}
+
+
+def test_the_report_writes_a_row_per_result_and_replaces_the_readme_section(
+    tmp_path: Path,
+) -> None:
+    results = tmp_path / "results"
+    results.mkdir()
+    for name, doc in RESULTS.items():
+        (results / f"{name}.json").write_text(json.dumps(doc))
+    (results / "host.json").write_text(
+        json.dumps(
+            {
+                "machine": {
+                    "cpus": 2,
+                    "cpu_model": "X",
+                    "memory_gib": 24,
+                    "python": "3.11",
+                    "broker": "local",
+                },
+                "runs": {
+                    "produce": {
+                        "load_before": [3.5, 1, 1],
+                        "load_after": [4.0, 1, 1],
+                        "date": "2030-01-01 00:00 UTC",
+                    }
+                },
+            }
+        )
+    )
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n## Performance\n\n{BEGIN}\nold\n{END}\n\nafter\n")
+    img = tmp_path / "docs" / "img"
+    assert main(["--results", str(results), "--img", str(img), "--readme", str(readme)]) == 0
+
+    text = readme.read_text()
+    assert "old" not in text
+    assert text.endswith(f"{END}\n\nafter\n")
+    table = [line for line in text.splitlines() if line.startswith("| ")]
+    assert len(table) == 1 + len(RESULTS)  # the header and one row each
+    assert "| 3.5 → 4.0 |" in text  # host load from host.json
+    assert "| 1.0 → 2.0 |" in text  # ... or from the result itself
+    assert "12,345 jobs/s; 0 lost, 0 dup; 110 µs CPU/job" in text
+    assert "Measured 2030-01-01 on 2 cores (X), 24 GiB" in text
+    assert (results / "summary.md").read_text() in text
+    if importlib.util.find_spec("matplotlib") is not None:
+        for chart in ("throughput", "lateness", "rss"):
+            assert (img / f"{chart}.png").stat().st_size > 10_000
+            assert f"![{chart}](docs/img/{chart}.png)" in text
+
+
+def test_a_readme_without_the_markers_is_left_alone(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "produce.json").write_text(json.dumps(RESULTS["produce"]))
+    readme = tmp_path / "README.md"
+    readme.write_text("no markers\n")
+    args = ["--results", str(results), "--img", str(tmp_path / "img"), "--readme", str(readme)]
+    assert main(args) == 1
+    assert readme.read_text() == "no markers\n"
