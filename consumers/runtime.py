@@ -42,6 +42,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from dueflow import headers as hdr
 from dueflow.clients import make_consumer
 from dueflow.config import QueueSpec, Settings
 from dueflow.consumers.committer import CommitFailed, TransactionalCommitter
@@ -163,6 +164,7 @@ class QueueRuntime:
         self._running: dict[bytes, Delivery] = {}  # key -> its running attempt
         self._held: dict[bytes, list[Delivery]] = {}  # key -> replays waiting for it
         self._queue_held = False
+        self._operator_paused = False  # `dueflow queue pause`: start nothing, keep the group
         self._pump_scheduled = False
         self._closing = False
         self._restarting = False
@@ -224,6 +226,28 @@ class QueueRuntime:
         await self._loop.run_in_executor(self._txn_thread, self._committer.start)
         self._poller = poller
         poller.start()
+
+    @property
+    def paused(self) -> bool:
+        return self._operator_paused
+
+    def set_paused(self, paused: bool) -> None:
+        """An operator paused (or resumed) the queue: stop (or go on) starting its jobs.
+
+        Its partitions are paused in the consumer (running jobs finish and
+        commit; the group membership stays), so the records wait in Kafka.
+        """
+        if paused == self._operator_paused:
+            return
+        self._operator_paused = paused
+        event(_LOG, "queue paused" if paused else "queue resumed", queue=self.queue)
+        for feed in self._feeds.values():
+            self._sync_pause(feed)
+        if not paused:
+            for feed in self._feeds.values():
+                if not feed.held:
+                    self._make_ready(feed)
+            self._schedule_pump()
 
     def stop_taking(self) -> None:
         """Shutdown, step 1: start nothing new and stop fetching."""
@@ -411,6 +435,27 @@ class QueueRuntime:
         self._make_ready(feed)
         self._pump()
 
+    def _recheck(self, feed: PartitionFeed) -> None:
+        feed.checking = True
+        self._sync_pause(feed)
+        self._loop.create_task(self._recheck_keys(feed))
+
+    async def _recheck_keys(self, feed: PartitionFeed) -> None:
+        try:
+            await self._tail.caught_up(feed.partition)
+        except asyncio.CancelledError:
+            return
+        except KafkaException as exc:
+            if not self._restarting:
+                await self._restart(f"key store load failed: {exc}")
+            return
+        feed.checking = False
+        if feed.gone:
+            return
+        self._sync_pause(feed)
+        self._make_ready(feed)
+        self._pump()
+
     def _make_ready(self, feed: PartitionFeed) -> None:
         if not feed.in_ready and feed.backlog and feed.loaded and not feed.gone:
             feed.in_ready = True
@@ -424,7 +469,7 @@ class QueueRuntime:
     # ================================================================== dispatch
 
     def _stalled(self) -> bool:
-        return self._closing or self._restarting or self._queue_held
+        return self._closing or self._restarting or self._queue_held or self._operator_paused
 
     def _pump(self) -> None:
         """Start jobs from the ready partitions, round robin, while slots are free."""
@@ -477,6 +522,13 @@ class QueueRuntime:
                 if state is None:
                     state = pending_final.get(key)
                 if state is not None:
+                    if not d.rechecked and hdr.REDRIVEN_AT in d.hmap:
+                        # A redrive clears the key's `dead` state in the same
+                        # transaction that wrote this record: decide after the
+                        # store has read that far.
+                        d.rechecked = True
+                        self._recheck(feed)
+                        return True
                     backlog.popleft()
                     self._batch.skipped(d, state, now_ms)
                     feed.tracker.finish(d.offset)
@@ -558,7 +610,7 @@ class QueueRuntime:
         if feed.gone or poller is None:
             return
         size = len(feed.backlog)
-        held = feed.held or self._queue_held or self._closing
+        held = feed.held or self._queue_held or self._closing or self._operator_paused
         want = held or (size > self._low if feed.paused else size >= self._high)
         if want == feed.paused:
             return

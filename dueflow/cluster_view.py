@@ -20,6 +20,7 @@ Definitions (all exact and cheap: no record is read):
   (``geometry.locate``); level ``near`` holds timers due within seconds.
 - active emitter = the member of the emitter group assigned partition 0 of
   the lease topic; none when no member holds it.
+- paused queues = what the control topic says (``dueflow queue pause``).
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ class ClusterSnapshot:
     emitter_group_state: str = "unknown"
     failures: tuple[FailureRecord, ...] = ()
     errors: tuple[str, ...] = ()  # what could not be read, for the operator
+    # queue -> the operator's pause command (``dueflow.control.QueueControl.to_json``)
+    paused: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +108,7 @@ class ClusterView:
     emitter_group_state: str
     failures: tuple[FailureRecord, ...]
     errors: tuple[str, ...] = field(default=())
+    paused: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (the shape of ``/api/cluster`` and ``status --json``)."""
@@ -220,4 +224,5 @@ def compute_view(snapshot: ClusterSnapshot, settings: Settings) -> ClusterView:
         emitter_group_state=snapshot.emitter_group_state,
         failures=failures,
         errors=snapshot.errors,
+        paused={q: dict(c) for q, c in snapshot.paused.items() if q in settings.queue_names},
     )

@@ -115,16 +115,27 @@ class Outbox:
         assert producer is not None
         assert self._open
         timeout = self._settings.emitter.transaction_timeout_ms / 1000.0
+        # Retriable commit errors (a timeout, the coordinator moving) are retried
+        # until the transaction timeout, not forever: a commit that cannot finish
+        # (seen after broker restarts: the request never leaves the producer) must
+        # not wedge the process, which stops polling the lease meanwhile. Giving
+        # up is safe: the next active period's init_transactions settles it.
+        deadline = time.monotonic() + timeout
         try:
             if offsets:
                 producer.send_offsets_to_transaction(offsets, group_metadata, timeout)
             while True:
                 try:
-                    producer.commit_transaction(timeout)
+                    producer.commit_transaction(max(1.0, deadline - time.monotonic()))
                     break
                 except KafkaException as exc:
                     err = _error(exc)
-                    if err is not None and err.retriable() and not err.txn_requires_abort():
+                    if (
+                        err is not None
+                        and err.retriable()
+                        and not err.txn_requires_abort()
+                        and time.monotonic() < deadline
+                    ):
                         continue
                     raise
         except KafkaException as exc:

@@ -48,6 +48,7 @@ from dueflow.config import Settings
 from dueflow.errors import TopicMismatch, UndecodableRecord
 from dueflow.logs import event
 from dueflow.metrics import Metrics
+from dueflow.ops.redrive import Redriver
 from dueflow.schemas import codec
 from dueflow.streams.status import faust_transport, state
 from dueflow.streams.status.cluster_reader import ClusterReader
@@ -59,6 +60,7 @@ from dueflow.topics import TopicSpec, names, topic_layout
 log = logging.getLogger("dueflow.status")
 
 RECENT_JOBS = 200
+REDRIVE_RATE = 50.0  # records per second from the redrive button
 SWEEP_INTERVAL_S = 60.0
 
 
@@ -202,7 +204,7 @@ class StatusView:
         """Open HTTP once tables are recovered (faust runs tasks after recovery)."""
         self._seed_after_recovery()
         server = WebServer(
-            build_web_app(self, self.metrics),
+            build_web_app(self, self.metrics, redrive_call=self.redrive),
             bind=self.settings.observability.status_bind,
             port=self.port,
         )
@@ -275,6 +277,17 @@ class StatusView:
             self._reader = self._reader_factory(self.settings).start()
         return compute_view(self._reader.read(), self.settings)
 
+    def redrive(self, queue: str, limit: int, by: str) -> dict[str, Any]:
+        """The redrive button: at most ``limit`` dead letters of ``queue``, at a bounded
+        rate, idempotent (blocking; the HTTP layer runs it on a thread)."""
+        report = Redriver(self.settings, by=by, rate_per_s=REDRIVE_RATE).run(queue, limit=limit)
+        out = report.to_json()
+        out["items"] = out["items"][:50]
+        out["message"] = f"{report.redriven} redriven, {report.skipped} not redriven"
+        if report.error:
+            out["message"] += f"; stopped early: {report.error}"
+        return out
+
     # ------------------------------------------------------- StatusSource (HTTP)
     def job(self, job_id: str) -> dict[str, Any] | None:
         view = self.jobs.get(job_id)
@@ -294,6 +307,7 @@ class StatusView:
                 "total": sum(by_state.values()),
                 "lag": None if cluster is None else cluster.lag_by_queue.get(q),
                 "dlq_depth": None if cluster is None else cluster.dlq_depth.get(q),
+                "paused": None if cluster is None else cluster.paused.get(q),
             }
         return {"queues": out, "updated_ms": self._clock()}
 

@@ -32,7 +32,8 @@ from dueflow.cluster_view import (
     queue_topics,
 )
 from dueflow.config import Settings
-from dueflow.errors import UndecodableRecord
+from dueflow.errors import DueflowError, UndecodableRecord
+from dueflow.ops.control import read_queue_controls
 from dueflow.schemas import codec
 from dueflow.topics import names
 
@@ -107,6 +108,7 @@ class ClusterReader:
             committed[group] = self._committed(group, errors)
         members, state = self._emitter_members(errors)
         failures = self._dlq_tail(watermarks, errors)
+        paused = self._paused(errors)
         return ClusterSnapshot(
             taken_ms=self._clock(),
             watermarks=watermarks,
@@ -115,6 +117,7 @@ class ClusterReader:
             emitter_group_state=state,
             failures=failures,
             errors=tuple(errors),
+            paused=paused,
         )
 
     def _partitions(self, topics: Iterable[str], errors: list[str]) -> list[tuple[str, int]]:
@@ -253,6 +256,18 @@ class ClusterReader:
             mine = sorted((f for f in found if f.queue == q), key=lambda f: f.dead_ms)
             newest.extend(mine[-k:])
         return tuple(newest)
+
+    def _paused(self, errors: list[str]) -> dict[str, dict[str, Any]]:
+        """The queues paused on the control topic (it is compacted and small)."""
+        try:
+            paused, problems = read_queue_controls(
+                self._settings, self._consumer, timeout_s=self._timeout
+            )
+        except (DueflowError, KafkaException) as exc:
+            errors.append(f"control topic: {exc}")
+            return {}
+        errors.extend(f"control record {p}" for p in problems)
+        return {q: c.to_json() for q, c in paused.items()}
 
 
 def _failure(queue: str, msg: Any) -> FailureRecord:
