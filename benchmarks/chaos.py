@@ -56,6 +56,9 @@ FAULTS = {
     "remove_worker": 1.5,
 }
 MIN_WORKERS, MAX_WORKERS = 1, 4
+BROKER_FAULTS = frozenset({"restart_broker", "kill9_broker"})
+MIN_GAP_S = 2.0  # between faults
+BROKER_QUIET_S = 20.0  # no broker fault this soon after the last one
 
 
 def log(message: str) -> None:
@@ -76,6 +79,7 @@ class FaultDriver:
         self.faults: list[dict[str, Any]] = []
         self.unexpected: list[dict[str, Any]] = []
         self._pending: list[tuple[float, str]] = []  # (when, role) to start
+        self._broker_quiet_until = 0.0
         self._began = time.monotonic()
 
     def run(self) -> None:
@@ -83,21 +87,28 @@ class FaultDriver:
         while time.monotonic() < self.end_at:
             self.housekeep()
             if time.monotonic() >= next_at:
-                self.inject(self._choose())
+                kind = self._choose()
+                self.inject(kind)
+                if kind in BROKER_FAULTS:
+                    self._broker_quiet_until = time.monotonic() + BROKER_QUIET_S
                 next_at = time.monotonic() + self._gap()
             time.sleep(0.1)
 
     def _gap(self) -> float:
         left = max(0.0, self.end_at - time.monotonic())
         owed = max(1, self.target - len(self.faults))
-        return self.rng.uniform(0.4, 1.4) * left / owed
+        return max(MIN_GAP_S, self.rng.uniform(0.4, 1.4) * left / owed)
 
     def _planned(self, role: str) -> int:
         live = self.cluster.workers if role == "worker" else self.cluster.emitters
         return len(live) + sum(1 for _, r in self._pending if r == role)
 
     def _choose(self) -> str:
-        kinds = list(FAULTS)
+        kinds = [
+            k
+            for k in FAULTS
+            if k not in BROKER_FAULTS or time.monotonic() >= self._broker_quiet_until
+        ]
         kind = self.rng.choices(kinds, weights=[FAULTS[k] for k in kinds])[0]
         workers = self._planned("worker")
         if kind == "add_worker" and workers >= MAX_WORKERS:
@@ -106,6 +117,8 @@ class FaultDriver:
             kind = "add_worker"
         if kind == "kill_worker" and not self.cluster.workers:
             kind = "add_worker"
+        if kind == "kill_active_emitter" and not self.cluster.emitters:
+            kind = "kill_worker" if self.cluster.workers else "add_worker"
         return kind
 
     def inject(self, kind: str) -> None:
@@ -302,6 +315,11 @@ def run_chaos(
             cluster.start_emitter()
         for _ in range(workers):
             cluster.start_worker()
+        deadline = time.monotonic() + 90
+        while cluster.active_emitter() is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError("no emitter became active")
+            time.sleep(0.5)
         if on_ready is not None:
             on_ready(cluster)
         plan = plan_jobs(

@@ -37,12 +37,12 @@ import random
 import time
 import uuid
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from dueflow import headers as hdr
+from dueflow.blocking import ClientWedged, DaemonThreadExecutor
 from dueflow.clients import make_consumer
 from dueflow.config import QueueSpec, Settings
 from dueflow.consumers.committer import CommitFailed, TransactionalCommitter
@@ -58,6 +58,7 @@ from dueflow.consumers.registry import TaskRegistry
 from dueflow.consumers.spans import end_attempt, start_attempt
 from dueflow.consumers.store import StoreFactory
 from dueflow.consumers.tail import KeyTail
+from dueflow.errors import DueflowError
 from dueflow.logs import event
 from dueflow.metrics import Metrics
 from dueflow.schemas.fast import F_JOB_ID, F_MAX_ATTEMPTS, F_TASK, F_TIMEOUT_MS
@@ -68,6 +69,7 @@ _LOG = logging.getLogger("dueflow.worker")
 _EXPIRE_EVERY_S = 60.0
 _GAUGES_EVERY_S = 1.0
 _DLQ_DEPTH_EVERY_S = 15.0
+_ABANDONED: list[Any] = []  # wedged clients, kept referenced: never destroyed
 
 
 class Slots:
@@ -175,7 +177,11 @@ class QueueRuntime:
         self._consumer: Consumer | None = None
         self._committer: TransactionalCommitter | None = None
         self._poller: GroupPoller | None = None
-        self._txn_thread = ThreadPoolExecutor(1, thread_name_prefix=f"dueflow-txn-{queue.name}")
+        self._txn_thread = DaemonThreadExecutor(f"dueflow-txn-{queue.name}")
+        # A commit that takes longer than this is given up (librdkafka can block
+        # in send_offsets_to_transaction forever, see dueflow.blocking): the
+        # producer is abandoned and the queue starts over from committed offsets.
+        self._commit_deadline_s = max(30.0, 3 * self._ws.transaction_timeout_ms / 1000)
         self._commit_task: asyncio.Task[None] | None = None
         self._loop = asyncio.get_running_loop()
 
@@ -223,7 +229,11 @@ class QueueRuntime:
             lambda: poller.group_metadata,
             queue=self._queue.name,
         )
-        await self._loop.run_in_executor(self._txn_thread, self._committer.start)
+        try:
+            await self._in_txn_thread(self._committer.start)
+        except BaseException:
+            self._consumer.close()  # never subscribed: closes at once
+            raise
         self._poller = poller
         poller.start()
 
@@ -271,7 +281,8 @@ class QueueRuntime:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._commit_task
         if self._committer is not None:
-            await self._loop.run_in_executor(self._txn_thread, self._committer.close)
+            with contextlib.suppress(ClientWedged):
+                await self._in_txn_thread(self._committer.close)
         await self._tail.close()
         self._txn_thread.shutdown(wait=False)
 
@@ -289,10 +300,44 @@ class QueueRuntime:
             self._poller.stop()
             await self._poller.wait_closed()
         if self._committer is not None:
-            await self._loop.run_in_executor(self._txn_thread, self._committer.close)
-        if not self._closing:
-            await self._connect()
+            with contextlib.suppress(ClientWedged):
+                await self._in_txn_thread(self._committer.close)
+        while not self._closing:
+            try:
+                await self._connect()
+                break
+            except ClientWedged as exc:
+                self._abandon_producer()
+                event(
+                    _LOG,
+                    "worker reconnect failed",
+                    logging.WARNING,
+                    queue=self.queue,
+                    error=str(exc),
+                )
+            except (KafkaException, DueflowError) as exc:
+                # e.g. the broker is restarting: init_transactions times out
+                event(
+                    _LOG,
+                    "worker reconnect failed",
+                    logging.WARNING,
+                    queue=self.queue,
+                    error=str(exc),
+                )
+                await asyncio.sleep(1.0)
         self._restarting = False
+
+    def _restart_soon(self, reason: str) -> None:
+        """Start over from the committed offsets, in a task of its own.
+
+        Never awaited where it is decided: a commit can fail inside a rebalance
+        callback, whose consumer thread waits for the callback, while the
+        restart waits for that thread to close its consumer.
+        """
+        if self._restarting:
+            return
+        self._restarting = True  # nothing starts or commits meanwhile
+        self._loop.create_task(self._restart(reason))
 
     # ================================================================== rebalance
 
@@ -737,16 +782,50 @@ class QueueRuntime:
             batch, finals, marks = cut
             assert self._committer is not None
             try:
-                await self._loop.run_in_executor(self._txn_thread, self._committer.commit, batch)
+                await self._in_txn_thread(self._committer.commit, batch)
+            except ClientWedged as exc:
+                self._metrics.worker_transactions.labels(self.queue, "failed").inc()
+                self._abandon_producer()
+                self._restart_soon(f"transactional producer wedged: {exc}")
+                return False
             except CommitFailed as exc:
                 self._metrics.worker_transactions.labels(self.queue, "failed").inc()
-                if not self._restarting:
-                    await self._restart(str(exc))
+                self._restart_soon(str(exc))
                 return False
             self._metrics.worker_transactions.labels(self.queue, "committed").inc()
             self._batch.committed(finals, marks)
             self._batch.flush_metrics()
             return True
+
+    async def _in_txn_thread(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)`` on the transaction thread; :class:`ClientWedged` after the
+        commit deadline."""
+        future = self._loop.run_in_executor(self._txn_thread, fn, *args)
+        try:
+            return await asyncio.wait_for(future, self._commit_deadline_s)
+        except TimeoutError:
+            name = getattr(fn, "__name__", repr(fn))
+            raise ClientWedged(
+                f"{name} did not return within {self._commit_deadline_s:.0f} s"
+            ) from None
+
+    def _abandon_producer(self) -> None:
+        """Leave the wedged producer and its thread alone for good; use new ones.
+
+        Its open transaction is aborted by the broker after the transaction
+        timeout, so nothing of it can commit later.
+        """
+        event(
+            _LOG,
+            "transactional producer wedged: abandoned",
+            logging.ERROR,
+            queue=self.queue,
+            deadline_s=self._commit_deadline_s,
+        )
+        _ABANDONED.append(self._committer)  # destroying it would block as well
+        self._committer = None
+        self._txn_thread.shutdown(wait=False)
+        self._txn_thread = DaemonThreadExecutor(f"dueflow-txn-{self.queue}")
 
     def _update_gauges(self) -> None:
         m = self._metrics

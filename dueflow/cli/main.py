@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "dueflow.cli.emitter_cmd",
     "dueflow.cli.queue_cmd",
     "dueflow.cli.dlq_cmd",
+    "dueflow.cli.replay_cmd",
 )
 
 

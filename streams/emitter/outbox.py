@@ -15,6 +15,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
+from dueflow.blocking import ClientWedged, DaemonThreadExecutor, call_with_deadline
 from dueflow.clients import make_transactional_producer
 from dueflow.config import Settings
 from dueflow.errors import FencedError, KafkaOperationError
@@ -22,6 +23,7 @@ from dueflow.logs import event
 from dueflow.topics import names
 
 log = logging.getLogger("dueflow.emitter.outbox")
+_ABANDONED: list[Any] = []  # wedged producers, kept referenced: never destroyed
 
 
 class TransactionAborted(KafkaOperationError):
@@ -38,6 +40,10 @@ class Outbox:
         self._open = False
         self.records = 0  # records in the open transaction
         self.opened_ms = 0  # wall clock when it was opened
+        self._calls: DaemonThreadExecutor | None = None
+        em = settings.emitter
+        # send offsets + commit retries + abort, each bounded by the transaction timeout
+        self._deadline_s = 3 * em.transaction_timeout_ms / 1000.0 + 10.0
 
     @property
     def in_transaction(self) -> bool:
@@ -46,6 +52,7 @@ class Outbox:
     def start(self, timeout_s: float = 60.0) -> None:
         """Create the producer and fence every earlier holder of the transactional id."""
         em = self._settings.emitter
+        self._calls = DaemonThreadExecutor("dueflow-emitter-txn")
         self._producer = make_transactional_producer(
             self._settings,
             self._names.emitter_transactional_id,
@@ -110,10 +117,28 @@ class Outbox:
 
         Raises :class:`FencedError` when another emitter took over, and
         :class:`TransactionAborted` (after aborting) when the transaction failed.
+        The blocking calls run on a daemon thread with a deadline: librdkafka can
+        block in ``send_offsets_to_transaction`` forever after a broker restart
+        (``dueflow.blocking``); then the producer is abandoned
+        (:class:`~dueflow.blocking.ClientWedged`) and the next active period,
+        with a new producer, fences its transaction.
         """
+        assert self._producer is not None
+        assert self._calls is not None
+        assert self._open
+        try:
+            call_with_deadline(
+                self._calls, self._deadline_s, self._commit_blocking, offsets, group_metadata
+            )
+        except ClientWedged:
+            self._abandon()
+            raise
+        finally:
+            self._open = False
+
+    def _commit_blocking(self, offsets: list[TopicPartition], group_metadata: Any) -> None:
         producer = self._producer
         assert producer is not None
-        assert self._open
         timeout = self._settings.emitter.transaction_timeout_ms / 1000.0
         # Retriable commit errors (a timeout, the coordinator moving) are retried
         # until the transaction timeout, not forever: a commit that cannot finish
@@ -139,31 +164,48 @@ class Outbox:
                         continue
                     raise
         except KafkaException as exc:
-            self._open = False
             err = _error(exc)
             if err is not None and err.txn_requires_abort() and not err.fatal():
-                self.abort()
+                self._abort_blocking()
                 raise TransactionAborted(f"transaction aborted: {exc}", cause=exc) from exc
             raise _wrap("commit_transaction", exc) from exc
-        self._open = False
 
     def abort(self) -> None:
         """Abort the open transaction, if any; never raises for a dead producer."""
-        producer = self._producer
         was_open, self._open = self._open, False
-        if producer is None or not was_open:
+        if self._producer is None or self._calls is None or not was_open:
             return
+        try:
+            call_with_deadline(self._calls, self._deadline_s, self._abort_blocking)
+        except ClientWedged:
+            self._abandon()
+
+    def _abort_blocking(self) -> None:
+        producer = self._producer
+        assert producer is not None
         try:
             producer.abort_transaction(self._settings.emitter.transaction_timeout_ms / 1000.0)
         except KafkaException as exc:
             event(log, "abort failed", logging.WARNING, error=str(exc))
+
+    def _abandon(self) -> None:
+        """Never touch the wedged producer again (destroying it would block too)."""
+        event(log, "transactional producer wedged: abandoned", logging.ERROR)
+        _ABANDONED.append(self._producer)
+        self._producer = None
 
     def close(self, *, abort: bool = True) -> None:
         if abort:
             self.abort()
         producer, self._producer = self._producer, None
         if producer is not None:
-            producer.flush(1.0 if abort else 10.0)
+            try:
+                producer.flush(1.0 if abort else 10.0)
+            except KafkaException as exc:  # a fenced producer raises: closing goes on
+                event(log, "producer close failed", logging.WARNING, error=str(exc))
+        calls, self._calls = self._calls, None
+        if calls is not None:
+            calls.shutdown(wait=False)
 
 
 def _error(exc: KafkaException) -> KafkaError | None:
