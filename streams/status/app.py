@@ -45,6 +45,7 @@ from dueflow import headers as hdr
 from dueflow.clients import make_admin
 from dueflow.cluster_view import ClusterView, compute_view
 from dueflow.config import Settings
+from dueflow.consumers.quarantine import Quarantine
 from dueflow.errors import TopicMismatch, UndecodableRecord
 from dueflow.logs import event
 from dueflow.metrics import Metrics
@@ -95,6 +96,8 @@ class StatusView:
         self._server: WebServer | None = None
         self._reader: ClusterReader | None = None
         self.app_id = app_id or f"{settings.topic_prefix}.status"
+        # Undecodable outcomes are set aside (the producer is made on first use).
+        self.quarantine: Quarantine | None = Quarantine(settings, metrics, component="status_view")
         self.app = self._build_app()
 
     # ------------------------------------------------------------------- faust
@@ -145,10 +148,18 @@ class StatusView:
 
     async def _consume(self, stream: Any) -> None:
         async for ev in stream.events():
-            self.apply_event(ev.message.partition, ev.message.offset, ev.headers, ev.value)
+            self.apply_event(
+                ev.message.partition, ev.message.offset, ev.headers, ev.value, key=ev.key
+            )
 
     def apply_event(
-        self, partition: int, offset: int, headers: Any, value: bytes | None
+        self,
+        partition: int,
+        offset: int,
+        headers: Any,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
     ) -> dict[str, Any] | None:
         """Fold one outcome record into the tables (call inside the stream)."""
         try:
@@ -157,6 +168,16 @@ class StatusView:
             outcome = codec.decode("outcome", value or b"", writer_version=version)
         except UndecodableRecord as exc:
             self.metrics.skipped.labels("status_view", "undecodable").inc()
+            if self.quarantine is not None:
+                self.quarantine.put_raw(
+                    topic=self._names.outcomes,
+                    partition=partition,
+                    offset=offset,
+                    key=key if isinstance(key, bytes) else None,
+                    value=value if isinstance(value, bytes) else None,
+                    headers=_header_pairs(headers),
+                    reason=f"undecodable outcome: {exc}",
+                )
             event(
                 log,
                 "status.outcome_skipped",
@@ -401,6 +422,8 @@ class StatusView:
         finally:
             if self._reader is not None:
                 self._reader.close()
+            if self.quarantine is not None:
+                self.quarantine.close()
 
 
 def _header_pairs(headers: Any) -> list[tuple[str, bytes | None]]:
