@@ -194,7 +194,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         worker_topics = [
             t
             for t in topic_layout(settings)
-            if t.role in ("exec", "retry", "dlq", "idempotency", "outcomes", "quarantine")
+            if t.role
+            in ("exec", "retry", "dlq", "idempotency", "outcomes", "quarantine", "control")
         ]
         report = TopicAdmin(make_admin(settings), replication_factor=1).ensure(worker_topics)
         assert report.ok, report.differences

@@ -145,9 +145,20 @@ class TransactionalCommitter:
             event(_LOG, "abort failed", logging.WARNING, queue=self._queue, error=str(exc))
 
     def close(self) -> None:
-        if self._producer is not None:
-            self._producer.flush(1.0)
-            self._producer = None
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            try:
+                producer.flush(1.0)
+            except KafkaException as exc:
+                # A fenced (fatal) producer raises here: closing must not fail, or
+                # the restart that follows a fencing would never happen.
+                event(
+                    _LOG,
+                    "producer close failed",
+                    logging.WARNING,
+                    queue=self._queue,
+                    error=str(exc),
+                )
 
 
 def _error_of(exc: KafkaException) -> KafkaError | None:

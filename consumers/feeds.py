@@ -43,6 +43,7 @@ class Delivery:
         "not_before",
         "offset",
         "payload",
+        "rechecked",
         "span",
         "task",
     )
@@ -59,6 +60,7 @@ class Delivery:
     task: RegisteredTask | None
     payload: Any
     span: Any
+    rechecked: bool  # the key store was brought up to date for this record
 
     def __init__(self, feed: PartitionFeed, msg: Any, offset: int) -> None:
         self.feed = feed
@@ -79,6 +81,7 @@ class PartitionFeed:
 
     __slots__ = (
         "backlog",
+        "checking",
         "committed",
         "gone",
         "held_until",
@@ -112,6 +115,7 @@ class PartitionFeed:
         self.loaded = False
         self.held_until = 0  # wall ms: the head record is not due before
         self.rate_held = False
+        self.checking = False  # waiting for the key store to catch up (a redriven record)
         self.paused = False
         self.in_ready = False
         self.revoked = False
@@ -120,7 +124,7 @@ class PartitionFeed:
 
     @property
     def held(self) -> bool:
-        return self.held_until > 0 or self.rate_held
+        return self.held_until > 0 or self.rate_held or self.checking
 
     def __repr__(self) -> str:
         return f"PartitionFeed({self.topic}[{self.partition}], backlog={len(self.backlog)})"
@@ -145,6 +149,7 @@ def prepare(d: Delivery, registry: TaskRegistry) -> None:
     d.task = None
     d.payload = None
     d.span = None
+    d.rechecked = False
     d.max_attempts = 1
     key = msg.key()
     attempt = hmap.get(hdr.ATTEMPT)

@@ -30,37 +30,60 @@ class Quarantine:
 
     def put(self, msg: Any, reason: str) -> None:
         """Quarantine confluent-kafka message ``msg`` with ``reason`` (never raises)."""
-        self._metrics.quarantined.labels(self._component, reason).inc()
+        self.put_raw(
+            topic=msg.topic(),
+            partition=msg.partition(),
+            offset=msg.offset(),
+            key=msg.key(),
+            value=msg.value(),
+            headers=msg.headers(),
+            reason=reason,
+        )
+
+    def put_raw(
+        self,
+        *,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Any,
+        reason: str,
+    ) -> None:
+        """Quarantine a record given by its parts (never raises)."""
+        self._metrics.quarantined.labels(self._component, _label(reason)).inc()
         event(
             _LOG,
             "record quarantined",
             logging.WARNING,
             reason=reason,
-            topic=msg.topic(),
-            partition=msg.partition(),
-            offset=msg.offset(),
+            topic=topic,
+            partition=partition,
+            offset=offset,
         )
+        pairs = list(headers.items()) if isinstance(headers, dict) else list(headers or [])
         try:
             if self._producer is None:
                 self._producer = make_producer(self._settings)
-            value = codec.encode(
+            record = codec.encode(
                 "quarantined",
                 {
                     "reason": reason,
                     "component": self._component,
-                    "source_topic": msg.topic(),
-                    "source_partition": msg.partition(),
-                    "source_offset": msg.offset(),
+                    "source_topic": topic,
+                    "source_partition": partition,
+                    "source_offset": offset,
                     "at_ms": int(time.time() * 1000),
-                    "key": msg.key(),
-                    "value": msg.value(),
-                    "headers": {k: v for k, v in (msg.headers() or []) if v is not None},
+                    "key": key,
+                    "value": value,
+                    "headers": {k: v for k, v in pairs if isinstance(v, bytes)},
                 },
             )
             self._producer.produce(
                 self._topic,
-                value,
-                msg.key(),
+                record,
+                key,
                 headers=[("df-schema", codec.schema_header("quarantined"))],
             )
             self._producer.poll(0)
@@ -71,3 +94,8 @@ class Quarantine:
         if self._producer is not None:
             self._producer.flush(5.0)
             self._producer = None
+
+
+def _label(reason: str) -> str:
+    """Low-cardinality metric label of a reason: the text before its first detail."""
+    return reason.partition(":")[0].strip()[:60] or "unknown"

@@ -37,11 +37,12 @@ import random
 import time
 import uuid
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from dueflow import headers as hdr
+from dueflow.blocking import ClientWedged, DaemonThreadExecutor
 from dueflow.clients import make_consumer
 from dueflow.config import QueueSpec, Settings
 from dueflow.consumers.committer import CommitFailed, TransactionalCommitter
@@ -57,6 +58,7 @@ from dueflow.consumers.registry import TaskRegistry
 from dueflow.consumers.spans import end_attempt, start_attempt
 from dueflow.consumers.store import StoreFactory
 from dueflow.consumers.tail import KeyTail
+from dueflow.errors import DueflowError
 from dueflow.logs import JOB_STARTED, event, job_event
 from dueflow.metrics import Metrics
 from dueflow.schemas.fast import F_JOB_ID, F_MAX_ATTEMPTS, F_TASK, F_TIMEOUT_MS
@@ -67,6 +69,7 @@ _LOG = logging.getLogger("dueflow.worker")
 _EXPIRE_EVERY_S = 60.0
 _GAUGES_EVERY_S = 1.0
 _DLQ_DEPTH_EVERY_S = 15.0
+_ABANDONED: list[Any] = []  # wedged clients, kept referenced: never destroyed
 
 
 class Slots:
@@ -169,6 +172,7 @@ class QueueRuntime:
         self._running: dict[bytes, Delivery] = {}  # key -> its running attempt
         self._held: dict[bytes, list[Delivery]] = {}  # key -> replays waiting for it
         self._queue_held = False
+        self._operator_paused = False  # `dueflow queue pause`: start nothing, keep the group
         self._pump_scheduled = False
         self._closing = False
         self._restarting = False
@@ -179,7 +183,11 @@ class QueueRuntime:
         self._consumer: Consumer | None = None
         self._committer: TransactionalCommitter | None = None
         self._poller: GroupPoller | None = None
-        self._txn_thread = ThreadPoolExecutor(1, thread_name_prefix=f"dueflow-txn-{queue.name}")
+        self._txn_thread = DaemonThreadExecutor(f"dueflow-txn-{queue.name}")
+        # A commit that takes longer than this is given up (librdkafka can block
+        # in send_offsets_to_transaction forever, see dueflow.blocking): the
+        # producer is abandoned and the queue starts over from committed offsets.
+        self._commit_deadline_s = max(30.0, 3 * self._ws.transaction_timeout_ms / 1000)
         self._commit_task: asyncio.Task[None] | None = None
         self._loop = asyncio.get_running_loop()
 
@@ -227,9 +235,35 @@ class QueueRuntime:
             lambda: poller.group_metadata,
             queue=self._queue.name,
         )
-        await self._loop.run_in_executor(self._txn_thread, self._committer.start)
+        try:
+            await self._in_txn_thread(self._committer.start)
+        except BaseException:
+            self._consumer.close()  # never subscribed: closes at once
+            raise
         self._poller = poller
         poller.start()
+
+    @property
+    def paused(self) -> bool:
+        return self._operator_paused
+
+    def set_paused(self, paused: bool) -> None:
+        """An operator paused (or resumed) the queue: stop (or go on) starting its jobs.
+
+        Its partitions are paused in the consumer (running jobs finish and
+        commit; the group membership stays), so the records wait in Kafka.
+        """
+        if paused == self._operator_paused:
+            return
+        self._operator_paused = paused
+        event(_LOG, "queue paused" if paused else "queue resumed", queue=self.queue)
+        for feed in self._feeds.values():
+            self._sync_pause(feed)
+        if not paused:
+            for feed in self._feeds.values():
+                if not feed.held:
+                    self._make_ready(feed)
+            self._schedule_pump()
 
     def stop_taking(self) -> None:
         """Shutdown, step 1: start nothing new and stop fetching."""
@@ -253,7 +287,8 @@ class QueueRuntime:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._commit_task
         if self._committer is not None:
-            await self._loop.run_in_executor(self._txn_thread, self._committer.close)
+            with contextlib.suppress(ClientWedged):
+                await self._in_txn_thread(self._committer.close)
         await self._tail.close()
         self._txn_thread.shutdown(wait=False)
 
@@ -271,10 +306,44 @@ class QueueRuntime:
             self._poller.stop()
             await self._poller.wait_closed()
         if self._committer is not None:
-            await self._loop.run_in_executor(self._txn_thread, self._committer.close)
-        if not self._closing:
-            await self._connect()
+            with contextlib.suppress(ClientWedged):
+                await self._in_txn_thread(self._committer.close)
+        while not self._closing:
+            try:
+                await self._connect()
+                break
+            except ClientWedged as exc:
+                self._abandon_producer()
+                event(
+                    _LOG,
+                    "worker reconnect failed",
+                    logging.WARNING,
+                    queue=self.queue,
+                    error=str(exc),
+                )
+            except (KafkaException, DueflowError) as exc:
+                # e.g. the broker is restarting: init_transactions times out
+                event(
+                    _LOG,
+                    "worker reconnect failed",
+                    logging.WARNING,
+                    queue=self.queue,
+                    error=str(exc),
+                )
+                await asyncio.sleep(1.0)
         self._restarting = False
+
+    def _restart_soon(self, reason: str) -> None:
+        """Start over from the committed offsets, in a task of its own.
+
+        Never awaited where it is decided: a commit can fail inside a rebalance
+        callback, whose consumer thread waits for the callback, while the
+        restart waits for that thread to close its consumer.
+        """
+        if self._restarting:
+            return
+        self._restarting = True  # nothing starts or commits meanwhile
+        self._loop.create_task(self._restart(reason))
 
     # ================================================================== rebalance
 
@@ -417,6 +486,27 @@ class QueueRuntime:
         self._make_ready(feed)
         self._pump()
 
+    def _recheck(self, feed: PartitionFeed) -> None:
+        feed.checking = True
+        self._sync_pause(feed)
+        self._loop.create_task(self._recheck_keys(feed))
+
+    async def _recheck_keys(self, feed: PartitionFeed) -> None:
+        try:
+            await self._tail.caught_up(feed.partition)
+        except asyncio.CancelledError:
+            return
+        except KafkaException as exc:
+            if not self._restarting:
+                await self._restart(f"key store load failed: {exc}")
+            return
+        feed.checking = False
+        if feed.gone:
+            return
+        self._sync_pause(feed)
+        self._make_ready(feed)
+        self._pump()
+
     def _make_ready(self, feed: PartitionFeed) -> None:
         if not feed.in_ready and feed.backlog and feed.loaded and not feed.gone:
             feed.in_ready = True
@@ -430,7 +520,7 @@ class QueueRuntime:
     # ================================================================== dispatch
 
     def _stalled(self) -> bool:
-        return self._closing or self._restarting or self._queue_held
+        return self._closing or self._restarting or self._queue_held or self._operator_paused
 
     def _pump(self) -> None:
         """Start jobs from the ready partitions, round robin, while slots are free."""
@@ -483,6 +573,13 @@ class QueueRuntime:
                 if state is None:
                     state = pending_final.get(key)
                 if state is not None:
+                    if not d.rechecked and hdr.REDRIVEN_AT in d.hmap:
+                        # A redrive clears the key's `dead` state in the same
+                        # transaction that wrote this record: decide after the
+                        # store has read that far.
+                        d.rechecked = True
+                        self._recheck(feed)
+                        return True
                     backlog.popleft()
                     self._batch.skipped(d, state, now_ms)
                     feed.tracker.finish(d.offset)
@@ -564,7 +661,7 @@ class QueueRuntime:
         if feed.gone or poller is None:
             return
         size = len(feed.backlog)
-        held = feed.held or self._queue_held or self._closing
+        held = feed.held or self._queue_held or self._closing or self._operator_paused
         want = held or (size > self._low if feed.paused else size >= self._high)
         if want == feed.paused:
             return
@@ -702,16 +799,50 @@ class QueueRuntime:
             batch, finals, marks = cut
             assert self._committer is not None
             try:
-                await self._loop.run_in_executor(self._txn_thread, self._committer.commit, batch)
+                await self._in_txn_thread(self._committer.commit, batch)
+            except ClientWedged as exc:
+                self._metrics.worker_transactions.labels(self.queue, "failed").inc()
+                self._abandon_producer()
+                self._restart_soon(f"transactional producer wedged: {exc}")
+                return False
             except CommitFailed as exc:
                 self._metrics.worker_transactions.labels(self.queue, "failed").inc()
-                if not self._restarting:
-                    await self._restart(str(exc))
+                self._restart_soon(str(exc))
                 return False
             self._metrics.worker_transactions.labels(self.queue, "committed").inc()
             self._batch.committed(finals, marks)
             self._batch.flush_metrics()
             return True
+
+    async def _in_txn_thread(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)`` on the transaction thread; :class:`ClientWedged` after the
+        commit deadline."""
+        future = self._loop.run_in_executor(self._txn_thread, fn, *args)
+        try:
+            return await asyncio.wait_for(future, self._commit_deadline_s)
+        except TimeoutError:
+            name = getattr(fn, "__name__", repr(fn))
+            raise ClientWedged(
+                f"{name} did not return within {self._commit_deadline_s:.0f} s"
+            ) from None
+
+    def _abandon_producer(self) -> None:
+        """Leave the wedged producer and its thread alone for good; use new ones.
+
+        Its open transaction is aborted by the broker after the transaction
+        timeout, so nothing of it can commit later.
+        """
+        event(
+            _LOG,
+            "transactional producer wedged: abandoned",
+            logging.ERROR,
+            queue=self.queue,
+            deadline_s=self._commit_deadline_s,
+        )
+        _ABANDONED.append(self._committer)  # destroying it would block as well
+        self._committer = None
+        self._txn_thread.shutdown(wait=False)
+        self._txn_thread = DaemonThreadExecutor(f"dueflow-txn-{self.queue}")
 
     def _update_gauges(self) -> None:
         m = self._metrics

@@ -158,6 +158,8 @@ class KeyTail:
         by_partition: dict[int, list[tuple[bytes, int | None, int]]] = {}
         positions: dict[int, int] = {}
         stores = {**self._parked, **self._owned}
+        # Keys a tombstone of this batch forgets: their later records are news.
+        cleared: set[tuple[int, bytes]] = set()
         for msg in msgs:
             err = msg.error()
             partition = msg.partition()
@@ -174,11 +176,12 @@ class KeyTail:
                 continue
             value = msg.value()
             records = by_partition.setdefault(partition, [])
-            if value is None:  # a tombstone forgets the key
+            if value is None:  # a tombstone forgets the key (a redrive clears `dead`)
                 records.append((key, None, 0))
+                cleared.add((partition, key))
                 continue
             store = stores.get(partition)
-            if store is not None and store.get(key) is not None:
+            if store is not None and store.get(key) is not None and (partition, key) not in cleared:
                 # Final already (most often: this worker's own record read back).
                 # Any final state means "skip it", so there is nothing to learn.
                 continue

@@ -20,6 +20,7 @@ import socket
 from collections.abc import Callable, Sequence
 
 from dueflow.config import Settings
+from dueflow.consumers.control import ControlTail
 from dueflow.consumers.execution import JobExecutor
 from dueflow.consumers.quarantine import Quarantine
 from dueflow.consumers.registry import TaskRegistry
@@ -75,6 +76,7 @@ class Worker:
         self._stop: asyncio.Event | None = None
         self._runtimes: list[QueueRuntime] = []
         self._executor: JobExecutor | None = None
+        self._control: ControlTail | None = None
         self.exit_code = 0
         self.started = False
 
@@ -110,6 +112,16 @@ class Worker:
         self._executor = executor
         slots = Slots(ws.concurrency)
         quarantine = Quarantine(self._settings, self._metrics, component="worker")
+        # Queues an operator paused: read before any job starts, then followed.
+        control = ControlTail(
+            self._settings,
+            quarantine=quarantine,
+            on_change=self._on_control,
+            group=f"{self._settings.topic_prefix}.worker.control",
+        )
+        control.start()
+        self._control = control
+        await control.caught_up()
         self._runtimes = [
             QueueRuntime(
                 self._settings,
@@ -125,6 +137,8 @@ class Worker:
             )
             for name in self._queues
         ]
+        for runtime in self._runtimes:
+            runtime.set_paused(control.is_paused(runtime.queue))
         try:
             for runtime in self._runtimes:
                 await runtime.start()
@@ -142,7 +156,14 @@ class Worker:
             await self._stop.wait()
         finally:
             await self._shutdown(executor)
+            await control.close()
             quarantine.close()
+
+    def _on_control(self, queue: str, paused: bool) -> None:
+        """An operator paused or resumed ``queue`` (on the loop)."""
+        for runtime in self._runtimes:
+            if runtime.queue == queue:
+                runtime.set_paused(paused)
 
     async def _shutdown(self, executor: JobExecutor) -> None:
         for runtime in self._runtimes:

@@ -30,6 +30,7 @@ offsets) and the snapshot carries them as :class:`RecordCount`; any other
 range is the offset distance, an upper bound.
 - active emitter = the member of the emitter group assigned partition 0 of
   the lease topic; none when no member holds it.
+- paused queues = what the control topic says (``dueflow queue pause``).
 """
 
 from __future__ import annotations
@@ -104,6 +105,8 @@ class ClusterSnapshot:
     failures: tuple[FailureRecord, ...] = ()
     errors: tuple[str, ...] = ()  # what could not be read, for the operator
     counted: Mapping[TopicPartition, RecordCount] = field(default_factory=dict)
+    # queue -> the operator's pause command (``dueflow.control.QueueControl.to_json``)
+    paused: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +133,7 @@ class ClusterView:
     emitter_group_state: str
     failures: tuple[FailureRecord, ...]
     errors: tuple[str, ...] = field(default=())
+    paused: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (the shape of ``/api/cluster`` and ``status --json``)."""
@@ -310,4 +314,5 @@ def compute_view(snapshot: ClusterSnapshot, settings: Settings) -> ClusterView:
         emitter_group_state=snapshot.emitter_group_state,
         failures=failures,
         errors=snapshot.errors,
+        paused={q: dict(c) for q, c in snapshot.paused.items() if q in settings.queue_names},
     )

@@ -53,6 +53,22 @@ header                   meaning
 
 Exec records without ``df-attempt`` run as attempt 1. A worker writes its
 records with an explicit partition: the partition the job was read from.
+
+Records the operator tools write again (``dueflow replay``, ``dueflow dlq
+redrive``) carry who and when:
+
+=======================  ======================================================
+header                   meaning
+=======================  ======================================================
+``df-redriven-by``       who redrove a dead job (``dueflow dlq redrive --by``)
+``df-redriven-at``       when (UTC epoch ms); a worker that finds the key of
+                         such a record final reads its key store up to date
+                         before it decides (the redrive cleared the state)
+``df-redriven-from``     ``topic:partition:offset`` of the DLQ record
+``df-replayed-from``     ``topic:partition:offset`` of the record replayed
+``df-replayed-by``       who replayed it (``dueflow replay``)
+``df-replayed-at``       when (UTC epoch ms)
+=======================  ======================================================
 """
 
 from __future__ import annotations
@@ -81,6 +97,10 @@ SOURCE = "df-src"
 ORIGIN = "df-origin"
 REDRIVEN_BY = "df-redriven-by"
 REDRIVEN_AT = "df-redriven-at"
+REDRIVEN_FROM = "df-redriven-from"
+REPLAYED_FROM = "df-replayed-from"
+REPLAYED_BY = "df-replayed-by"
+REPLAYED_AT = "df-replayed-at"
 
 KIND_JOB = "job"
 KIND_CRON = "cron"

@@ -42,6 +42,7 @@ def cancel_records(
     task: str = "",
     due_ms: int | None = None,
     content_hash: str | None = None,
+    schedule_id: str | None = None,
 ) -> tuple[OutgoingRecord, OutgoingRecord]:
     """The idempotency record and the outcome that cancel ``job_id``."""
     for field, value in (("job_id", job_id), ("idempotency_key", idempotency_key)):
@@ -84,6 +85,7 @@ def cancel_records(
                 "attempt": 0,
                 "at_ms": at_ms,
                 "due_ms": due_ms,
+                "schedule_id": schedule_id,
             },
         ),
         [

@@ -18,6 +18,9 @@ COMMAND_MODULES = (
     "dueflow.cli.cron_cmd",
     "dueflow.cli.worker_cmd",
     "dueflow.cli.emitter_cmd",
+    "dueflow.cli.queue_cmd",
+    "dueflow.cli.dlq_cmd",
+    "dueflow.cli.replay_cmd",
 )
 
 

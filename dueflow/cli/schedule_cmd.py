@@ -46,8 +46,15 @@ def register(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_schedule)
 
-    c = sub.add_parser("cancel", help="cancel a job: workers skip it if it has not run")
-    c.add_argument("job_id", help="the job id")
+    c = sub.add_parser(
+        "cancel",
+        help="cancel a job (workers skip it if it has not run) or a cron schedule",
+        description="`cancel JOB_ID` cancels one job; `cancel --schedule ID` pauses the "
+        "schedule (--delete: deletes it) and cancels its occurrence already in the wheel.",
+    )
+    c.add_argument("job_id", nargs="?", help="the job id")
+    c.add_argument("--schedule", help="a cron schedule id: stop it, cancel its next occurrence")
+    c.add_argument("--delete", action="store_true", help="with --schedule: delete, not pause")
     c.add_argument("--queue", help="the job's queue (default: default)")
     c.add_argument("--idempotency-key", help="the job's idempotency key (default: the job id)")
     add_global_options(c)
@@ -108,6 +115,12 @@ def _schedule(args: argparse.Namespace) -> int:
 
 
 def _cancel(args: argparse.Namespace) -> int:
+    if (args.job_id is None) == (args.schedule is None):
+        raise InvalidInput("cancel", args.job_id or args.schedule, "a JOB_ID or --schedule ID")
+    if args.schedule is not None:
+        return _cancel_schedule(args)
+    if args.delete:
+        raise InvalidInput("delete", True, "only with --schedule")
     settings = settings_from_args(args)
     queue = args.queue or "default"
     if queue not in settings.queue_names:
@@ -121,4 +134,29 @@ def _cancel(args: argparse.Namespace) -> int:
             f"cancelled job {result.job_id} (queue {result.queue}, "
             f"idempotency key {result.idempotency_key})"
         )
+    return 0
+
+
+def _cancel_schedule(args: argparse.Namespace) -> int:
+    from dueflow.ops.cancel_schedule import cancel_schedule
+    from dueflow.ops.reading import ops_consumer
+
+    settings = settings_from_args(args)
+    consumer = ops_consumer(settings)
+    try:
+        with Scheduler(settings) as scheduler:
+            result = cancel_schedule(
+                settings, scheduler, consumer, args.schedule, delete=args.delete, now_ms=wall_ms()
+            )
+    finally:
+        consumer.close()
+    if args.json:
+        print_json(result.to_json())
+    else:
+        pending = (
+            f"; cancelled its pending occurrence {result.occurrence_job_id}"
+            if result.occurrence_job_id
+            else "; no occurrence was pending"
+        )
+        print(f"schedule {result.schedule_id} {result.action}{pending}")
     return 0

@@ -132,6 +132,7 @@ def status_from_cluster(
             "counts": None if counts is None else counts.get(q, {}),
             "lag": cluster.get("lag_by_queue", {}).get(q),
             "dlq_depth": cluster.get("dlq_depth", {}).get(q),
+            "paused": cluster.get("paused", {}).get(q),
         }
     return {
         "source": source,
@@ -153,8 +154,10 @@ def render_status(doc: dict[str, Any]) -> str:
     for q, info in doc["queues"].items():
         counts = info["counts"]
         cells = ["-" if counts is None else counts.get(s, 0) for s in states]
-        rows.append([q, *cells, _dash(info["lag"]), _dash(info["dlq_depth"])])
-    lines += ["", format_table(["queue", *states, "lag", "dlq"], rows)]
+        paused = info.get("paused")
+        state = f"paused by {paused.get('by') or '?'}" if paused else "running"
+        rows.append([q, *cells, _dash(info["lag"]), _dash(info["dlq_depth"]), state])
+    lines += ["", format_table(["queue", *states, "lag", "dlq", "workers"], rows)]
     if doc["source"] == "kafka":
         lines.append("(counts by state need the status view: `dueflow status-view`)")
     timers = doc["timers_pending"]

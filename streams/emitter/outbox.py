@@ -28,6 +28,7 @@ from typing import Any, NoReturn
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
+from dueflow.blocking import ClientWedged, DaemonThreadExecutor, call_with_deadline
 from dueflow.clients import make_transactional_producer
 from dueflow.config import Settings
 from dueflow.errors import FencedError, KafkaOperationError
@@ -35,6 +36,7 @@ from dueflow.logs import event
 from dueflow.topics import names
 
 log = logging.getLogger("dueflow.emitter.outbox")
+_ABANDONED: list[Any] = []  # wedged producers, kept referenced: never destroyed
 
 
 class TransactionAborted(KafkaOperationError):
@@ -50,9 +52,13 @@ class Outbox:
         self._producer: Producer | None = None
         self._open = False
         self.records = 0  # records in the open transaction
-        self.first_ms = 0  # wall clock of its first record
         self.opened_ms = 0  # wall clock when it was opened
+        self.first_ms = 0  # wall clock of its first record
         self._last_offset: list[TopicPartition] = []  # one offset the last commit wrote
+        self._calls: DaemonThreadExecutor | None = None
+        em = settings.emitter
+        # send offsets + commit retries + abort, each bounded by the transaction timeout
+        self._deadline_s = 3 * em.transaction_timeout_ms / 1000.0 + 10.0
 
     @property
     def in_transaction(self) -> bool:
@@ -61,6 +67,7 @@ class Outbox:
     def start(self, timeout_s: float = 60.0) -> None:
         """Create the producer and fence every earlier holder of the transactional id."""
         em = self._settings.emitter
+        self._calls = DaemonThreadExecutor("dueflow-emitter-txn")
         self._producer = make_transactional_producer(
             self._settings,
             self._names.emitter_transactional_id,
@@ -101,12 +108,33 @@ class Outbox:
         the module doc). A no-op if one is open or nothing was committed yet."""
         if self._open or not self._last_offset:
             return
-        producer = self._begin()
-        timeout = self._settings.emitter.transaction_timeout_ms / 1000.0
+        self._begin()
+        assert self._calls is not None
         try:
-            producer.send_offsets_to_transaction(self._last_offset, group_metadata, timeout)
+            call_with_deadline(
+                self._calls, self._deadline_s, self._send_offsets_blocking, group_metadata
+            )
+        except ClientWedged:
+            self._open = False
+            self._abandon()
+            raise
         except KafkaException as exc:
             self._fail("open the next transaction", exc)
+
+    def _send_offsets_blocking(self, group_metadata: Any) -> None:
+        producer = self._producer
+        assert producer is not None
+        timeout = self._settings.emitter.transaction_timeout_ms / 1000.0
+        producer.send_offsets_to_transaction(self._last_offset, group_metadata, timeout)
+
+    def _fail(self, what: str, exc: KafkaException) -> NoReturn:
+        """The open transaction failed: abort it if it can be, and raise."""
+        err = _error(exc)
+        if err is not None and err.txn_requires_abort() and not err.fatal():
+            self.abort()
+            raise TransactionAborted(f"transaction aborted: {exc}", cause=exc) from exc
+        self._open = False
+        raise _wrap(what, exc) from exc
 
     def send(
         self,
@@ -122,8 +150,6 @@ class Outbox:
         """
         producer = self._producer if self._open else self._begin()
         assert producer is not None
-        if not self.records:
-            self.first_ms = time.time_ns() // 1_000_000
         while True:
             try:
                 producer.produce(topic, value, key, partition, headers=headers)
@@ -132,6 +158,8 @@ class Outbox:
                 producer.poll(0.05)
             except KafkaException as exc:
                 raise _wrap(f"produce to {topic}", exc) from exc
+        if not self.records:
+            self.first_ms = time.time_ns() // 1_000_000
         self.records += 1
 
     def poll(self) -> None:
@@ -144,57 +172,99 @@ class Outbox:
 
         Raises :class:`FencedError` when another emitter took over, and
         :class:`TransactionAborted` (after aborting) when the transaction failed.
+        The blocking calls run on a daemon thread with a deadline: librdkafka can
+        block in ``send_offsets_to_transaction`` forever after a broker restart
+        (``dueflow.blocking``); then the producer is abandoned
+        (:class:`~dueflow.blocking.ClientWedged`) and the next active period,
+        with a new producer, fences its transaction.
         """
+        assert self._producer is not None
+        assert self._calls is not None
+        assert self._open
+        try:
+            call_with_deadline(
+                self._calls, self._deadline_s, self._commit_blocking, offsets, group_metadata
+            )
+        except ClientWedged:
+            self._abandon()
+            raise
+        finally:
+            self._open = False
+            self.records = 0
+        if offsets:
+            self._last_offset = [offsets[0]]
+
+    def _commit_blocking(self, offsets: list[TopicPartition], group_metadata: Any) -> None:
         producer = self._producer
         assert producer is not None
-        assert self._open
         timeout = self._settings.emitter.transaction_timeout_ms / 1000.0
+        # Retriable commit errors (a timeout, the coordinator moving) are retried
+        # until the transaction timeout, not forever: a commit that cannot finish
+        # (seen after broker restarts: the request never leaves the producer) must
+        # not wedge the process, which stops polling the lease meanwhile. Giving
+        # up is safe: the next active period's init_transactions settles it.
+        deadline = time.monotonic() + timeout
         try:
             if offsets:
                 producer.send_offsets_to_transaction(offsets, group_metadata, timeout)
             while True:
                 try:
-                    producer.commit_transaction(timeout)
+                    producer.commit_transaction(max(1.0, deadline - time.monotonic()))
                     break
                 except KafkaException as exc:
                     err = _error(exc)
-                    if err is not None and err.retriable() and not err.txn_requires_abort():
+                    if (
+                        err is not None
+                        and err.retriable()
+                        and not err.txn_requires_abort()
+                        and time.monotonic() < deadline
+                    ):
                         continue
                     raise
         except KafkaException as exc:
-            self._fail("commit_transaction", exc)
-        self._open = False
-        self.records = 0
-        if offsets:
-            self._last_offset = [offsets[0]]
-
-    def _fail(self, what: str, exc: KafkaException) -> NoReturn:
-        """The open transaction failed: abort it if it can be, and raise."""
-        err = _error(exc)
-        if err is not None and err.txn_requires_abort() and not err.fatal():
-            self.abort()
-            raise TransactionAborted(f"transaction aborted: {exc}", cause=exc) from exc
-        self._open = False
-        raise _wrap(what, exc) from exc
+            err = _error(exc)
+            if err is not None and err.txn_requires_abort() and not err.fatal():
+                self._abort_blocking()
+                raise TransactionAborted(f"transaction aborted: {exc}", cause=exc) from exc
+            raise _wrap("commit_transaction", exc) from exc
 
     def abort(self) -> None:
         """Abort the open transaction, if any; never raises for a dead producer."""
-        producer = self._producer
         was_open, self._open = self._open, False
         self.records = 0
-        if producer is None or not was_open:
+        if self._producer is None or self._calls is None or not was_open:
             return
+        try:
+            call_with_deadline(self._calls, self._deadline_s, self._abort_blocking)
+        except ClientWedged:
+            self._abandon()
+
+    def _abort_blocking(self) -> None:
+        producer = self._producer
+        assert producer is not None
         try:
             producer.abort_transaction(self._settings.emitter.transaction_timeout_ms / 1000.0)
         except KafkaException as exc:
             event(log, "abort failed", logging.WARNING, error=str(exc))
+
+    def _abandon(self) -> None:
+        """Never touch the wedged producer again (destroying it would block too)."""
+        event(log, "transactional producer wedged: abandoned", logging.ERROR)
+        _ABANDONED.append(self._producer)
+        self._producer = None
 
     def close(self, *, abort: bool = True) -> None:
         if abort:
             self.abort()
         producer, self._producer = self._producer, None
         if producer is not None:
-            producer.flush(1.0 if abort else 10.0)
+            try:
+                producer.flush(1.0 if abort else 10.0)
+            except KafkaException as exc:  # a fenced producer raises: closing goes on
+                event(log, "producer close failed", logging.WARNING, error=str(exc))
+        calls, self._calls = self._calls, None
+        if calls is not None:
+            calls.shutdown(wait=False)
 
 
 def _error(exc: KafkaException) -> KafkaError | None:

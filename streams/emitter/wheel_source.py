@@ -96,12 +96,16 @@ class WheelSource:
         policy, earliest, takes over). An explicit offset spares librdkafka an
         offset query, which for a partition new to the client waits half a second.
         """
-        self.consumer.assign(
-            [
-                TopicPartition(self._topic, p, off if off >= 0 else 0)
-                for p, off in sorted(offsets.items())
-            ]
-        )
+        tps = [
+            TopicPartition(self._topic, p, off if off >= 0 else 0)
+            for p, off in sorted(offsets.items())
+        ]
+        self.consumer.assign(tps)
+        # librdkafka keeps a partition's pause across unassign()/assign(): a slot
+        # paused by the previous active period of this (warm) consumer would never
+        # be read again, and the new drainer, which believes it runs, would wait
+        # for it forever. Every partition starts resumed; the drainer pauses.
+        self.consumer.resume(tps)
 
     def consume(self, max_messages: int, timeout_s: float) -> list[Message]:
         """What is there, waiting at most ``timeout_s`` for the first record.

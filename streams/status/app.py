@@ -45,9 +45,11 @@ from dueflow import headers as hdr
 from dueflow.clients import make_admin
 from dueflow.cluster_view import ClusterView, compute_view
 from dueflow.config import Settings
+from dueflow.consumers.quarantine import Quarantine
 from dueflow.errors import TopicMismatch, UndecodableRecord
 from dueflow.logs import event
 from dueflow.metrics import Metrics
+from dueflow.ops.redrive import Redriver
 from dueflow.schemas import codec
 from dueflow.streams.status import faust_transport, state
 from dueflow.streams.status.cluster_reader import ClusterReader
@@ -59,6 +61,7 @@ from dueflow.topics import TopicSpec, names, topic_layout
 log = logging.getLogger("dueflow.status")
 
 RECENT_JOBS = 200
+REDRIVE_RATE = 50.0  # records per second from the redrive button
 SWEEP_INTERVAL_S = 60.0
 
 
@@ -93,6 +96,8 @@ class StatusView:
         self._server: WebServer | None = None
         self._reader: ClusterReader | None = None
         self.app_id = app_id or f"{settings.topic_prefix}.status"
+        # Undecodable outcomes are set aside (the producer is made on first use).
+        self.quarantine: Quarantine | None = Quarantine(settings, metrics, component="status_view")
         self.app = self._build_app()
 
     # ------------------------------------------------------------------- faust
@@ -143,10 +148,18 @@ class StatusView:
 
     async def _consume(self, stream: Any) -> None:
         async for ev in stream.events():
-            self.apply_event(ev.message.partition, ev.message.offset, ev.headers, ev.value)
+            self.apply_event(
+                ev.message.partition, ev.message.offset, ev.headers, ev.value, key=ev.key
+            )
 
     def apply_event(
-        self, partition: int, offset: int, headers: Any, value: bytes | None
+        self,
+        partition: int,
+        offset: int,
+        headers: Any,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
     ) -> dict[str, Any] | None:
         """Fold one outcome record into the tables (call inside the stream)."""
         try:
@@ -155,6 +168,16 @@ class StatusView:
             outcome = codec.decode("outcome", value or b"", writer_version=version)
         except UndecodableRecord as exc:
             self.metrics.skipped.labels("status_view", "undecodable").inc()
+            if self.quarantine is not None:
+                self.quarantine.put_raw(
+                    topic=self._names.outcomes,
+                    partition=partition,
+                    offset=offset,
+                    key=key if isinstance(key, bytes) else None,
+                    value=value if isinstance(value, bytes) else None,
+                    headers=_header_pairs(headers),
+                    reason=f"undecodable outcome: {exc}",
+                )
             event(
                 log,
                 "status.outcome_skipped",
@@ -202,7 +225,7 @@ class StatusView:
         """Open HTTP once tables are recovered (faust runs tasks after recovery)."""
         self._seed_after_recovery()
         server = WebServer(
-            build_web_app(self, self.metrics),
+            build_web_app(self, self.metrics, redrive_call=self.redrive),
             bind=self.settings.observability.status_bind,
             port=self.port,
         )
@@ -275,6 +298,17 @@ class StatusView:
             self._reader = self._reader_factory(self.settings).start()
         return compute_view(self._reader.read(), self.settings)
 
+    def redrive(self, queue: str, limit: int, by: str) -> dict[str, Any]:
+        """The redrive button: at most ``limit`` dead letters of ``queue``, at a bounded
+        rate, idempotent (blocking; the HTTP layer runs it on a thread)."""
+        report = Redriver(self.settings, by=by, rate_per_s=REDRIVE_RATE).run(queue, limit=limit)
+        out = report.to_json()
+        out["items"] = out["items"][:50]
+        out["message"] = f"{report.redriven} redriven, {report.skipped} not redriven"
+        if report.error:
+            out["message"] += f"; stopped early: {report.error}"
+        return out
+
     # ------------------------------------------------------- StatusSource (HTTP)
     def job(self, job_id: str) -> dict[str, Any] | None:
         view = self.jobs.get(job_id)
@@ -294,6 +328,7 @@ class StatusView:
                 "total": sum(by_state.values()),
                 "lag": None if cluster is None else cluster.lag_by_queue.get(q),
                 "dlq_depth": None if cluster is None else cluster.dlq_depth.get(q),
+                "paused": None if cluster is None else cluster.paused.get(q),
             }
         return {"queues": out, "updated_ms": self._clock()}
 
@@ -387,6 +422,8 @@ class StatusView:
         finally:
             if self._reader is not None:
                 self._reader.close()
+            if self.quarantine is not None:
+                self.quarantine.close()
 
 
 def _header_pairs(headers: Any) -> list[tuple[str, bytes | None]]:

@@ -36,7 +36,8 @@ from dueflow.cluster_view import (
     ranges_to_count,
 )
 from dueflow.config import Settings
-from dueflow.errors import UndecodableRecord
+from dueflow.errors import DueflowError, UndecodableRecord
+from dueflow.ops.control import read_queue_controls
 from dueflow.schemas import codec
 from dueflow.streams.status.record_counter import RecordCounter
 from dueflow.topics import names
@@ -122,6 +123,7 @@ class ClusterReader:
                 counted = self._counter.count(wanted, watermarks)
             except KafkaException as exc:
                 errors.append(f"counting records: {exc}")
+        paused = self._paused(errors)
         return ClusterSnapshot(
             taken_ms=self._clock(),
             watermarks=watermarks,
@@ -131,6 +133,7 @@ class ClusterReader:
             failures=failures,
             errors=tuple(errors),
             counted=counted,
+            paused=paused,
         )
 
     def _partitions(self, topics: Iterable[str], errors: list[str]) -> list[tuple[str, int]]:
@@ -269,6 +272,18 @@ class ClusterReader:
             mine = sorted((f for f in found if f.queue == q), key=lambda f: f.dead_ms)
             newest.extend(mine[-k:])
         return tuple(newest)
+
+    def _paused(self, errors: list[str]) -> dict[str, dict[str, Any]]:
+        """The queues paused on the control topic (it is compacted and small)."""
+        try:
+            paused, problems = read_queue_controls(
+                self._settings, self._consumer, timeout_s=self._timeout
+            )
+        except (DueflowError, KafkaException) as exc:
+            errors.append(f"control topic: {exc}")
+            return {}
+        errors.extend(f"control record {p}" for p in problems)
+        return {q: c.to_json() for q, c in paused.items()}
 
 
 def _failure(queue: str, msg: Any) -> FailureRecord:

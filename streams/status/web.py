@@ -10,18 +10,23 @@ Routes:
 ``GET /api/cluster``           the Kafka-direct cluster view
 ``GET /metrics``               Prometheus text exposition of this process
 ``GET /healthz``               200 once tables are recovered
-``POST /dlq/{queue}/redrive``  501 until the operations commands are wired
+``POST /dlq/{queue}/redrive``  redrive the queue's dead letters (``?limit=N``,
+                               default 100, at most 1000 per call; one call at a
+                               time: 409 while one runs); 501 without a redriver
 =============================  ===============================================
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from importlib import resources
 from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
 
+from dueflow.errors import DueflowError
 from dueflow.metrics import Metrics, render
 
 PAGE = "page.html"
@@ -33,6 +38,11 @@ UNKNOWN_JOB = (
     "worker finishes an attempt, or when scheduled if the client writes scheduled "
     "outcomes; until then it is pending (not due, not fired or running), or no such job"
 )
+REDRIVE_LIMIT = 100
+REDRIVE_MAX = 1000
+
+# (queue, limit, by) -> the redrive report as JSON (blocking: run on a thread)
+RedriveCall = Callable[[str, int, str], dict[str, Any]]
 
 
 class StatusSource(Protocol):
@@ -65,9 +75,13 @@ def page_html() -> bytes:
     return (resources.files("dueflow.streams.status") / PAGE).read_bytes()
 
 
-def build_web_app(source: StatusSource, metrics: Metrics) -> web.Application:
-    """The aiohttp application serving ``source``."""
+def build_web_app(
+    source: StatusSource, metrics: Metrics, *, redrive_call: RedriveCall | None = None
+) -> web.Application:
+    """The aiohttp application serving ``source``; ``redrive_call`` backs the redrive
+    button (``dueflow.ops.redrive``: bounded, idempotent)."""
     page = page_html()
+    redriving = asyncio.Lock()
 
     async def index(_request: web.Request) -> web.Response:
         return web.Response(body=page, content_type="text/html", charset="utf-8")
@@ -102,11 +116,23 @@ def build_web_app(source: StatusSource, metrics: Metrics) -> web.Application:
         queue = request.match_info["queue"]
         if queue not in source.queue_names():
             return error(404, "unknown queue", queue=queue, queues=source.queue_names())
-        return error(
-            501,
-            "redrive is not wired yet: the operations commands will handle it",
-            queue=queue,
-        )
+        if redrive_call is None:
+            return error(501, "this status view has no redriver", queue=queue)
+        try:
+            limit = int(request.query.get("limit", REDRIVE_LIMIT))
+        except ValueError:
+            limit = -1
+        if not 1 <= limit <= REDRIVE_MAX:
+            return error(400, f"limit: 1 to {REDRIVE_MAX}", limit=request.query.get("limit"))
+        if redriving.locked():
+            return error(409, "a redrive is running; try again when it is done", queue=queue)
+        by = f"status-page:{request.remote or '?'}"
+        async with redriving:
+            try:
+                report = await asyncio.to_thread(redrive_call, queue, limit, by)
+            except DueflowError as exc:
+                return error(503, f"redrive failed: {exc}", queue=queue)
+        return json_response(report)
 
     app = web.Application()
     app.router.add_get("/", index)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import faust
@@ -88,8 +89,47 @@ def test_routes() -> None:
     assert ctype.startswith("text/plain")
     assert 'dueflow_fires_total{queue="q"} 1.0' in text
     assert got["POST /dlq/q/redrive"][0] == 501
-    assert "not wired yet" in got["POST /dlq/q/redrive"][1]["error"]
+    assert "no redriver" in got["POST /dlq/q/redrive"][1]["error"]
     assert got["POST /dlq/zzz/redrive"][0] == 404
+
+
+def test_the_redrive_button_calls_the_redriver_once_at_a_time() -> None:
+    calls: list[tuple[str, int, str]] = []
+    release = threading.Event()
+    started = threading.Event()
+
+    def redrive(queue: str, limit: int, by: str) -> dict[str, Any]:
+        calls.append((queue, limit, by))
+        started.set()
+        release.wait(10)
+        return {"queue": queue, "redriven": 2, "message": "2 redriven, 0 not redriven"}
+
+    async def run() -> dict[str, tuple[int, Any]]:
+        app = build_web_app(FakeSource(), Metrics(), redrive_call=redrive)
+        out: dict[str, tuple[int, Any]] = {}
+        async with TestClient(TestServer(app)) as client:
+            first = asyncio.ensure_future(client.post("/dlq/q/redrive?limit=5"))
+            assert await asyncio.to_thread(started.wait, 10)
+            busy = await client.post("/dlq/q/redrive")
+            out["busy"] = (busy.status, await busy.json())
+            release.set()
+            done = await first
+            out["first"] = (done.status, await done.json())
+            bad = await client.post("/dlq/q/redrive?limit=0")
+            out["bad"] = (bad.status, await bad.json())
+        return out
+
+    got = asyncio.run(run())
+    assert got["first"] == (
+        200,
+        {"queue": "q", "redriven": 2, "message": "2 redriven, 0 not redriven"},
+    )
+    assert got["busy"][0] == 409
+    assert got["bad"][0] == 400
+    assert len(calls) == 1
+    queue, limit, by = calls[0]
+    assert (queue, limit) == ("q", 5)
+    assert by.startswith("status-page:")
 
 
 def test_credentials_mapping() -> None:

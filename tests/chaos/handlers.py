@@ -1,0 +1,89 @@
+"""Task handlers of the chaos suite (run by `dueflow worker --app tests.chaos.handlers`).
+
+Every handler records its run in the ledger (``DUEFLOW_CHAOS_LEDGER``), then
+makes its idempotent effect, unless it is meant to fail:
+
+- ``chaos-ok``: succeeds (after ``sleep_ms``);
+- ``chaos-flaky``: fails its first ``fail_times`` attempts, then succeeds;
+- ``chaos-doomed``: always fails (retriable): ends in the DLQ, ``exhausted``;
+- ``chaos-permanent``: raises ``PermanentJobError``: DLQ at once;
+- ``chaos-cron``: the cron schedules' task, succeeds.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from dueflow.consumers import TaskContext, task
+from dueflow.errors import JobError, PermanentJobError
+from dueflow.model import Backoff, BackoffKind
+from tests.chaos.ledger import Ledger, Run, now_ms
+
+QUEUE = "chaos"
+_LEDGER: Ledger | None = None
+# Short fixed retries: a flaky job is done within seconds.
+_RETRY = Backoff(kind=BackoffKind.FIXED, base_ms=500, max_ms=500, jitter=False)
+
+
+def _ledger() -> Ledger:
+    global _LEDGER
+    if _LEDGER is None:
+        _LEDGER = Ledger(os.environ["DUEFLOW_CHAOS_LEDGER"])
+    return _LEDGER
+
+
+def _run(payload: Any, ctx: TaskContext) -> Ledger:
+    ledger = _ledger()
+    not_before = ctx.headers.get("df-due")
+    ledger.record_run(
+        Run(
+            key=ctx.idempotency_key,
+            job_id=ctx.job_id,
+            task=ctx.task,
+            attempt=ctx.attempt,
+            started_ms=now_ms(),
+            due_ms=ctx.due_ms,
+            not_before_ms=int(not_before) if not_before else ctx.due_ms,
+            pid=os.getpid(),
+        )
+    )
+    sleep_ms = payload.get("sleep_ms", 0) if isinstance(payload, dict) else 0
+    if sleep_ms:
+        time.sleep(sleep_ms / 1000)
+    return ledger
+
+
+def _effect(ledger: Ledger, ctx: TaskContext) -> None:
+    ledger.apply_effect(ctx.idempotency_key, ctx.job_id, ctx.task, ctx.attempt)
+
+
+@task("chaos-ok", queue=QUEUE, timeout=60)
+def chaos_ok(payload: Any, ctx: TaskContext) -> None:
+    _effect(_run(payload, ctx), ctx)
+
+
+@task("chaos-flaky", queue=QUEUE, timeout=60, max_attempts=5, backoff=_RETRY)
+def chaos_flaky(payload: Any, ctx: TaskContext) -> None:
+    ledger = _run(payload, ctx)
+    if ctx.attempt <= int(payload.get("fail_times", 1)):
+        raise JobError(f"flaky: attempt {ctx.attempt} fails on purpose")
+    _effect(ledger, ctx)
+
+
+@task("chaos-doomed", queue=QUEUE, timeout=60, max_attempts=3, backoff=_RETRY)
+def chaos_doomed(payload: Any, ctx: TaskContext) -> None:
+    _run(payload, ctx)
+    raise JobError(f"doomed: attempt {ctx.attempt} fails on purpose")
+
+
+@task("chaos-permanent", queue=QUEUE, timeout=60)
+def chaos_permanent(payload: Any, ctx: TaskContext) -> None:
+    _run(payload, ctx)
+    raise PermanentJobError("permanent: this job can never succeed")
+
+
+@task("chaos-cron", queue=QUEUE, timeout=60)
+def chaos_cron(payload: Any, ctx: TaskContext) -> None:
+    _effect(_run(payload, ctx), ctx)

@@ -1,0 +1,47 @@
+"""The short chaos run of CI: kill -9 emitters and workers, restart the broker, add and
+remove workers, for three minutes, and lose, double or run early nothing.
+
+The driver is ``benchmarks/chaos.py`` (``python -m benchmarks.chaos --minutes M``
+for longer runs); it starts its own broker and stops everything it started by
+pid, also when this test fails. ``DUEFLOW_CHAOS_MINUTES`` changes the length.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from benchmarks.chaos import run_chaos
+
+MINUTES = float(os.environ.get("DUEFLOW_CHAOS_MINUTES", "3"))
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(int(MINUTES * 60) + 900)
+def test_no_job_is_lost_doubled_or_early_under_faults(tmp_path: Path) -> None:
+    report = run_chaos(minutes=MINUTES, root=tmp_path, seed=int.from_bytes(os.urandom(4), "big"))
+    (tmp_path / "report.json").write_text(json.dumps(report, indent=2))
+    summary = {
+        k: report[k]
+        for k in (
+            "seed",
+            "jobs",
+            "faults",
+            "faults_by_kind",
+            "lost",
+            "duplicates",
+            "early",
+            "dlq",
+            "reexecutions",
+        )
+    }
+    assert report["faults"] >= 20, summary
+    assert report["lost"] == 0, (summary, report["lost_keys"])
+    assert report["duplicates"] == 0, (summary, report["duplicate_keys"])
+    assert report["early"] == 0, (summary, report["early_runs"])
+    assert report["dlq_expected"] == report["dlq_expected_of"], summary
+    assert report["unexpected_exits"] == 0, report["unexpected_exit_log"]
+    assert report["jobs"] > 1000, summary

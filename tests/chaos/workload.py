@@ -1,0 +1,219 @@
+"""The chaos workload: what to schedule and when (a pure plan), and the loop that does it.
+
+One-shot jobs are spread over the run with delays that land in every part of
+the wheel (near, level 0, level 1, level 2, beyond the top level, where a
+timer is placed again at every visit). Most succeed; some fail a few times
+first; some always fail (DLQ, ``exhausted``) or fail permanently (DLQ at
+once). A few cron schedules with seconds resolution fire all through the
+run and are deleted at its end.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import partial
+from typing import TypeVar
+
+from dueflow.config import Settings
+from dueflow.errors import DueflowError, InvalidInput
+from dueflow.producers.scheduler import Scheduler
+from tests.chaos.handlers import QUEUE
+from tests.chaos.ledger import now_ms
+
+# (weight, low s, high s) of the delay between sending a job and its due time
+DELAYS: tuple[tuple[float, float, float], ...] = (
+    (35, 0.0, 0.3),  # near partitions
+    (25, 0.5, 2.0),  # level 0
+    (20, 2.0, 8.0),  # level 1
+    (15, 8.0, 40.0),  # level 2
+    (5, 40.0, 90.0),  # beyond the top level: placed again at each visit
+)
+# (weight, kind, task)
+KINDS: tuple[tuple[float, str, str], ...] = (
+    (80, "ok", "chaos-ok"),
+    (10, "flaky", "chaos-flaky"),
+    (5, "doomed", "chaos-doomed"),
+    (5, "permanent", "chaos-permanent"),
+)
+CRON = (
+    ("chaos-every-2s", "*/2 * * * * *"),
+    ("chaos-every-3s", "*/3 * * * * *"),
+    ("chaos-every-5s", "*/5 * * * * *"),
+)
+# A failed schedule call is retried (same job id, same due time) for this long.
+RETRY_FOR_S = 120.0
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedJob:
+    n: int
+    kind: str
+    task: str
+    send_at_s: float  # after the run's start
+    delay_s: float
+    payload: dict[str, int]
+
+    @property
+    def job_id(self) -> str:
+        return f"chaos-{self.n:06d}"
+
+
+def _weighted(rng: random.Random, weights: list[float]) -> int:
+    """Index drawn with the given weights."""
+    x = rng.random() * sum(weights)
+    for i, w in enumerate(weights):
+        x -= w
+        if x < 0:
+            return i
+    return len(weights) - 1
+
+
+def plan_jobs(*, rng: random.Random, duration_s: float, rate_per_s: float) -> list[PlannedJob]:
+    """The one-shot jobs of a run, by send time (pure: the random draws come from ``rng``)."""
+    jobs = []
+    for n in range(int(duration_s * 0.9 * rate_per_s)):
+        send_at = rng.uniform(0.0, duration_s * 0.9)
+        _w, low, high = DELAYS[_weighted(rng, [d[0] for d in DELAYS])]
+        delay = min(rng.uniform(low, high), duration_s + 20.0 - send_at)
+        _w2, kind, task = KINDS[_weighted(rng, [k[0] for k in KINDS])]
+        payload = {"n": n, "sleep_ms": rng.choice((0, 0, 0, 5, 20, 100))}
+        if kind == "flaky":
+            payload["fail_times"] = rng.choice((1, 2))
+        jobs.append(PlannedJob(n, kind, task, send_at, max(0.0, delay), payload))
+    jobs.sort(key=lambda j: j.send_at_s)
+    return jobs
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """A job the broker acknowledged."""
+
+    key: str
+    kind: str
+    due_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class CronRun:
+    schedule_id: str
+    cron: str
+    added_ms: int
+    deleted_ms: int | None
+
+
+@dataclass
+class Workload:
+    """Schedules the plan from a thread; what was accepted is read after :meth:`join`."""
+
+    settings: Settings
+    plan: list[PlannedJob]
+    duration_s: float
+    accepted: list[Accepted] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    cron: list[CronRun] = field(default_factory=list)
+    errors: int = 0
+    _thread: threading.Thread | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    delete_now: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+    def start(self) -> Workload:
+        self._thread = threading.Thread(target=self._main, name="chaos-workload", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.delete_now.set()
+
+    def cron_ids(self) -> list[str]:
+        return [schedule_id for schedule_id, _cron in CRON]
+
+    def join(self, timeout_s: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                raise AssertionError("the workload thread did not finish")
+        if self.error is not None:
+            raise self.error
+
+    def _main(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:  # surfaced by join()
+            self.error = exc
+
+    def _retry(self, what: str, call: Callable[[], T]) -> T | None:
+        deadline = time.monotonic() + RETRY_FOR_S
+        while not self._stop.is_set():
+            try:
+                return call()
+            except InvalidInput:
+                raise
+            except DueflowError:
+                self.errors += 1
+                if time.monotonic() > deadline:
+                    self.failed.append(what)
+                    return None
+                time.sleep(0.5)
+        return None
+
+    def _run(self) -> None:
+        began = time.monotonic()
+        scheduler = Scheduler(self.settings, delivery_timeout_s=20.0)
+        self._retry("start", scheduler.start)
+        try:
+            added: dict[str, int] = {}
+            for schedule_id, cron in CRON:
+                done = self._retry(
+                    schedule_id,
+                    partial(
+                        scheduler.add_schedule,
+                        schedule_id,
+                        cron=cron,
+                        timezone="UTC",
+                        task="chaos-cron",
+                        queue=QUEUE,
+                        misfire="fire_all",
+                    ),
+                )
+                if done is not None:
+                    added[schedule_id] = now_ms()
+            for job in self.plan:
+                wait = began + job.send_at_s - time.monotonic()
+                if wait > 0 and self._stop.wait(wait):
+                    break
+                due = datetime.fromtimestamp(time.time() + job.delay_s, tz=UTC)
+                result = self._retry(
+                    job.job_id,
+                    partial(
+                        scheduler.schedule,
+                        job.task,
+                        job.payload,
+                        run_at=due,
+                        queue=QUEUE,
+                        job_id=job.job_id,
+                    ),
+                )
+                if result is not None:
+                    self.accepted.append(Accepted(job.job_id, job.kind, result.due_ms))
+            # The schedules are deleted once the driver says the cluster is healthy
+            # and caught up: a deletion drops occurrences that are still pending,
+            # also those missed while no emitter ran.
+            self.delete_now.wait()
+            for schedule_id, cron in CRON:
+                if schedule_id not in added:
+                    continue
+                self._retry(
+                    f"delete {schedule_id}",
+                    partial(scheduler.delete_schedule, schedule_id),
+                )
+                self.cron.append(CronRun(schedule_id, cron, added[schedule_id], now_ms()))
+        finally:
+            scheduler.close()
