@@ -21,6 +21,22 @@ def uuid7_hex(*, now_ms: int, random_hex: str) -> str:
     return f"{now_ms & _MASK_48:012x}7{random_hex[:3]}8{random_hex[3:18]}"
 
 
+def uuid7_head(now_ms: int) -> str:
+    """The first 13 digits of every UUIDv7 of ``now_ms`` (time and version):
+    ``uuid7_head(t) + uuid7_tail(r) == uuid7_hex(now_ms=t, random_hex=r)``."""
+    return f"{now_ms & _MASK_48:012x}7"
+
+
+def uuid7_tails(random_hex: str) -> list[str]:
+    """The last 19 digits (random bits and variant) of one UUIDv7 per 18 digits of
+    ``random_hex``, in order: ids drawn in bulk pay one string join each."""
+    n = RANDOM_HEX_DIGITS
+    return [
+        f"{random_hex[i : i + 3]}8{random_hex[i + 3 : i + n]}"
+        for i in range(0, len(random_hex) - n + 1, n)
+    ]
+
+
 def uuid7_time_ms(job_id: str) -> int | None:
     """The creation time in a UUIDv7 job id; ``None`` for other ids."""
     text = job_id.replace("-", "")

@@ -211,17 +211,28 @@ def encode_payload(payload: Any) -> tuple[bytes, str]:
     try:
         return orjson.dumps(payload, option=orjson.OPT_SORT_KEYS), JSON
     except (TypeError, orjson.JSONEncodeError) as exc:
-        raise InvalidInput(
-            "payload",
-            f"<{type(payload).__name__}: {exc}>",
-            "a JSON-serializable value (dict, list, str, number, bool, None) or bytes",
-        ) from None
+        raise bad_payload(payload, exc) from None
+
+
+def bad_payload(payload: Any, exc: Exception) -> InvalidInput:
+    """The error for a payload that JSON cannot encode (``exc`` says why)."""
+    return InvalidInput(
+        "payload",
+        f"<{type(payload).__name__}: {exc}>",
+        "a JSON-serializable value (dict, list, str, number, bool, None) or bytes",
+    )
 
 
 def content_hash(task: str, payload: bytes, content_type: str) -> str:
     """Stable hash of what a job does: task, payload bytes and content type (32 hex)."""
     head = b"%s\0%s\0" % (task.encode(), content_type.encode())
     return hashlib.blake2b(head + payload, digest_size=16).hexdigest()
+
+
+def content_hash_prefix(task: str, content_type: str) -> hashlib.blake2b:
+    """A hasher holding what :func:`content_hash` hashes before the payload: a copy
+    of it, updated with the payload, gives the same hex digest."""
+    return hashlib.blake2b(b"%s\0%s\0" % (task.encode(), content_type.encode()), digest_size=16)
 
 
 _BACKOFF_ACCEPTED = (

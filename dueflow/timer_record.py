@@ -63,11 +63,11 @@ class TimerPlacer:
     computed once (the scheduling client places every job; a test checks that
     both agree on every input)."""
 
-    __slots__ = ("_levels", "_near", "_near_window", "_top")
+    __slots__ = ("_levels", "_near", "_near_window", "_top", "near_partitions", "near_window_ms")
 
     def __init__(self, geometry: WheelGeometry) -> None:
-        self._near = geometry.near_partitions
-        self._near_window = geometry.near_window_ms
+        self._near = self.near_partitions = geometry.near_partitions
+        self._near_window = self.near_window_ms = geometry.near_window_ms
         self._levels = [
             (geometry.reach_ms(k), lv.width_ms, geometry.level_base(k), lv.slots)
             for k, lv in enumerate(geometry.levels)
@@ -79,6 +79,12 @@ class TimerPlacer:
         delta = due_ms - now_ms
         if delta <= self._near_window:
             return spread % self._near
+        return self.far_partition(due_ms, now_ms)
+
+    def far_partition(self, due_ms: int, now_ms: int) -> int:
+        """:meth:`partition` of a timer due after the near window (``due_ms - now_ms >
+        near_window_ms``), which does not depend on the spread."""
+        delta = due_ms - now_ms
         for reach, width, base, slots in self._levels:
             if delta <= reach:
                 return base + (due_ms // width) % slots
@@ -86,10 +92,12 @@ class TimerPlacer:
         return base + ((now_ms + reach) // width) % slots
 
 
-_KIND_JOB_HEADER = (hdr.KIND, _KIND_JOB)
-_SCHEMA_HEADER = (hdr.SCHEMA, JOB_SCHEMA)
-# Size of the headers that do not vary, plus the record and batch overhead.
-_FIXED_SIZE = (
+KIND_JOB_HEADER = (hdr.KIND, _KIND_JOB)
+SCHEMA_HEADER = (hdr.SCHEMA, JOB_SCHEMA)
+# Size of the headers that do not vary, plus the record and batch overhead: the
+# estimated size of a job's record is this, the names' size (name_headers),
+# and the lengths of key, value, due header text and job id.
+FIXED_RECORD_SIZE = (
     BATCH_OVERHEAD
     + RECORD_OVERHEAD
     + sum(HEADER_OVERHEAD + len(n) for n in (hdr.DUE, hdr.QUEUE, hdr.KIND, hdr.JOB_ID, hdr.TASK))
@@ -102,7 +110,8 @@ _FIXED_SIZE = (
 _NAME_HEADERS: dict[tuple[str, str], tuple[tuple[str, bytes], tuple[str, bytes], int]] = {}
 
 
-def _name_headers(queue: str, task: str) -> tuple[tuple[str, bytes], tuple[str, bytes], int]:
+def name_headers(queue: str, task: str) -> tuple[tuple[str, bytes], tuple[str, bytes], int]:
+    """The ``df-queue`` and ``df-task`` header pairs, and their values' size."""
     found = _NAME_HEADERS.get((queue, task))
     if found is None:
         q, t = queue.encode(), task.encode()
@@ -142,16 +151,16 @@ def record_of(
     due_ms = values[5]
     schedule_id = values[13]
     due = b"%d" % due_ms
-    queue_header, task_header, names_size = _name_headers(values[1], values[2])
+    queue_header, task_header, names_size = name_headers(values[1], values[2])
     headers = [
         (hdr.DUE, due),
         queue_header,
-        _KIND_JOB_HEADER,
+        KIND_JOB_HEADER,
         (hdr.JOB_ID, job_id),
         task_header,
-        _SCHEMA_HEADER,
+        SCHEMA_HEADER,
     ]
-    size = _FIXED_SIZE + names_size + len(key) + len(value) + len(due) + len(job_id)
+    size = FIXED_RECORD_SIZE + names_size + len(key) + len(value) + len(due) + len(job_id)
     if schedule_id is not None or trace_headers:
         if schedule_id is not None:
             headers[2] = (hdr.KIND, _KIND_CRON)

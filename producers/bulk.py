@@ -21,7 +21,8 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from dueflow.clients import kafka_error
 from dueflow.errors import ConflictError, DueflowError, InvalidInput, KafkaOperationError
 from dueflow.job_request import JobRequest, as_request
-from dueflow.producers.core import PlannedTimer, ScheduleSpan, TimerPlanner, delivery_error
+from dueflow.producers.bulk_plan import BulkPlanner, Plan
+from dueflow.producers.core import ScheduleSpan, TimerPlanner, delivery_error
 from dueflow.producers.outcomes import OutcomeReports, scheduled_outcome
 from dueflow.producers.results import BulkError, BulkResult, Scheduled
 from dueflow.schemas.job_binary import leading_strings
@@ -67,6 +68,7 @@ class BulkRun:
         self.poll_every = max(1, poll_every)
         self.result = BulkResult()
         self.deliveries = BulkDeliveries()
+        self.bulk = BulkPlanner(planner)
         self.per_queue: dict[str, int] = {}
         self.tracer = tracer or JobTracer()
         # With `scheduled` outcomes on: what they need of each produced job, written
@@ -85,13 +87,12 @@ class BulkRun:
         deliveries = self.deliveries
         produce: Callable[..., None] = self.producer.produce  # headers: bytes values
         poll = self.producer.poll
-        plan = self.planner.plan
+        bulk = self.bulk
+        plan = bulk.plan
         clock = self.clock
         topic = self.planner.topic
         poll_every = self.poll_every
-        tracer = self.tracer
-        traced = tracer.enabled
-        ids_source = self.planner.ids
+        traced = self.tracer.enabled
         written = self.written if self.outcome_reports is not None else None
         produced = 0
         index = -1
@@ -101,25 +102,28 @@ class BulkRun:
                 req = item if type(item) is JobRequest else as_request(item, field=f"jobs[{index}]")
                 if traced:
                     now_ms = clock()
-                    span = ScheduleSpan(tracer, req, ids=ids_source, now_ms=now_ms)
-                    planned = plan(span.request, now_ms=now_ms, trace_headers=span.headers)
+                    span = ScheduleSpan(self.tracer, req, ids=self.planner.ids, now_ms=now_ms)
+                    planned = self._plan_traced(span, now_ms)
                 else:
-                    planned = plan(req, now_ms=clock())
+                    planned = plan(req, clock())
             except (InvalidInput, ConflictError) as exc:
                 self._reject(index, _job_id_of(item), exc, span)
                 continue
-            if type(planned) is PlannedTimer:
-                job, rec = planned
+            if isinstance(planned, Scheduled):  # an idempotent repeat: nothing to write
+                result.duplicates += 1
+                job_id, due_ms = planned.job_id, planned.due_ms
+            else:
+                job_id, due_ms, queue, task, key, partition, key_bytes, value, headers = planned
                 refused = None
                 while True:
                     try:
                         produce(
                             topic,
-                            rec.value,
-                            rec.key,
-                            rec.partition,
+                            value,
+                            key_bytes,
+                            partition,
                             on_delivery=deliveries,
-                            headers=rec.headers,
+                            headers=headers,
                         )
                         break
                     except BufferError:  # the producer queue is full: let it drain
@@ -128,36 +132,24 @@ class BulkRun:
                         refused = exc
                         break
                 if refused is not None:
-                    self.planner.failed(planned)
+                    bulk.failed(job_id, queue)
                     error = kafka_error(f"producing to {topic}", refused)
-                    self._reject(index, job.job_id, error, span)
+                    self._reject(index, job_id, error, span)
                     continue
                 produced += 1
                 if produced % poll_every == 0:
                     poll(0)
-                job_id, due_ms, queue = job.job_id, job.due_ms, job.queue
+                    bulk.remember()
                 per_queue[queue] = per_queue.get(queue, 0) + 1
                 if written is not None:
-                    written.append(
-                        (
-                            job_id,
-                            queue,
-                            job.task,
-                            job.idempotency_key,
-                            due_ms,
-                            trace_id_of(rec.headers) if traced else None,
-                            job.schedule_id,
-                        )
-                    )
-            else:  # an idempotent repeat: nothing to write
-                assert type(planned) is Scheduled
-                result.duplicates += 1
-                job_id, due_ms = planned.job_id, planned.due_ms
+                    trace_id = trace_id_of(headers) if traced else None
+                    written.append((job_id, queue, task, key, due_ms, trace_id, None))
             ids.append(job_id)
             dues.append(due_ms)
             if span is not None:
                 span.end(due_ms=due_ms)
         result.total = index + 1
+        bulk.remember()
         remaining = self.producer.flush(flush_timeout_s)
         if remaining:
             raise KafkaOperationError(
@@ -167,6 +159,10 @@ class BulkRun:
         if written:
             self._write_outcomes(flush_timeout_s)
         return result
+
+    def _plan_traced(self, span: ScheduleSpan, now_ms: int) -> Plan | Scheduled:
+        planned = self.planner.plan(span.request, now_ms=now_ms, trace_headers=span.headers)
+        return self.bulk.general(planned)
 
     def _write_outcomes(self, flush_timeout_s: float) -> None:
         """The ``scheduled`` outcomes of the jobs whose timers were acknowledged."""

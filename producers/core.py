@@ -22,7 +22,7 @@ from dueflow import tracing
 from dueflow.clients import kafka_error
 from dueflow.config import Settings
 from dueflow.errors import ConflictError, InvalidInput, KafkaOperationError, TopicMismatch
-from dueflow.ids import RANDOM_HEX_DIGITS, uuid7_hex
+from dueflow.ids import RANDOM_HEX_DIGITS, uuid7_hex, uuid7_tails
 from dueflow.job_request import (
     MAX_INT32,
     MAX_NAME_CHARS,
@@ -80,6 +80,18 @@ class JobIds:
             self._pos = end
             digits = self._pool[pos:end]
         return uuid7_hex(now_ms=now_ms, random_hex=digits)
+
+    def tails(self) -> list[str]:
+        """The random tails (:func:`~dueflow.ids.uuid7_tails`) of the next ids, in the
+        order :meth:`new` would use them: the rest of the current batch, or a new
+        one. For callers that draw ids in bulk (``uuid7_head(now_ms) + tail``)."""
+        with self._lock:
+            pos = self._pos
+            if pos + RANDOM_HEX_DIGITS > len(self._pool):
+                self._pool = self._random(RANDOM_HEX_DIGITS * self._batch // 2).hex()
+                pos = 0
+            self._pos = len(self._pool)
+            return uuid7_tails(self._pool[pos:])
 
 
 class PlannedTimer(NamedTuple):
@@ -164,7 +176,7 @@ class TimerPlanner:
                 job, now_ms=now_ms, placer=self.placer, trace_headers=trace_headers
             )
             if record.size > self.max_record_bytes:
-                raise self._too_large(job, record)
+                raise self.too_large(len(job.payload), record.size)
             earlier = self.recent.claim(
                 job.job_id,
                 (
@@ -252,7 +264,7 @@ class TimerPlanner:
             value = encode_plain_job(job, job_id_b, key_b)
             record = record_of(job, job_id_b, key_b, value, now_ms, self.placer)
             if record.size > self.max_record_bytes:
-                raise self._too_large(job, record)
+                raise self.too_large(len(job.payload), record.size)
             earlier = self.recent.claim(
                 job_id, (chash, due_ms, queue, task, key, record.partition), task
             )
@@ -263,10 +275,11 @@ class TimerPlanner:
             return earlier
         return _new_tuple(PlannedTimer, (job, record))
 
-    def _too_large(self, job: PreparedJob, record: TimerRecord) -> InvalidInput:
+    def too_large(self, payload_bytes: int, record_bytes: int) -> InvalidInput:
+        """The error for a payload whose timer record exceeds the topic's limit."""
         return InvalidInput(
             "payload",
-            f"{len(job.payload)} bytes (a timer record of {record.size} bytes)",
+            f"{payload_bytes} bytes (a timer record of {record_bytes} bytes)",
             f"a timer record of at most {self.max_record_bytes} bytes "
             f"(max.message.bytes of {self.topic})",
         )

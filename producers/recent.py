@@ -90,6 +90,22 @@ class RecentJobs:
             )
         return _scheduled(job_id, found)
 
+    def remember(self, entries: list[tuple[str, Entry]]) -> None:
+        """Remember jobs whose ids are new (drawn by this client a moment ago, so
+        they cannot conflict): what :meth:`claim` stores, for a batch at once."""
+        if not self.capacity:
+            return
+        with self._lock:
+            start, end = 0, len(entries)
+            while start < end:
+                young = self._young
+                room = self._generation - len(young)
+                young.update(entries[start : start + room])
+                start += room
+                if len(young) >= self._generation:
+                    self._old = young
+                    self._young = {}
+
     def forget(self, job_id: str) -> None:
         """Drop ``job_id`` (its write failed, so a retry must write again)."""
         with self._lock:

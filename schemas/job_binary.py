@@ -215,6 +215,35 @@ def _options(max_attempts: int, backoff: Backoff | None, timeout: int | None, ji
 # max_attempts followed by a null backoff, a null timeout and jitter 0.
 _PLAIN_OPTIONS: dict[int, bytes] = {}
 
+# For callers that assemble plain jobs themselves (schedule_many's bulk
+# planner): lengths below 8192 as ``SHORT_LENGTHS[n]``, the schema-order pieces
+# below, and PLAIN_TAIL + text(content_hash) + b"\x00" to end the record.
+SHORT_LENGTHS = _SMALL[0::2][:8192]
+PLAIN_TAIL = _PLAIN_TAIL
+text = _text
+long_varint = _long
+
+
+def queue_task(queue: str, task: str) -> bytes:
+    """The encoded ``queue`` and ``task`` fields (adjacent in the schema)."""
+    return _queue_task(queue, task)
+
+
+def content_type_text(content_type: str) -> bytes:
+    """The encoded ``content_type`` field."""
+    return _content_type(content_type)
+
+
+def plain_options(max_attempts: int) -> bytes:
+    """The fields ``max_attempts`` to ``jitter_ms`` of a job without backoff,
+    timeout or jitter."""
+    options = _PLAIN_OPTIONS.get(max_attempts)
+    if options is None:
+        options = _options(max_attempts, None, None, 0)
+        if len(_PLAIN_OPTIONS) < _CACHE_LIMIT:
+            _PLAIN_OPTIONS[max_attempts] = options
+    return options
+
 
 def encode_plain_job(values: JobValues, job_id: bytes, key: bytes) -> bytes:
     """:func:`encode_job_values` for a job with no backoff, timeout, jitter, trace,
@@ -223,12 +252,7 @@ def encode_plain_job(values: JobValues, job_id: bytes, key: bytes) -> bytes:
     n = len(payload)
     nid = len(job_id)
     nkey = len(key)
-    attempts = values[7]
-    options = _PLAIN_OPTIONS.get(attempts)
-    if options is None:
-        options = _options(attempts, None, None, 0)
-        if len(_PLAIN_OPTIONS) < _CACHE_LIMIT:
-            _PLAIN_OPTIONS[attempts] = options
+    options = plain_options(values[7])
     content_hash = values[15]
     assert content_hash is not None
     return b"".join(
