@@ -63,12 +63,22 @@ class TimerPlacer:
     computed once (the scheduling client places every job; a test checks that
     both agree on every input)."""
 
-    __slots__ = ("_levels", "_near", "_near_window", "_top", "near_partitions", "near_window_ms")
+    __slots__ = (
+        "_levels",
+        "_near",
+        "_near_window",
+        "_top",
+        "levels",
+        "near_partitions",
+        "near_window_ms",
+    )
 
     def __init__(self, geometry: WheelGeometry) -> None:
         self._near = self.near_partitions = geometry.near_partitions
         self._near_window = self.near_window_ms = geometry.near_window_ms
-        self._levels = [
+        # per level (reach_ms, width_ms, first partition, slots): a timer due in at
+        # most reach_ms goes to partition first + (due_ms // width_ms) % slots
+        self._levels = self.levels = [
             (geometry.reach_ms(k), lv.width_ms, geometry.level_base(k), lv.slots)
             for k, lv in enumerate(geometry.levels)
         ]

@@ -47,8 +47,10 @@ from dueflow.producers.core import PlannedTimer, TimerPlanner
 from dueflow.producers.recent import Entry
 from dueflow.producers.results import Scheduled
 from dueflow.schemas.job_binary import (
+    LOW_GROUPS,
     PLAIN_TAIL,
     SHORT_LENGTHS,
+    VARINTS,
     content_type_text,
     long_varint,
     plain_options,
@@ -71,6 +73,7 @@ _DUE, _JOB_ID = hdr.DUE, hdr.JOB_ID
 # of 32 hex digits (length 32 is the byte 0x40), then the empty labels map.
 _HASH_START = PLAIN_TAIL + SHORT_LENGTHS[32]
 _END = b"\x00"
+_GROUPS, _VARINTS = LOW_GROUPS, VARINTS
 _LENGTH_32 = SHORT_LENGTHS[32]
 
 
@@ -98,6 +101,7 @@ class BulkPlanner:
         self._default_options = plain_options(planner.rules.default_max_attempts)
         self._placer = planner.placer
         self._near = planner.placer.near_partitions
+        self._levels = planner.placer.levels
         self._near_window = planner.placer.near_window_ms
         self._max_bytes = planner.max_record_bytes
         self._tails: list[str] = []
@@ -170,7 +174,6 @@ class BulkPlanner:
             tails = self._tails
             if not tails:
                 tails = self._tails = self.planner.ids.tails()
-                tails.reverse()  # popped from the end: in the order drawn
             job_id = self._head + tails.pop()
             id_bytes = job_id.encode()
             id_length = _LENGTH_32
@@ -203,6 +206,15 @@ class BulkPlanner:
             raise bad_attempts(attempts)
         else:
             options = plain_options(attempts)
+        z = due_ms << 1
+        if 268_435_456 <= z < 4_398_046_511_104:  # 2**28 <= z < 2**42: see LOW_GROUPS
+            due_low, due_mid, due_high = (
+                _GROUPS[z & 0x3FFF],
+                _GROUPS[(z >> 14) & 0x3FFF],
+                _VARINTS[z >> 28],
+            )
+        else:
+            due_low, due_mid, due_high = long_varint(due_ms), b"", b""
         h = hasher.copy()
         h.update(payload)
         chash = h.hexdigest()
@@ -215,7 +227,9 @@ class BulkPlanner:
                 SHORT_LENGTHS[n] if n < 8192 else varint(n),
                 payload,
                 content_type,
-                long_varint(due_ms),
+                due_low,
+                due_mid,
+                due_high,
                 key_length,
                 key_bytes,
                 options,
@@ -229,10 +243,16 @@ class BulkPlanner:
         size = FIXED_RECORD_SIZE + names.size + len(key_bytes) + len(value) + len(due)
         if size + len(id_bytes) > self._max_bytes:
             raise self.planner.too_large(n, size + len(id_bytes))
-        if due_ms - now_ms <= self._near_window:
+        delta = due_ms - now_ms
+        if delta <= self._near_window:
             partition = _crc32(key_bytes) % self._near
-        else:
-            partition = self._placer.far_partition(due_ms, now_ms)
+        else:  # TimerPlacer.far_partition, inline
+            for reach, width, base, slots in self._levels:
+                if delta <= reach:
+                    partition = base + (due_ms // width) % slots
+                    break
+            else:
+                partition = self._placer.far_partition(due_ms, now_ms)
         entry = (chash, due_ms, queue, task, key, partition)
         if drawn:
             self.pending.append((job_id, entry))

@@ -22,7 +22,7 @@ from dueflow import tracing
 from dueflow.clients import kafka_error
 from dueflow.config import Settings
 from dueflow.errors import ConflictError, InvalidInput, KafkaOperationError, TopicMismatch
-from dueflow.ids import RANDOM_HEX_DIGITS, uuid7_hex, uuid7_tails
+from dueflow.ids import TAIL_BYTES, uuid7_head, uuid7_tails
 from dueflow.job_request import (
     MAX_INT32,
     MAX_NAME_CHARS,
@@ -66,32 +66,28 @@ class JobIds:
     def __init__(self, random_bytes: Callable[[int], bytes] = os.urandom, batch: int = 4096):
         self._random = random_bytes
         self._batch = batch
-        self._pool = ""
-        self._pos = 0
+        self._tails: list[str] = []  # reversed: the next one is last
         self._lock = threading.Lock()
 
     def new(self, now_ms: int) -> str:
         with self._lock:
-            pos = self._pos
-            end = pos + RANDOM_HEX_DIGITS
-            if end > len(self._pool):
-                self._pool = self._random(RANDOM_HEX_DIGITS * self._batch // 2).hex()
-                pos, end = 0, RANDOM_HEX_DIGITS
-            self._pos = end
-            digits = self._pool[pos:end]
-        return uuid7_hex(now_ms=now_ms, random_hex=digits)
+            if not self._tails:
+                self._tails = self._draw()
+            tail = self._tails.pop()
+        return uuid7_head(now_ms) + tail
 
     def tails(self) -> list[str]:
-        """The random tails (:func:`~dueflow.ids.uuid7_tails`) of the next ids, in the
-        order :meth:`new` would use them: the rest of the current batch, or a new
-        one. For callers that draw ids in bulk (``uuid7_head(now_ms) + tail``)."""
+        """The random tails (:func:`~dueflow.ids.uuid7_tails`) of the next ids, the
+        next one last: the rest of the current batch, or a new one. For callers
+        that draw ids in bulk (``uuid7_head(now_ms) + tails.pop()``)."""
         with self._lock:
-            pos = self._pos
-            if pos + RANDOM_HEX_DIGITS > len(self._pool):
-                self._pool = self._random(RANDOM_HEX_DIGITS * self._batch // 2).hex()
-                pos = 0
-            self._pos = len(self._pool)
-            return uuid7_tails(self._pool[pos:])
+            tails, self._tails = self._tails, []
+            return tails or self._draw()
+
+    def _draw(self) -> list[str]:
+        tails = uuid7_tails(self._random(TAIL_BYTES * self._batch))
+        tails.reverse()
+        return tails
 
 
 class PlannedTimer(NamedTuple):

@@ -220,6 +220,11 @@ _PLAIN_OPTIONS: dict[int, bytes] = {}
 # below, and PLAIN_TAIL + text(content_hash) + b"\x00" to end the record.
 SHORT_LENGTHS = _SMALL[0::2][:8192]
 PLAIN_TAIL = _PLAIN_TAIL
+# An epoch-millisecond long ``n`` from 1970-01-02 to 2039 (``z = n << 1`` with
+# ``2**28 <= z < 2**42``) is ``LOW_GROUPS[z & 0x3FFF] + LOW_GROUPS[(z >> 14) &
+# 0x3FFF] + VARINTS[z >> 28]``; :func:`long_varint` takes any long.
+LOW_GROUPS = _GROUP14
+VARINTS = _SMALL
 text = _text
 long_varint = _long
 
