@@ -110,7 +110,8 @@ def produce_raw(producer: Producer, topic: str, records: list[Record]) -> None:
     for key, value, partition, headers in records:
         while True:
             try:
-                produce(topic, value, key, partition, headers=headers)
+                # positional, as schedule_many calls it (cheaper than keywords)
+                produce(topic, value, key, partition, None, None, 0, headers)
                 break
             except BufferError:
                 poll(0.05)

@@ -117,14 +117,9 @@ class BulkRun:
                 refused = None
                 while True:
                     try:
-                        produce(
-                            topic,
-                            value,
-                            key_bytes,
-                            partition,
-                            on_delivery=deliveries,
-                            headers=headers,
-                        )
+                        # positional (topic, value, key, partition, callback,
+                        # on_delivery, timestamp, headers): cheaper than keywords
+                        produce(topic, value, key_bytes, partition, deliveries, None, 0, headers)
                         break
                     except BufferError:  # the producer queue is full: let it drain
                         poll(0.05)

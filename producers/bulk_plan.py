@@ -120,8 +120,133 @@ class BulkPlanner:
             or req.labels is not None
         ):
             return self.general(self.planner.plan(req, now_ms=now_ms))
+        # The checks in the order of TimerPlanner._plan_plain (so that the
+        # first bad field is the one named, and ids are drawn alike).
         try:
-            return self._plan_plain(req, now_ms)
+            task = req.task
+            queue = req.queue
+            try:
+                names = self._names[queue, task]
+            except (KeyError, TypeError):
+                names = self._check_names(queue, task)
+            payload = req.payload
+            if type(payload) is dict:
+                try:
+                    payload = _dumps(payload, option=_SORT_KEYS)
+                except _JSON_ERRORS as exc:
+                    raise bad_payload(payload, exc) from None
+                hasher, content_type = names.json
+            elif type(payload) is bytes:
+                hasher, content_type = names.octet
+            else:
+                payload, ctype = encode_payload(payload)
+                hasher, content_type = names.json if ctype == JSON else names.octet
+            if now_ms != self._ms:
+                self._ms = now_ms
+                self._head = uuid7_head(now_ms)
+                self._created = long_varint(now_ms)
+            job_id = req.job_id
+            if job_id is None:
+                tails = self._tails
+                if not tails:
+                    tails = self._tails = self.planner.ids.tails()
+                job_id = self._head + tails.pop()
+                id_bytes = job_id.encode()
+                id_length = _LENGTH_32
+                drawn = True
+            elif type(job_id) is not str or not 0 < len(job_id) <= MAX_NAME_CHARS:
+                raise bad_name("job_id", job_id)
+            else:
+                id_bytes = job_id.encode()
+                id_length = _length(len(id_bytes))
+                drawn = False
+            key = req.idempotency_key
+            if key is None:
+                key, key_bytes, key_length = job_id, id_bytes, id_length
+            elif type(key) is not str or not 0 < len(key) <= MAX_NAME_CHARS:
+                raise bad_name("idempotency_key", key)
+            else:
+                key_bytes = key.encode()
+                key_length = _length(len(key_bytes))
+            delay = req.delay
+            if delay is None:
+                due_ms = now_ms
+            elif type(delay) is int and delay >= 0:
+                due_ms = now_ms + delay * 1000
+            else:
+                due_ms = now_ms + parse_duration(delay, field="delay")
+            attempts = req.max_attempts
+            if attempts is None:
+                options = self._default_options
+            elif type(attempts) is not int or not 1 <= attempts <= MAX_INT32:
+                raise bad_attempts(attempts)
+            else:
+                options = plain_options(attempts)
+            z = due_ms << 1
+            if 268_435_456 <= z < 4_398_046_511_104:  # 2**28 <= z < 2**42: see LOW_GROUPS
+                due_low, due_mid, due_high = (
+                    _GROUPS[z & 0x3FFF],
+                    _GROUPS[(z >> 14) & 0x3FFF],
+                    _VARINTS[z >> 28],
+                )
+            else:
+                due_low, due_mid, due_high = long_varint(due_ms), b"", b""
+            h = hasher.copy()
+            h.update(payload)
+            chash = h.hexdigest()
+            n = len(payload)
+            value = b"".join(
+                (
+                    id_length,
+                    id_bytes,
+                    names.text,
+                    SHORT_LENGTHS[n] if n < 8192 else varint(n),
+                    payload,
+                    content_type,
+                    due_low,
+                    due_mid,
+                    due_high,
+                    key_length,
+                    key_bytes,
+                    options,
+                    self._created,
+                    _HASH_START,
+                    chash.encode(),
+                    _END,
+                )
+            )
+            due = b"%d" % due_ms
+            size = FIXED_RECORD_SIZE + names.size + len(key_bytes) + len(value) + len(due)
+            if size + len(id_bytes) > self._max_bytes:
+                raise self.planner.too_large(n, size + len(id_bytes))
+            delta = due_ms - now_ms
+            if delta <= self._near_window:
+                partition = _crc32(key_bytes) % self._near
+            else:  # TimerPlacer.far_partition, inline
+                for reach, width, base, slots in self._levels:
+                    if delta <= reach:
+                        partition = base + (due_ms // width) % slots
+                        break
+                else:
+                    partition = self._placer.far_partition(due_ms, now_ms)
+            entry = (chash, due_ms, queue, task, key, partition)
+            if drawn:
+                self.pending.append((job_id, entry))
+            else:
+                if self.pending:
+                    self.remember()
+                earlier = self.planner.recent.claim(job_id, entry, task)
+                if earlier is not None:
+                    return earlier
+            headers = [
+                (_DUE, due),
+                names.queue_header,
+                KIND_JOB_HEADER,
+                (_JOB_ID, id_bytes),
+                names.task_header,
+                SCHEMA_HEADER,
+            ]
+            return (job_id, due_ms, queue, task, key, partition, key_bytes, value, headers)
         except (InvalidInput, ConflictError):
             self.planner.count_error(req.queue)
             raise
@@ -143,134 +268,6 @@ class BulkPlanner:
             rec.value,
             rec.headers,
         )
-
-    def _plan_plain(self, req: JobRequest, now_ms: int) -> Plan | Scheduled:
-        # The checks in the order of TimerPlanner._plan_plain (so that the
-        # first bad field is the one named, and ids are drawn alike).
-        task = req.task
-        queue = req.queue
-        try:
-            names = self._names[queue, task]
-        except (KeyError, TypeError):
-            names = self._check_names(queue, task)
-        payload = req.payload
-        if type(payload) is dict:
-            try:
-                payload = _dumps(payload, option=_SORT_KEYS)
-            except _JSON_ERRORS as exc:
-                raise bad_payload(payload, exc) from None
-            hasher, content_type = names.json
-        elif type(payload) is bytes:
-            hasher, content_type = names.octet
-        else:
-            payload, ctype = encode_payload(payload)
-            hasher, content_type = names.json if ctype == JSON else names.octet
-        if now_ms != self._ms:
-            self._ms = now_ms
-            self._head = uuid7_head(now_ms)
-            self._created = long_varint(now_ms)
-        job_id = req.job_id
-        if job_id is None:
-            tails = self._tails
-            if not tails:
-                tails = self._tails = self.planner.ids.tails()
-            job_id = self._head + tails.pop()
-            id_bytes = job_id.encode()
-            id_length = _LENGTH_32
-            drawn = True
-        elif type(job_id) is not str or not 0 < len(job_id) <= MAX_NAME_CHARS:
-            raise bad_name("job_id", job_id)
-        else:
-            id_bytes = job_id.encode()
-            id_length = _length(len(id_bytes))
-            drawn = False
-        key = req.idempotency_key
-        if key is None:
-            key, key_bytes, key_length = job_id, id_bytes, id_length
-        elif type(key) is not str or not 0 < len(key) <= MAX_NAME_CHARS:
-            raise bad_name("idempotency_key", key)
-        else:
-            key_bytes = key.encode()
-            key_length = _length(len(key_bytes))
-        delay = req.delay
-        if delay is None:
-            due_ms = now_ms
-        elif type(delay) is int and delay >= 0:
-            due_ms = now_ms + delay * 1000
-        else:
-            due_ms = now_ms + parse_duration(delay, field="delay")
-        attempts = req.max_attempts
-        if attempts is None:
-            options = self._default_options
-        elif type(attempts) is not int or not 1 <= attempts <= MAX_INT32:
-            raise bad_attempts(attempts)
-        else:
-            options = plain_options(attempts)
-        z = due_ms << 1
-        if 268_435_456 <= z < 4_398_046_511_104:  # 2**28 <= z < 2**42: see LOW_GROUPS
-            due_low, due_mid, due_high = (
-                _GROUPS[z & 0x3FFF],
-                _GROUPS[(z >> 14) & 0x3FFF],
-                _VARINTS[z >> 28],
-            )
-        else:
-            due_low, due_mid, due_high = long_varint(due_ms), b"", b""
-        h = hasher.copy()
-        h.update(payload)
-        chash = h.hexdigest()
-        n = len(payload)
-        value = b"".join(
-            (
-                id_length,
-                id_bytes,
-                names.text,
-                SHORT_LENGTHS[n] if n < 8192 else varint(n),
-                payload,
-                content_type,
-                due_low,
-                due_mid,
-                due_high,
-                key_length,
-                key_bytes,
-                options,
-                self._created,
-                _HASH_START,
-                chash.encode(),
-                _END,
-            )
-        )
-        due = b"%d" % due_ms
-        size = FIXED_RECORD_SIZE + names.size + len(key_bytes) + len(value) + len(due)
-        if size + len(id_bytes) > self._max_bytes:
-            raise self.planner.too_large(n, size + len(id_bytes))
-        delta = due_ms - now_ms
-        if delta <= self._near_window:
-            partition = _crc32(key_bytes) % self._near
-        else:  # TimerPlacer.far_partition, inline
-            for reach, width, base, slots in self._levels:
-                if delta <= reach:
-                    partition = base + (due_ms // width) % slots
-                    break
-            else:
-                partition = self._placer.far_partition(due_ms, now_ms)
-        entry = (chash, due_ms, queue, task, key, partition)
-        if drawn:
-            self.pending.append((job_id, entry))
-        else:
-            if self.pending:
-                self.remember()
-            earlier = self.planner.recent.claim(job_id, entry, task)
-            if earlier is not None:
-                return earlier
-        headers = [
-            (_DUE, due),
-            names.queue_header,
-            KIND_JOB_HEADER,
-            (_JOB_ID, id_bytes),
-            names.task_header,
-            SCHEMA_HEADER,
-        ]
-        return (job_id, due_ms, queue, task, key, partition, key_bytes, value, headers)
 
     def _check_names(self, queue: Any, task: Any) -> _Names:
         if type(task) is not str or not 0 < len(task) <= MAX_NAME_CHARS:
