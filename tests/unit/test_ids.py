@@ -2,11 +2,12 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dueflow.ids import uuid7_hex, uuid7_time_ms
+from dueflow.ids import TAIL_BYTES, uuid7_head, uuid7_hex, uuid7_tails, uuid7_time_ms
 from dueflow.producers.core import JobIds
 
 
@@ -48,3 +49,42 @@ def test_threads_never_share_random_digits() -> None:
     for t in threads:
         t.join()
     assert len(set(made)) == len(made) == 8_000
+
+
+@given(now=st.integers(0, 2**48 - 1), random=st.binary(min_size=0, max_size=5 * TAIL_BYTES + 3))
+def test_property_bulk_ids_are_the_ids_of_their_random_digits(now: int, random: bytes) -> None:
+    tails = uuid7_tails(random)
+    assert len(tails) == len(random) // TAIL_BYTES
+    for i, tail in enumerate(tails):
+        digits = random[i * TAIL_BYTES : (i + 1) * TAIL_BYTES].hex()
+        expected = uuid7_hex(now_ms=now, random_hex=digits[:3] + digits[4:19])
+        assert uuid7_head(now) + tail == expected
+        assert uuid.UUID(expected).version == 7
+
+
+def counting_random() -> Callable[[int], bytes]:
+    """A random source whose bytes count up (so every id differs)."""
+    drawn = [0]
+
+    def draw(n: int) -> bytes:
+        out = bytes((drawn[0] + i) % 251 for i in range(n))
+        drawn[0] += n
+        return out
+
+    return draw
+
+
+def test_bulk_tails_continue_where_new_stopped() -> None:
+    first = JobIds(counting_random(), batch=5)
+    expected = [first.new(7) for _ in range(12)]
+    bulk = JobIds(counting_random(), batch=5)
+    drawn = [bulk.new(7), bulk.new(7)]
+    tails = bulk.tails()  # the rest of the first batch, the next one last
+    assert len(tails) == 3
+    drawn += [uuid7_head(7) + tails.pop() for _ in range(3)]
+    drawn += [bulk.new(7) for _ in range(2)]
+    more = bulk.tails()  # the rest of the second batch
+    drawn += [uuid7_head(7) + more.pop() for _ in range(3)]
+    drawn += [uuid7_head(7) + t for t in reversed(bulk.tails())]  # a new batch
+    assert drawn[:12] == expected
+    assert len(set(drawn)) == len(drawn) == 15

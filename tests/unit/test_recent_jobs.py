@@ -59,3 +59,25 @@ def test_capacity_zero_remembers_nothing() -> None:
     assert r.claim("j", entry(), "t") is None
     assert r.claim("j", entry("other"), "t") is None
     assert len(r) == 0
+
+
+@pytest.mark.parametrize("batch", [1, 7, 50, 333])
+def test_remember_in_batches_equals_claiming_one_by_one(batch: int) -> None:
+    claimed, remembered = RecentJobs(capacity=100), RecentJobs(capacity=100)
+    entries = [(f"j{i}", entry(f"h{i}", i)) for i in range(1_000)]
+    for job_id, e in entries:
+        claimed.claim(job_id, e, "t")
+    for start in range(0, len(entries), batch):
+        remembered.remember(entries[start : start + batch])
+        assert len(remembered) <= 100
+    assert remembered._young == claimed._young
+    assert remembered._old == claimed._old
+    assert remembered.get("j999") == claimed.get("j999")
+    with pytest.raises(ConflictError):
+        remembered.claim("j999", entry("other"), "t")
+
+
+def test_remember_with_capacity_zero_keeps_nothing() -> None:
+    r = RecentJobs(capacity=0)
+    r.remember([("j", entry())])
+    assert len(r) == 0
