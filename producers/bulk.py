@@ -8,7 +8,9 @@ at the start of the record value and is mapped back to the input index at
 the end, so the per-job cost of a success is a single ``produce`` call.
 
 This loop is the hot path of the 100k-jobs/s goal: it binds methods to
-locals and avoids per-job objects on purpose.
+locals and avoids per-job objects on purpose; :class:`BulkPlanner` plans
+each job with what repeats between jobs computed once per call, and
+``produce`` gets positional arguments (keywords cost about 0.5 us a call).
 """
 
 from __future__ import annotations
