@@ -139,7 +139,8 @@ def test_page_follows_a_real_job_to_succeeded_without_reloading(
         job = s.schedule("ok", {"to": "page"}, queue=QUEUE, delay=10)
         doomed = s.schedule("doomed", {}, queue=QUEUE)
     wait.until(lambda d: _state_of(d, job.job_id) == "scheduled")
-    assert _queue_row(browser)[1] == "1"  # the scheduled column
+    # The scheduled column: both jobs, until the doomed one (due now) moves on.
+    wait.until(lambda d: _queue_row(d)[1:2] == ["1"])
     wait.until(lambda d: _state_of(d, job.job_id) == "succeeded")
     assert browser.execute_script("return window.__sameDocument") == "yes", "page was reloaded"
     wait.until(lambda d: _state_of(d, doomed.job_id) == "dead")

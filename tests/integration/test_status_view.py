@@ -145,9 +145,11 @@ def test_folds_outcomes_and_answers_over_http(
     assert 'dueflow_dlq_depth{queue="default"} 0.0' in metrics
     assert 'dueflow_timers_pending{level="near"} 0.0' in metrics
 
+    # The redrive button's endpoint: an empty DLQ redrives nothing.
     status, body = view.post("/dlq/default/redrive")
-    assert status == 501
-    assert "not wired yet" in body["error"]
+    assert status == 200
+    assert body["items"] == []
+    assert body["message"] == "0 redriven, 0 not redriven"
     assert view.post("/dlq/nope/redrive")[0] == 404
 
     status, page = view.get("/")
