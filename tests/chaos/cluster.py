@@ -258,8 +258,9 @@ class ChaosCluster:
         for member in desc.members:
             tps = member.assignment.topic_partitions if member.assignment else []
             if any(tp.topic == n.lease and tp.partition == 0 for tp in tps):
+                # The lease client's id ends with its process id (streams/emitter/lease.py).
                 for child in self.emitters:
-                    if child.name == member.client_id:
+                    if member.client_id.endswith(f"-{child.pid}"):
                         return child
         return None
 
