@@ -21,11 +21,11 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
+from dueflow.broker.ports import free_port
 from dueflow.producers.scheduler import Scheduler
 from tests.conftest import KafkaCluster
 from tests.integration.pipeline_support import QUEUE, Pipeline, scrape, wait_for
 from tests.integration.status_support import ViewProcess
-from tests.integration.test_status_view import free_port
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"

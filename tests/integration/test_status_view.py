@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 from confluent_kafka import Producer, TopicPartition
 
 from dueflow import headers as hdr
+from dueflow.broker.ports import free_port
 from dueflow.cli.main import main
 from dueflow.clients import make_admin, make_consumer
 from dueflow.config import Settings
@@ -25,12 +25,6 @@ from tests.integration.status_support import (
     start_view,
     write_outcomes,
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
