@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import tempfile
 import time
@@ -37,6 +36,7 @@ from typing import Any, TypeVar
 from confluent_kafka import Producer
 
 from dueflow.broker.local import LocalBroker
+from dueflow.broker.ports import free_port_pair
 from dueflow.cli.common import format_table
 from dueflow.clients import make_admin, make_producer
 from dueflow.config import Settings, load_settings
@@ -51,20 +51,6 @@ Record = tuple[bytes, bytes, int, list[tuple[str, bytes]]]
 T = TypeVar("T")
 
 
-def _free_port_pair() -> int:
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        with socket.socket() as s2:
-            try:
-                s2.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port pair on 127.0.0.1")
-
-
 @contextmanager
 def broker(bootstrap: str | None) -> Iterator[str]:
     """``bootstrap`` if given, else a local broker of this run (stopped by pid at the end)."""
@@ -72,7 +58,7 @@ def broker(bootstrap: str | None) -> Iterator[str]:
         yield bootstrap
         return
     with tempfile.TemporaryDirectory(prefix="dueflow-bench-") as tmp:
-        local = LocalBroker(port=_free_port_pair(), state_dir=Path(tmp), heap="1g")
+        local = LocalBroker(port=free_port_pair(), state_dir=Path(tmp), heap="1g")
         local.start()
         try:
             yield local.bootstrap
