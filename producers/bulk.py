@@ -116,18 +116,15 @@ class BulkRun:
                 job_id, due_ms = planned.job_id, planned.due_ms
             else:
                 job_id, due_ms, queue, task, key, partition, key_bytes, value, headers = planned
-                refused = None
-                while True:
-                    try:
-                        # positional (topic, value, key, partition, callback,
-                        # on_delivery, timestamp, headers): cheaper than keywords
-                        produce(topic, value, key_bytes, partition, deliveries, None, 0, headers)
-                        break
-                    except BufferError:  # the producer queue is full: let it drain
-                        poll(0.05)
-                    except KafkaException as exc:  # refused at once (e.g. unknown partition)
-                        refused = exc
-                        break
+                try:
+                    # positional (topic, value, key, partition, callback,
+                    # on_delivery, timestamp, headers): cheaper than keywords
+                    produce(topic, value, key_bytes, partition, deliveries, None, 0, headers)
+                    refused = None
+                except BufferError:  # the producer queue is full: let it drain
+                    refused = self._produce_when_full(partition, key_bytes, value, headers)
+                except KafkaException as exc:  # refused at once (e.g. unknown partition)
+                    refused = exc
                 if refused is not None:
                     bulk.failed(job_id, queue)
                     error = kafka_error(f"producing to {topic}", refused)
@@ -156,6 +153,23 @@ class BulkRun:
         if written:
             self._write_outcomes(flush_timeout_s)
         return result
+
+    def _produce_when_full(
+        self, partition: int, key: bytes, value: bytes, headers: list[tuple[str, bytes]]
+    ) -> KafkaException | None:
+        """Produce once the producer has room (serving its reports meanwhile);
+        the error if it refuses the record."""
+        produce: Callable[..., None] = self.producer.produce  # headers: bytes values
+        topic = self.planner.topic
+        while True:
+            self.producer.poll(0.05)
+            try:
+                produce(topic, value, key, partition, self.deliveries, None, 0, headers)
+                return None
+            except BufferError:
+                continue
+            except KafkaException as exc:
+                return exc
 
     def _plan_traced(self, span: ScheduleSpan, now_ms: int) -> Plan | Scheduled:
         planned = self.planner.plan(span.request, now_ms=now_ms, trace_headers=span.headers)

@@ -12,12 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dueflow.errors import ConflictError, DueflowError, InvalidInput
 from dueflow.ids import uuid7_hex, uuid7_time_ms
 from dueflow.job_request import JobRequest
+from dueflow.producers.bulk import BulkRun
 from dueflow.producers.bulk_plan import BulkPlanner
 from dueflow.producers.core import JobIds, PlannedTimer, TimerPlanner
 from dueflow.producers.recent import RecentJobs
@@ -151,3 +153,61 @@ def test_payload_over_the_topic_limit_is_refused() -> None:
     assert info.value.field == "payload"
     assert "a timer record of at most 600 bytes" in str(info.value)
     assert bulk.pending == []
+
+
+class FakeProducer:
+    """Refuses as told: BufferError ``full`` times in a row at every ``full_every``-th
+    record, KafkaException for partition ``refuse``; keeps what it accepted."""
+
+    def __init__(self, *, full_every: int = 0, full: int = 0, refuse: int = -1) -> None:
+        self.full_every, self.full, self.refuse = full_every, full, refuse
+        self.calls = 0
+        self.polls = 0
+        self.pending_full = 0
+        self.records: list[tuple[str, bytes, bytes, int, list[tuple[str, bytes]]]] = []
+
+    def produce(self, topic: str, value: bytes, key: bytes, partition: int, *rest: Any) -> None:
+        self.calls += 1
+        if self.full_every and self.calls % self.full_every == 0 and not self.pending_full:
+            self.pending_full = self.full
+        if self.pending_full:
+            self.pending_full -= 1
+            raise BufferError("queue full")
+        if partition == self.refuse:
+            raise KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION))
+        self.records.append((topic, value, key, partition, rest[-1]))
+
+    def poll(self, timeout: float = 0) -> int:
+        self.polls += 1
+        return 0
+
+    def flush(self, timeout: float = 0) -> int:
+        return 0
+
+
+def test_bulk_run_waits_out_a_full_queue_and_reports_refused_records() -> None:
+    p = planner(counting_bytes())
+    producer = FakeProducer(full_every=7, full=3)
+    reqs = [JobRequest("t", {"i": i}, delay=i) for i in range(50)]
+    result = BulkRun(p, producer, clock=lambda: NOW).run(reqs, flush_timeout_s=1)  # type: ignore[arg-type]
+    assert (result.total, result.scheduled, result.errors) == (50, 50, [])
+    assert [decode("job", r[1])["payload"] for r in producer.records] == [
+        b'{"i":%d}' % i for i in range(50)
+    ]
+    assert producer.calls > 60  # queue full several times,
+    assert producer.polls == producer.calls - 50  # and a wait for room after each
+    assert all(p.recent.get(job_id) is not None for job_id in result.job_ids if job_id)
+
+    # a record the producer refuses at once is an error of its job; the rest go on
+    p = planner(counting_bytes())
+    due_now = p.placer.near_window_ms // 1000 + 5  # after the near window
+    refused = FakeProducer()
+    reqs = [JobRequest("t", {"i": i}, delay=due_now) for i in range(3)]
+    first = BulkPlanner(planner(counting_bytes())).plan(reqs[0], NOW)
+    assert not isinstance(first, Scheduled)
+    refused.refuse = first[5]  # every job here goes to that partition
+    result = BulkRun(p, refused, clock=lambda: NOW).run(reqs, flush_timeout_s=1)  # type: ignore[arg-type]
+    assert result.scheduled == 0
+    assert [e.index for e in result.errors] == [0, 1, 2]
+    assert result.job_ids == [None, None, None]
+    assert len(p.recent) == 0  # forgotten: a retry writes them again
