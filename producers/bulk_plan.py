@@ -74,6 +74,7 @@ _DUE, _JOB_ID = hdr.DUE, hdr.JOB_ID
 _HASH_START = PLAIN_TAIL + SHORT_LENGTHS[32]
 _END = b"\x00"
 _GROUPS, _VARINTS = LOW_GROUPS, VARINTS
+_NAMES_LIMIT = 4096
 _LENGTH_32 = SHORT_LENGTHS[32]
 
 
@@ -274,7 +275,9 @@ class BulkPlanner:
             raise bad_name("task", task)
         if queue not in self._queues:
             raise unknown_queue(queue, self._queues)
-        names = self._names[queue, task] = _Names(queue, task)
+        names = _Names(queue, task)
+        if len(self._names) < _NAMES_LIMIT:  # a call with very many task names
+            self._names[queue, task] = names
         return names
 
     def remember(self) -> None:
