@@ -201,6 +201,11 @@ class WheelDrainer:
         top = self._queue.first_due()
         return top is not None and top <= now_ms
 
+    def overdue_ms(self, now_ms: int) -> int:
+        """How long the earliest timer in the heap has been due; -1: none is due."""
+        top = self._queue.first_due()
+        return now_ms - top if top is not None and top <= now_ms else -1
+
     # ------------------------------------------------------------------ reading
     def on_messages(self, messages: list[Message], now_ms: int) -> None:
         """Handle a batch of records (and partition-end events) from the source."""

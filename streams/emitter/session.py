@@ -48,13 +48,14 @@ class ActiveSession:
         source: WheelSource,
         clock_ms: Callable[[], int] = wall_ms,
         tracer: JobTracer | None = None,
+        outbox: Outbox | None = None,
     ) -> None:
         self._settings = settings
         self._metrics = metrics
         self._clock = clock_ms
         self._schedules = schedules
         self._tracer = tracer
-        self.outbox = Outbox(settings)
+        self.outbox = outbox if outbox is not None else Outbox(settings)  # prepared ahead
         self.cron = CronKeeper(settings, metrics, schedules, self.outbox)
         self.source = source  # started by the process: warm before the takeover
         self.housekeeping = Housekeeping(settings, metrics)
@@ -153,12 +154,14 @@ class ActiveSession:
                 after_start_ms=round((self._read_in - self._started) * 1000),
                 unheard=0,
             )
+        overdue = drainer.overdue_ms(now) if outbox.records else -1
         if outbox.records and commit_due(
             records=outbox.records,
             age_ms=now - outbox.first_ms,
-            busy=drainer.has_due(now),
+            busy=overdue >= 0,
             max_records=self._batch_records,
             max_ms=self._batch_ms,
+            behind_ms=overdue,
         ):
             self.commit()
         elif outbox.in_transaction and now - outbox.opened_ms >= self._idle_commit_ms:
