@@ -123,7 +123,9 @@ class Outbox:
                 producer.init_transactions(wait_s)
             except KafkaException as exc:
                 err = _error(exc)
-                if quick and err is not None and err.code() == KafkaError._TIMED_OUT:
+                # On a timeout librdkafka reports the last error it had (such as
+                # CONCURRENT_TRANSACTIONS), not always _TIMED_OUT.
+                if quick and err is not None and (err.retriable() or err.code() in _REFUSED):
                     # Dropped: the last reference goes when `producer` is bound to the
                     # next one, destroying it (close() would try an abort, and warn).
                     continue
@@ -315,6 +317,13 @@ class Outbox:
 # Fencing: producers tried at most, and how long each waits before the next one.
 _FENCE_ATTEMPTS = 2
 _FENCE_TRY_S = 0.15
+_REFUSED = (
+    KafkaError._TIMED_OUT,
+    KafkaError.CONCURRENT_TRANSACTIONS,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.NOT_COORDINATOR,
+)
 
 
 def _error(exc: KafkaException) -> KafkaError | None:

@@ -10,6 +10,7 @@ resume.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
@@ -52,6 +53,10 @@ class WheelSource:
                 "fetch.wait.max.ms": 25,
             },
         )
+        # The metadata is cached: an assignment at takeover need not ask for it
+        # (if this fails, it is asked for then).
+        with contextlib.suppress(KafkaException):
+            self._consumer.list_topics(self._topic, timeout=10.0)
 
     @property
     def consumer(self) -> Consumer:
