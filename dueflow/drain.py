@@ -173,7 +173,13 @@ def commit_due(
         return False
     if records >= max_records or not busy:
         return True
-    return age_ms >= max(max_ms, min(behind_ms // BACKLOG_AGE_SHARE, BACKLOG_AGE_MAX_MS))
+    return age_ms >= commit_age_ms(max_ms=max_ms, behind_ms=behind_ms)
+
+
+def commit_age_ms(*, max_ms: int, behind_ms: int) -> int:
+    """How long a transaction stays open while timers ``behind_ms`` overdue wait
+    (see :func:`commit_due`)."""
+    return max(max_ms, min(behind_ms // BACKLOG_AGE_SHARE, BACKLOG_AGE_MAX_MS))
 
 
 BACKLOG_AGE_SHARE = 10

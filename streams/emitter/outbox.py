@@ -68,7 +68,7 @@ class Outbox:
     def prepare(self) -> None:
         """Create the producers that :meth:`start` may need and learn the metadata,
         without fencing anyone (a standby does this ahead of a takeover)."""
-        while len(self._spares) < _FENCE_ATTEMPTS:
+        while len(self._spares) < _FENCE_SPARES:
             producer = self._new_producer()
             try:
                 producer.list_topics(timeout=10.0)  # metadata before the first write
@@ -100,11 +100,11 @@ class Outbox:
         When the previous holder died with a transaction open, the coordinator
         first aborts it and answers ``CONCURRENT_TRANSACTIONS`` meanwhile;
         librdkafka then asks again only after a fixed 500 ms. The abort takes a
-        few milliseconds, so a producer that has not fenced within
-        :data:`_FENCE_TRY_S` is destroyed and a fresh one (made ahead by
-        :meth:`prepare`) asks at once. Safe: a destroyed producer asks nothing more,
-        and a late request of one would only fence this emitter (which then
-        starts over), never let two write.
+        few milliseconds, so a producer that was refused (or has not fenced
+        within :data:`_FENCE_TRY_S`) is destroyed and a fresh one (made ahead by
+        :meth:`prepare`) asks 10 ms later. Safe: a destroyed producer asks
+        nothing more, and a late request of one would only fence this emitter
+        (which then starts over), never let two write.
         """
         self._calls = DaemonThreadExecutor("dueflow-emitter-txn")
         deadline = time.monotonic() + timeout_s
@@ -118,24 +118,40 @@ class Outbox:
                     producer.list_topics(timeout=max(1.0, deadline - time.monotonic()))
                 except KafkaException as exc:
                     raise _wrap("list_topics", exc) from exc
-            wait_s = _FENCE_TRY_S if quick else max(1.0, deadline - time.monotonic())
+            if self._fence(producer, quick=quick, deadline=deadline):
+                self._producer = producer
+                if attempt:
+                    event(log, "fenced with a fresh producer", attempts=attempt + 1)
+                break
+            # Refused: dropped (destroyed when `producer` is bound to the next one;
+            # close() would try an abort, and warn). The coordinator is aborting
+            # the old transaction: give it a moment before the next one asks.
+            time.sleep(_FENCE_PAUSE_S)
+        self._spares.clear()  # never initialised: destroyed without a word
+
+    def _fence(self, producer: Producer, *, quick: bool, deadline: float) -> bool:
+        """``init_transactions``: True when done, False when ``quick`` and the
+        coordinator refused (then librdkafka would ask again only in 500 ms).
+
+        It waits in slices: a slice that ends with librdkafka's last error being
+        a refusal (CONCURRENT_TRANSACTIONS, ...) means no request is in flight;
+        one that ends with _TIMED_OUT means the answer has not come yet, and the
+        next call resumes the wait.
+        """
+        limit = time.monotonic() + _FENCE_TRY_S if quick else deadline
+        while True:
+            left = limit - time.monotonic()
+            wait_s = min(_FENCE_SLICE_S, max(0.001, left)) if quick else max(1.0, left)
             try:
                 producer.init_transactions(wait_s)
+                return True
             except KafkaException as exc:
                 err = _error(exc)
-                # On a timeout librdkafka reports the last error it had (such as
-                # CONCURRENT_TRANSACTIONS), not always _TIMED_OUT.
-                if quick and err is not None and (err.retriable() or err.code() in _REFUSED):
-                    # Dropped: the last reference goes when `producer` is bound to the
-                    # next one, destroying it (close() would try an abort, and warn).
-                    continue
-                self._producer = producer  # closed by close()
-                raise _wrap("init_transactions", exc) from exc
-            self._producer = producer
-            if attempt:
-                event(log, "fenced with a fresh producer", attempts=attempt + 1)
-            break
-        self._spares.clear()  # never initialised: destroyed without a word
+                if not quick or err is None or (not err.retriable() and err.code() not in _REFUSED):
+                    self._producer = producer  # closed by close()
+                    raise _wrap("init_transactions", exc) from exc
+                if err.code() != KafkaError._TIMED_OUT or time.monotonic() >= limit:
+                    return False
 
     def _begin(self) -> Producer:
         producer = self._producer
@@ -315,8 +331,11 @@ class Outbox:
 
 
 # Fencing: producers tried at most, and how long each waits before the next one.
-_FENCE_ATTEMPTS = 2
-_FENCE_TRY_S = 0.15
+_FENCE_ATTEMPTS = 4
+_FENCE_TRY_S = 0.15  # at most, per producer
+_FENCE_SLICE_S = 0.01
+_FENCE_SPARES = 2  # made ahead; later attempts make theirs
+_FENCE_PAUSE_S = 0.01
 _REFUSED = (
     KafkaError._TIMED_OUT,
     KafkaError.CONCURRENT_TRANSACTIONS,

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dueflow.config import Settings
-from dueflow.drain import commit_due
+from dueflow.drain import commit_age_ms, commit_due
 from dueflow.errors import KafkaOperationError
 from dueflow.logs import event
 from dueflow.metrics import Metrics
@@ -136,7 +136,8 @@ class ActiveSession:
         now = self._clock()
         wake = drainer.wake_ms(now)
         if outbox.records:
-            wake = min(wake, outbox.first_ms + self._batch_ms)
+            age = commit_age_ms(max_ms=self._batch_ms, behind_ms=drainer.overdue_ms(now))
+            wake = min(wake, outbox.first_ms + age)
         messages = self.source.consume(self._consume_max, max(0, wake - now) / 1000.0)
         now = self._clock()
         if messages:
