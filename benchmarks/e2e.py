@@ -49,9 +49,9 @@ from confluent_kafka.admin import AdminClient
 
 from benchmarks.produce import plan_records
 from dueflow.broker.local import LocalBroker
+from dueflow.broker.ports import free_port, free_port_pair
 from dueflow.clients import make_admin
 from dueflow.config import Settings, load_settings
-from dueflow.demo.processes import free_port_pair
 from dueflow.demo.summary import percentiles
 from dueflow.job_request import JobRequest
 from dueflow.producers import Scheduler
@@ -359,7 +359,7 @@ def pipeline(
     settings: Settings, processes: int, workdir: Path
 ) -> Iterator[tuple[EmitterSubprocess, Workers]]:
     """An active emitter and ``processes`` workers in a stable group."""
-    port = _free_port()
+    port = free_port()
     emitter = EmitterSubprocess(
         settings,
         workdir / "emitter.log",
@@ -376,14 +376,6 @@ def pipeline(
     finally:
         workers.stop()
         emitter.stop()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _cpu_s(pid: int) -> float:

@@ -82,7 +82,7 @@ def cluster(bootstrap: str | None) -> Iterator[str]:
 
 
 def _free_port_pair() -> int:
-    from tests.conftest import free_port_pair
+    from dueflow.broker.ports import free_port_pair
 
     return free_port_pair()
 

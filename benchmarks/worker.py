@@ -52,7 +52,7 @@ def broker(bootstrap: str | None) -> Iterator[str]:
         yield bootstrap
         return
     from dueflow.broker.local import LocalBroker
-    from tests.conftest import free_port_pair
+    from dueflow.broker.ports import free_port_pair
 
     state = Path(tempfile.mkdtemp(prefix="dueflow-bench-"))
     local = LocalBroker(port=free_port_pair(), state_dir=state, heap="1g")

@@ -470,14 +470,21 @@ class QueueRuntime:
             self._sync_pause(feed)
         self._pump()
 
-    async def _load_keys(self, feed: PartitionFeed) -> None:
+    async def _keys_caught_up(self, feed: PartitionFeed) -> bool:
+        """Wait until the key store holds the partition's idempotency records;
+        False when cancelled or when reading them failed (the runtime restarts)."""
         try:
             await self._tail.caught_up(feed.partition)
         except asyncio.CancelledError:
-            return
+            return False
         except KafkaException as exc:
             if not self._restarting:
                 await self._restart(f"key store load failed: {exc}")
+            return False
+        return True
+
+    async def _load_keys(self, feed: PartitionFeed) -> None:
+        if not await self._keys_caught_up(feed):
             return
         feed.loading = False
         if feed.gone:
@@ -492,13 +499,7 @@ class QueueRuntime:
         self._loop.create_task(self._recheck_keys(feed))
 
     async def _recheck_keys(self, feed: PartitionFeed) -> None:
-        try:
-            await self._tail.caught_up(feed.partition)
-        except asyncio.CancelledError:
-            return
-        except KafkaException as exc:
-            if not self._restarting:
-                await self._restart(f"key store load failed: {exc}")
+        if not await self._keys_caught_up(feed):
             return
         feed.checking = False
         if feed.gone:

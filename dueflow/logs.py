@@ -66,14 +66,29 @@ def _utc_stamp(created: float) -> str:
     return f"{last[1]}.{int(created * 1000) % 1000:03d}Z"
 
 
-class JsonFormatter(logging.Formatter):
-    """``{"ts": ..., "level": ..., "logger": ..., "event": ..., **fields}``."""
+class _LineFormatter(logging.Formatter):
+    """A record as one line: subclasses define ``line`` (also used without records)."""
 
     def format(self, record: logging.LogRecord) -> str:
         exc = self.formatException(record.exc_info) if record.exc_info else None
         return self.line(
             record.created, record.levelname, record.name, record.getMessage(), _fields(record), exc
         )
+
+    @staticmethod
+    def line(
+        created: float,
+        levelname: str,
+        logger: str,
+        name: str,
+        fields: dict[str, Any],
+        exc: str | None = None,
+    ) -> str:
+        raise NotImplementedError
+
+
+class JsonFormatter(_LineFormatter):
+    """``{"ts": ..., "level": ..., "logger": ..., "event": ..., **fields}``."""
 
     @staticmethod
     def line(
@@ -96,14 +111,8 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(out, default=str).decode()
 
 
-class TextFormatter(logging.Formatter):
+class TextFormatter(_LineFormatter):
     """``HH:MM:SS level logger event key=value ...`` for humans."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        exc = self.formatException(record.exc_info) if record.exc_info else None
-        return self.line(
-            record.created, record.levelname, record.name, record.getMessage(), _fields(record), exc
-        )
 
     @staticmethod
     def line(

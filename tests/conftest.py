@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,24 +18,8 @@ from pathlib import Path
 import pytest
 
 from dueflow.broker.local import LocalBroker
+from dueflow.broker.ports import free_port_pair
 from dueflow.config import Settings, load_settings
-
-
-def free_port_pair() -> int:
-    """A port p such that p and p+1 are free on 127.0.0.1."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port >= 65535:
-            continue
-        with socket.socket() as s2:
-            try:
-                s2.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port pair on 127.0.0.1")
 
 
 @dataclass

@@ -14,7 +14,6 @@ import contextlib
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,31 +30,6 @@ def _die_with_parent() -> None:
     """In the child before exec: SIGTERM when the demo process goes away."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def free_port_pair(preferred: int | None = None) -> int:
-    """A port p with p and p+1 free on 127.0.0.1 (``preferred`` when it is)."""
-    candidates = ([preferred] if preferred else []) + [0] * 50
-    for want in candidates:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", want))
-            except OSError:
-                continue
-            port = int(s.getsockname()[1])
-        with socket.socket() as s2:
-            try:
-                s2.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port pair on 127.0.0.1")
 
 
 @dataclass

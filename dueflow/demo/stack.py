@@ -23,10 +23,11 @@ from types import TracebackType
 from confluent_kafka.admin import AdminClient
 
 from dueflow.broker.local import LocalBroker
+from dueflow.broker.ports import free_port, free_port_pair
 from dueflow.clients import make_admin
 from dueflow.config import Settings, load_settings
 from dueflow.demo.ledger import ENV as LEDGER_ENV
-from dueflow.demo.processes import Child, free_port, free_port_pair, http_ok, scrape
+from dueflow.demo.processes import Child, http_ok, scrape
 from dueflow.topic_admin import TopicAdmin
 from dueflow.topics import names, topic_layout
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from dueflow.broker.local import LocalBroker
+from dueflow.broker.ports import free_port_pair
 from dueflow.clients import make_admin
 from dueflow.config import Settings, load_settings
 from dueflow.errors import BrokerError
@@ -63,21 +63,6 @@ concurrency = 16
 [observability]
 log_format = "json"
 """
-
-
-def free_port_pair() -> int:
-    """A port p such that p and p+1 (the broker's controller) are free on 127.0.0.1."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        with socket.socket() as s2:
-            try:
-                s2.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port pair on 127.0.0.1")
 
 
 @dataclass
@@ -258,8 +243,9 @@ class ChaosCluster:
         for member in desc.members:
             tps = member.assignment.topic_partitions if member.assignment else []
             if any(tp.topic == n.lease and tp.partition == 0 for tp in tps):
+                # The lease client's id ends with its process id (streams/emitter/lease.py).
                 for child in self.emitters:
-                    if child.name == member.client_id:
+                    if member.client_id.endswith(f"-{child.pid}"):
                         return child
         return None
 

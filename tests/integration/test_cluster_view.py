@@ -149,7 +149,12 @@ def test_cluster_view_reads_lag_dlq_timers_and_emitter(
                  settings.topic_prefix, "--url", NOWHERE, "--json"]) == 0  # fmt: skip
     doc = json.loads(capsys.readouterr().out)
     assert doc["source"] == "kafka"
-    assert doc["queues"]["default"] == {"counts": None, "lag": 4, "dlq_depth": 3}
+    assert doc["queues"]["default"] == {
+        "counts": None,
+        "lag": 4,
+        "dlq_depth": 3,
+        "paused": None,
+    }
     assert doc["timers_pending"] == {"near": 1, "0": 2, "1": 0}
     assert len(doc["dlq_tail"]) == 3
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dueflow.broker.local import LocalBroker
-from tests.conftest import free_port_pair
+from dueflow.broker.ports import free_port_pair
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

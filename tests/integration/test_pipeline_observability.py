@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 
 from dueflow import logs
+from dueflow.broker.ports import free_port
 from dueflow.producers.scheduler import Scheduler
 from dueflow.schemas import codec
 from dueflow.topics import names
 from dueflow.tracing import DEAD_LETTER, EXECUTE, FIRE, SCHEDULE, JobTracer
 from tests.conftest import KafkaCluster
 from tests.integration.pipeline_support import QUEUE, Pipeline, Samples, scrape, wait_for
-from tests.integration.test_status_view import free_port
 from tests.integration.test_worker_processes import group_assignment
 from tests.integration.worker_support import outcomes_of, read_topic
 

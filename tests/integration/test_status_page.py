@@ -21,11 +21,11 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
+from dueflow.broker.ports import free_port
 from dueflow.producers.scheduler import Scheduler
 from tests.conftest import KafkaCluster
 from tests.integration.pipeline_support import QUEUE, Pipeline, scrape, wait_for
 from tests.integration.status_support import ViewProcess
-from tests.integration.test_status_view import free_port
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -139,7 +139,8 @@ def test_page_follows_a_real_job_to_succeeded_without_reloading(
         job = s.schedule("ok", {"to": "page"}, queue=QUEUE, delay=10)
         doomed = s.schedule("doomed", {}, queue=QUEUE)
     wait.until(lambda d: _state_of(d, job.job_id) == "scheduled")
-    assert _queue_row(browser)[1] == "1"  # the scheduled column
+    # The scheduled column: both jobs, until the doomed one (due now) moves on.
+    wait.until(lambda d: _queue_row(d)[1:2] == ["1"])
     wait.until(lambda d: _state_of(d, job.job_id) == "succeeded")
     assert browser.execute_script("return window.__sameDocument") == "yes", "page was reloaded"
     wait.until(lambda d: _state_of(d, doomed.job_id) == "dead")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 from confluent_kafka import Producer, TopicPartition
 
 from dueflow import headers as hdr
+from dueflow.broker.ports import free_port
 from dueflow.cli.main import main
 from dueflow.clients import make_admin, make_consumer
 from dueflow.config import Settings
@@ -25,12 +25,6 @@ from tests.integration.status_support import (
     start_view,
     write_outcomes,
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -145,9 +139,11 @@ def test_folds_outcomes_and_answers_over_http(
     assert 'dueflow_dlq_depth{queue="default"} 0.0' in metrics
     assert 'dueflow_timers_pending{level="near"} 0.0' in metrics
 
+    # The redrive button's endpoint: an empty DLQ redrives nothing.
     status, body = view.post("/dlq/default/redrive")
-    assert status == 501
-    assert "not wired yet" in body["error"]
+    assert status == 200
+    assert body["items"] == []
+    assert body["message"] == "0 redriven, 0 not redriven"
     assert view.post("/dlq/nope/redrive")[0] == 404
 
     status, page = view.get("/")

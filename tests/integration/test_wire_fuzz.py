@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from dueflow import headers as hdr
+from dueflow.broker.ports import free_port
 from dueflow.config import Settings
 from dueflow.control import decode_control
 from dueflow.errors import DueflowError, UndecodableRecord
@@ -152,12 +152,6 @@ def garbage(draw: st.DrawFn) -> Garbage:
 
 def _explicit_key(role: str) -> bytes:
     return b"queue:" + QUEUE.encode() if role == "control" else f"fuzz-{role}".encode()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _topic(s: Settings, role: str) -> tuple[str, int]:
@@ -289,7 +283,7 @@ def test_garbage_on_every_topic_is_set_aside_and_valid_jobs_keep_flowing(
     worker = Worker(s, ledger.path, tmp_path / "worker.log")
     view = start_view(
         s,
-        port=_free_port(),
+        port=free_port(),
         data_dir=tmp_path / "view",
         log_path=tmp_path / "view.log",
         queues=f"{QUEUE}:2",
