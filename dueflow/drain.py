@@ -148,18 +148,42 @@ def next_drain_ms(
     return max(drain_ms, target)
 
 
-def commit_due(*, records: int, age_ms: int, busy: bool, max_records: int, max_ms: int) -> bool:
+def commit_due(
+    *,
+    records: int,
+    age_ms: int,
+    busy: bool,
+    max_records: int,
+    max_ms: int,
+    behind_ms: int = 0,
+) -> bool:
     """Commit the open transaction (``records`` written, the first ``age_ms`` ago) now?
 
     Fired jobs become visible to workers only at commit, so the emitter commits
     as soon as every timer that is due has fired (``busy`` False: also while it
     reads ahead). While timers are due and not fired yet (a backlog, a burst)
-    it commits every ``max_records`` records or ``max_ms`` milliseconds, so
-    transactions grow with the load and their fixed cost stays small.
+    it commits every ``max_records`` records or ``max_ms`` milliseconds; when
+    the earliest timer not yet fired is ``behind_ms`` overdue, a transaction may
+    stay open for up to 1/:data:`BACKLOG_AGE_SHARE` of that (at most
+    :data:`BACKLOG_AGE_MAX_MS`): jobs seconds late lose little by waiting a few
+    per cent longer, and a backlog drains in fewer, larger transactions, whose
+    fixed cost (a commit round trip that holds up firing) stays small.
     """
     if records <= 0:
         return False
-    return records >= max_records or age_ms >= max_ms or not busy
+    if records >= max_records or not busy:
+        return True
+    return age_ms >= commit_age_ms(max_ms=max_ms, behind_ms=behind_ms)
+
+
+def commit_age_ms(*, max_ms: int, behind_ms: int) -> int:
+    """How long a transaction stays open while timers ``behind_ms`` overdue wait
+    (see :func:`commit_due`)."""
+    return max(max_ms, min(behind_ms // BACKLOG_AGE_SHARE, BACKLOG_AGE_MAX_MS))
+
+
+BACKLOG_AGE_SHARE = 10
+BACKLOG_AGE_MAX_MS = 250
 
 
 # ------------------------------------------------------------------- records

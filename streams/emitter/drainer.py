@@ -74,6 +74,9 @@ class PartitionControl(Protocol):
 
     def resume(self, partition: int) -> None: ...
 
+    def end_offset(self, partition: int) -> int:
+        """The partition's end offset as of the last fetch (no request); -1: unknown."""
+
 
 class Sender(Protocol):
     def send(
@@ -142,6 +145,13 @@ class WheelDrainer:
         self._index = [geo.locate(p)[1] for p in range(n)]
         self._feeders = [p for p in range(n) if self._level[p] <= 0]
         self._ahead = [read_ahead_ms(geo, lv) if lv <= 0 else 0 for lv in self._level]
+        # Flow control reads a level-0 feeder one slot further ahead than firing
+        # needs: while a backlog drains, the drain clock moves many seconds per
+        # second, and a feeder resumed only just in time would stop firing until
+        # its first fetch comes back.
+        self._lead = [
+            a + self._slot if lv == 0 else a for a, lv in zip(self._ahead, self._level, strict=True)
+        ]
         self._open = [OpenOffsets() if lv <= 0 else None for lv in self._level]
         self._read_to = [max(committed.get(p, (-1, None))[0], 0) for p in range(n)]
         # Due time a feeder has been read up to. Firing does not pass it (records
@@ -169,6 +179,7 @@ class WheelDrainer:
         self._paused: dict[int, int] = {}  # partition -> resume key
         self._feeder_queue: list[tuple[int, int]] = []  # (blocker due - read-ahead, p)
         self._blocker: dict[int, int] = {}  # paused feeder -> offset of its blocker
+        self._full: set[int] = set()  # feeders paused because the heap was full
         self._slot_queue: list[tuple[int, int]] = []  # (ready time, p), slots of level >= 1
         self._rate_paused: set[int] = set()  # slots waiting for tokens
         # Records a feeder delivered past the one that paused it (kept, up to a cap,
@@ -201,6 +212,11 @@ class WheelDrainer:
         top = self._queue.first_due()
         return top is not None and top <= now_ms
 
+    def overdue_ms(self, now_ms: int) -> int:
+        """How long the earliest timer in the heap has been due; -1: none is due."""
+        top = self._queue.first_due()
+        return now_ms - top if top is not None and top <= now_ms else -1
+
     # ------------------------------------------------------------------ reading
     def on_messages(self, messages: list[Message], now_ms: int) -> None:
         """Handle a batch of records (and partition-end events) from the source."""
@@ -212,7 +228,7 @@ class WheelDrainer:
         horizon = self._horizon
         push = self._queue.push
         opens = self._open
-        ahead = self._ahead
+        lead = self._lead
         touched = self._touched
         replay = self._replay
         unheard = self._unheard
@@ -283,11 +299,13 @@ class WheelDrainer:
             opens[p].add(off)  # type: ignore[union-attr]
             held = push(due, (p, off, m, topic, cron, headers))
             if ck is None and (
-                held >= budget or (level == 0 and due > self.drain_ms + ahead[p] + slot)
+                held >= budget or (level == 0 and due > self.drain_ms + lead[p] + slot)
             ):
-                self._hold(p, off + 1, due - ahead[p])
+                self._hold(p, off + 1, due - lead[p])
                 self._blocker[p] = off
-                heapq.heappush(self._feeder_queue, (due - ahead[p], p))
+                heapq.heappush(self._feeder_queue, (due - lead[p], p))
+                if held >= budget:
+                    self._full.add(p)
         if at_once:
             self._bucket.take(at_once)
 
@@ -388,6 +406,7 @@ class WheelDrainer:
 
     def _resume(self, p: int, now_ms: int) -> None:
         del self._paused[p]
+        self._full.discard(p)
         self._blocker.pop(p, None)
         self._stash_next.pop(p, None)
         stash = self._stash.pop(p, None)
@@ -536,6 +555,11 @@ class WheelDrainer:
                     fire_limit = at
                 continue
             if at + ahead[p] + slot < fire_limit:
+                if self._read_to[p] >= self._source.end_offset(p) >= 0:
+                    # Read to its end, and the end event has not come yet (it can
+                    # take a while when the fetch queue is full): nothing there.
+                    eof.add(p)
+                    continue
                 fire_limit = at + ahead[p] + slot
             if limit is None or at + ahead[p] < limit:
                 limit = at + ahead[p]
@@ -547,12 +571,20 @@ class WheelDrainer:
             lag_ms=slot,
             reading_limit_ms=None if queue else limit,
         )
+        # A feeder paused by the drain clock resumes when its time comes; one paused
+        # because the heap was full, also not before the heap is half empty.
         feeders = self._feeder_queue
-        if len(queue) < self._budget // 2:
-            while feeders and feeders[0][0] <= drain:
-                at, p = heapq.heappop(feeders)
-                if self._paused.get(p) == at and p in self._blocker:
+        roomy = len(queue) < self._budget // 2
+        waiting = []
+        while feeders and feeders[0][0] <= drain:
+            at, p = heapq.heappop(feeders)
+            if self._paused.get(p) == at and p in self._blocker:
+                if p in self._full and not roomy:
+                    waiting.append((at, p))
+                else:
                     self._resume(p, now_ms)
+        for item in waiting:
+            heapq.heappush(feeders, item)
         slots = self._slot_queue
         while slots and slots[0][0] <= drain:
             at, p = heapq.heappop(slots)

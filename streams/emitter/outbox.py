@@ -56,6 +56,7 @@ class Outbox:
         self.first_ms = 0  # wall clock of its first record
         self._last_offset: list[TopicPartition] = []  # one offset the last commit wrote
         self._calls: DaemonThreadExecutor | None = None
+        self._spares: list[Producer] = []  # made ahead by prepare(), not fenced yet
         em = settings.emitter
         # send offsets + commit retries + abort, each bounded by the transaction timeout
         self._deadline_s = 3 * em.transaction_timeout_ms / 1000.0 + 10.0
@@ -64,11 +65,20 @@ class Outbox:
     def in_transaction(self) -> bool:
         return self._open
 
-    def start(self, timeout_s: float = 60.0) -> None:
-        """Create the producer and fence every earlier holder of the transactional id."""
+    def prepare(self) -> None:
+        """Create the producers that :meth:`start` may need and learn the metadata,
+        without fencing anyone (a standby does this ahead of a takeover)."""
+        while len(self._spares) < _FENCE_SPARES:
+            producer = self._new_producer()
+            try:
+                producer.list_topics(timeout=10.0)  # metadata before the first write
+            except KafkaException as exc:
+                raise _wrap("list_topics", exc) from exc
+            self._spares.append(producer)
+
+    def _new_producer(self) -> Producer:
         em = self._settings.emitter
-        self._calls = DaemonThreadExecutor("dueflow-emitter-txn")
-        self._producer = make_transactional_producer(
+        return make_transactional_producer(
             self._settings,
             self._names.emitter_transactional_id,
             **{
@@ -77,19 +87,71 @@ class Outbox:
                 # A failed delivery fails the transaction (its commit raises): the
                 # per-record delivery reports would only cost time.
                 "delivery.report.only.error": True,
-                # Fencing waits for the old emitter's transaction to be aborted,
-                # and adding the offsets to a transaction waits for the previous
-                # one's markers: ask again soon (takeover time, lateness), not
-                # after the default backoff.
+                # Adding the offsets to a transaction waits for the previous one's
+                # markers: ask again soon (lateness), not after the default backoff.
                 "retry.backoff.ms": 1,
                 "retry.backoff.max.ms": 50,
             },
         )
-        try:
-            self._producer.list_topics(timeout=timeout_s)  # metadata before the first write
-            self._producer.init_transactions(timeout_s)
-        except KafkaException as exc:
-            raise _wrap("init_transactions", exc) from exc
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        """Fence every earlier holder of the transactional id (``init_transactions``).
+
+        When the previous holder died with a transaction open, the coordinator
+        first aborts it and answers ``CONCURRENT_TRANSACTIONS`` meanwhile;
+        librdkafka then asks again only after a fixed 500 ms. The abort takes a
+        few milliseconds, so a producer that was refused (or has not fenced
+        within :data:`_FENCE_TRY_S`) is destroyed and a fresh one (made ahead by
+        :meth:`prepare`) asks 10 ms later. Safe: a destroyed producer asks
+        nothing more, and a late request of one would only fence this emitter
+        (which then starts over), never let two write.
+        """
+        self._calls = DaemonThreadExecutor("dueflow-emitter-txn")
+        deadline = time.monotonic() + timeout_s
+        for attempt in range(_FENCE_ATTEMPTS + 1):
+            quick = attempt < _FENCE_ATTEMPTS
+            if self._spares:
+                producer = self._spares.pop(0)
+            else:
+                producer = self._new_producer()
+                try:
+                    producer.list_topics(timeout=max(1.0, deadline - time.monotonic()))
+                except KafkaException as exc:
+                    raise _wrap("list_topics", exc) from exc
+            if self._fence(producer, quick=quick, deadline=deadline):
+                self._producer = producer
+                if attempt:
+                    event(log, "fenced with a fresh producer", attempts=attempt + 1)
+                break
+            # Refused: dropped (destroyed when `producer` is bound to the next one;
+            # close() would try an abort, and warn). The coordinator is aborting
+            # the old transaction: give it a moment before the next one asks.
+            time.sleep(_FENCE_PAUSE_S)
+        self._spares.clear()  # never initialised: destroyed without a word
+
+    def _fence(self, producer: Producer, *, quick: bool, deadline: float) -> bool:
+        """``init_transactions``: True when done, False when ``quick`` and the
+        coordinator refused (then librdkafka would ask again only in 500 ms).
+
+        It waits in slices: a slice that ends with librdkafka's last error being
+        a refusal (CONCURRENT_TRANSACTIONS, ...) means no request is in flight;
+        one that ends with _TIMED_OUT means the answer has not come yet, and the
+        next call resumes the wait.
+        """
+        limit = time.monotonic() + _FENCE_TRY_S if quick else deadline
+        while True:
+            left = limit - time.monotonic()
+            wait_s = min(_FENCE_SLICE_S, max(0.001, left)) if quick else max(1.0, left)
+            try:
+                producer.init_transactions(wait_s)
+                return True
+            except KafkaException as exc:
+                err = _error(exc)
+                if not quick or err is None or (not err.retriable() and err.code() not in _REFUSED):
+                    self._producer = producer  # closed by close()
+                    raise _wrap("init_transactions", exc) from exc
+                if err.code() != KafkaError._TIMED_OUT or time.monotonic() >= limit:
+                    return False
 
     def _begin(self) -> Producer:
         producer = self._producer
@@ -256,6 +318,7 @@ class Outbox:
     def close(self, *, abort: bool = True) -> None:
         if abort:
             self.abort()
+        self._spares.clear()
         producer, self._producer = self._producer, None
         if producer is not None:
             try:
@@ -265,6 +328,21 @@ class Outbox:
         calls, self._calls = self._calls, None
         if calls is not None:
             calls.shutdown(wait=False)
+
+
+# Fencing: producers tried at most, and how long each waits before the next one.
+_FENCE_ATTEMPTS = 4
+_FENCE_TRY_S = 0.15  # at most, per producer
+_FENCE_SLICE_S = 0.01
+_FENCE_SPARES = 2  # made ahead; later attempts make theirs
+_FENCE_PAUSE_S = 0.01
+_REFUSED = (
+    KafkaError._TIMED_OUT,
+    KafkaError.CONCURRENT_TRANSACTIONS,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.NOT_COORDINATOR,
+)
 
 
 def _error(exc: KafkaException) -> KafkaError | None:

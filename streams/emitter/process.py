@@ -20,13 +20,14 @@ from dueflow.errors import FencedError, KafkaOperationError
 from dueflow.logs import event
 from dueflow.metrics import Metrics
 from dueflow.streams.emitter.lease import Lease
-from dueflow.streams.emitter.outbox import TransactionAborted
+from dueflow.streams.emitter.outbox import Outbox, TransactionAborted
 from dueflow.streams.emitter.schedules import ScheduleTable
 from dueflow.streams.emitter.session import ActiveSession, wall_ms
 from dueflow.streams.emitter.wheel_source import WheelSource
 from dueflow.tracing import JobTracer
 
 log = logging.getLogger("dueflow.emitter")
+_SCHEDULES_EVERY_S = 0.01
 
 
 class EmitterProcess:
@@ -49,6 +50,8 @@ class EmitterProcess:
         self.source = WheelSource(settings)
         self.session: ActiveSession | None = None
         self._cooldown_until = 0.0
+        self._schedules_at = 0.0  # monotonic time of the next schedules poll
+        self._outbox: Outbox | None = None  # the next active period's, prepared
         metrics.emitter_leader.set(0)
         for queue in settings.queue_names:  # series at 0 from the start, not from the first fire
             metrics.fires.labels(queue)
@@ -57,13 +60,16 @@ class EmitterProcess:
     def run(self, stop: threading.Event) -> None:
         self.schedules.start()
         self.source.start()
+        self._prepare_outbox()
         self.lease.start()
         event(log, "emitter started", role="standby")
         try:
             while not stop.is_set():
                 self._turn()
         finally:
-            self._deactivate("shutdown", commit=True)
+            self._deactivate("shutdown", commit=True, prepare=False)
+            if self._outbox is not None:
+                self._outbox.close(abort=False)
             self.lease.close()
             self.schedules.close()
             self.source.close()
@@ -71,7 +77,14 @@ class EmitterProcess:
 
     def _turn(self) -> None:
         held = self.lease.poll(0.0 if self.session is not None else 0.05)
-        changed = self.schedules.poll()  # standbys keep the table warm too
+        # Standbys keep the table warm too. An active emitter's loop turns often
+        # while a backlog drains: the schedules are read every few milliseconds,
+        # not every turn (an empty poll costs as much as a small batch of fires).
+        changed: set[str] = set()
+        now = time.monotonic()
+        if now >= self._schedules_at:
+            self._schedules_at = now + _SCHEDULES_EVERY_S
+            changed = self.schedules.poll()
         if not held:
             if self.session is not None:
                 self._deactivate("lease lost", commit=False)
@@ -105,7 +118,18 @@ class EmitterProcess:
             self._deactivate("error", commit=False)
             self._cooldown_until = time.monotonic() + 1.0
 
+    def _prepare_outbox(self) -> None:
+        """Make the next active period's producers now (a hot standby), so that
+        taking over only fences."""
+        outbox, self._outbox = Outbox(self._settings), None
+        try:
+            outbox.prepare()
+        except KafkaOperationError as exc:  # the takeover makes them then
+            event(log, "could not prepare producers", logging.WARNING, error=str(exc))
+        self._outbox = outbox
+
     def _activate(self) -> None:
+        outbox, self._outbox = self._outbox, None
         session = ActiveSession(
             self._settings,
             self._metrics,
@@ -113,6 +137,7 @@ class EmitterProcess:
             source=self.source,
             clock_ms=self._clock,
             tracer=self._tracer,
+            outbox=outbox,
         )
         started = time.monotonic()
         try:
@@ -121,6 +146,7 @@ class EmitterProcess:
             event(log, "emitter could not start", logging.ERROR, error=str(exc))
             session.close(commit=False)
             self._cooldown_until = time.monotonic() + 1.0
+            self._prepare_outbox()
             return
         self.session = session
         self._metrics.emitter_leader.set(1)
@@ -132,7 +158,7 @@ class EmitterProcess:
             start_ms=round((time.monotonic() - started) * 1000),
         )
 
-    def _deactivate(self, why: str, *, commit: bool) -> None:
+    def _deactivate(self, why: str, *, commit: bool, prepare: bool = True) -> None:
         session, self.session = self.session, None
         if session is None:
             return
@@ -144,4 +170,6 @@ class EmitterProcess:
             session.close(commit=commit)
         except (FencedError, KafkaOperationError) as exc:
             event(log, "closing the active session failed", logging.WARNING, error=str(exc))
+        if prepare:
+            self._prepare_outbox()
         event(log, "emitter is standby", role="standby", reason=why)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dueflow.config import Settings
-from dueflow.drain import commit_due
+from dueflow.drain import commit_age_ms, commit_due
 from dueflow.errors import KafkaOperationError
 from dueflow.logs import event
 from dueflow.metrics import Metrics
@@ -48,13 +48,14 @@ class ActiveSession:
         source: WheelSource,
         clock_ms: Callable[[], int] = wall_ms,
         tracer: JobTracer | None = None,
+        outbox: Outbox | None = None,
     ) -> None:
         self._settings = settings
         self._metrics = metrics
         self._clock = clock_ms
         self._schedules = schedules
         self._tracer = tracer
-        self.outbox = Outbox(settings)
+        self.outbox = outbox if outbox is not None else Outbox(settings)  # prepared ahead
         self.cron = CronKeeper(settings, metrics, schedules, self.outbox)
         self.source = source  # started by the process: warm before the takeover
         self.housekeeping = Housekeeping(settings, metrics)
@@ -135,7 +136,8 @@ class ActiveSession:
         now = self._clock()
         wake = drainer.wake_ms(now)
         if outbox.records:
-            wake = min(wake, outbox.first_ms + self._batch_ms)
+            age = commit_age_ms(max_ms=self._batch_ms, behind_ms=drainer.overdue_ms(now))
+            wake = min(wake, outbox.first_ms + age)
         messages = self.source.consume(self._consume_max, max(0, wake - now) / 1000.0)
         now = self._clock()
         if messages:
@@ -153,12 +155,14 @@ class ActiveSession:
                 after_start_ms=round((self._read_in - self._started) * 1000),
                 unheard=0,
             )
+        overdue = drainer.overdue_ms(now) if outbox.records else -1
         if outbox.records and commit_due(
             records=outbox.records,
             age_ms=now - outbox.first_ms,
-            busy=drainer.has_due(now),
+            busy=overdue >= 0,
             max_records=self._batch_records,
             max_ms=self._batch_ms,
+            behind_ms=overdue,
         ):
             self.commit()
         elif outbox.in_transaction and now - outbox.opened_ms >= self._idle_commit_ms:

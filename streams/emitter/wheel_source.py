@@ -10,6 +10,7 @@ resume.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
@@ -44,14 +45,23 @@ class WheelSource:
                 # A shallow prefetch queue: the emitter's memory must not follow the
                 # backlog, and a resumed partition's records must not wait behind
                 # seconds of other partitions' records.
-                "queued.max.messages.kbytes": 4096,
+                "queued.max.messages.kbytes": 2048,
+                # Small fetches that take a little of every partition: a partition
+                # resumed (or assigned) gets its records in the next one, not after
+                # megabytes of other partitions' records.
+                "fetch.max.bytes": 2_097_152,
+                "max.partition.fetch.bytes": 65_536,
                 "queued.min.messages": 1000,
                 # ... and a full queue postpones fetching by this much, not the
                 # default second, which would stall a partition just resumed.
-                "fetch.queue.backoff.ms": 20,
-                "fetch.wait.max.ms": 25,
+                "fetch.queue.backoff.ms": 5,
+                "fetch.wait.max.ms": 5,
             },
         )
+        # The metadata is cached: an assignment at takeover need not ask for it
+        # (if this fails, it is asked for then).
+        with contextlib.suppress(KafkaException):
+            self._consumer.list_topics(self._topic, timeout=10.0)
 
     @property
     def consumer(self) -> Consumer:
@@ -134,6 +144,13 @@ class WheelSource:
 
     def resume(self, partition: int) -> None:
         self.consumer.resume([TopicPartition(self._topic, partition)])
+
+    def end_offset(self, partition: int) -> int:
+        """The high watermark the last fetch reported (no request); -1: unknown."""
+        _, high = self.consumer.get_watermark_offsets(
+            TopicPartition(self._topic, partition), cached=True
+        )
+        return int(high)
 
     def unassign(self) -> None:
         """Stop reading (the lease is gone); the consumer stays, warm, for the next time."""

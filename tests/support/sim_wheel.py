@@ -99,6 +99,12 @@ class SimWheel:
     def resume(self, partition: int) -> None:
         self.paused.discard(partition)
 
+    def end_offset(self, partition: int) -> int:
+        """As of the last "fetch": the end, or unknown (at random), as librdkafka's cache."""
+        if self.rng.random() < 0.3:
+            return -1
+        return len(self.logs[partition])
+
     def consume(self, max_messages: int) -> list[Message]:
         """Up to ``max_messages`` from unpaused partitions, interleaved at random."""
         out: list[Message] = []

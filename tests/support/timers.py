@@ -104,6 +104,7 @@ class Fired:
     partition: int
     source: str
     value: bytes = b""
+    timestamp_ms: int = -1  # the record's timestamp (exec topics: CreateTime, the emit time)
 
 
 @dataclass
@@ -154,6 +155,7 @@ class ExecLog:
                     m.partition() or 0,
                     src,
                     m.value() or b"",
+                    m.timestamp()[1],
                 )
             )
             got += 1

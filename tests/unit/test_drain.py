@@ -301,3 +301,26 @@ def test_token_bucket() -> None:
 )
 def test_commit_due(records: int, age: int, busy: bool, due: bool) -> None:
     assert commit_due(records=records, age_ms=age, busy=busy, max_records=1_000, max_ms=100) is due
+
+
+@pytest.mark.parametrize(
+    ("age", "behind", "due"),
+    [
+        (5, 20, True),  # a little behind: max_ms
+        (5, 900, False),  # 0.9 s behind: a transaction may stay open 90 ms
+        (89, 900, False),
+        (90, 900, True),
+        (249, 60_000, False),  # capped
+        (250, 60_000, True),
+    ],
+)
+def test_commit_due_grows_with_the_backlog(age: int, behind: int, due: bool) -> None:
+    assert (
+        commit_due(records=10, age_ms=age, busy=True, max_records=1_000, max_ms=5, behind_ms=behind)
+        is due
+    )
+    # never past max_records, and at once when caught up
+    assert commit_due(
+        records=1_000, age_ms=0, busy=True, max_records=1_000, max_ms=5, behind_ms=behind
+    )
+    assert commit_due(records=1, age_ms=0, busy=False, max_records=1_000, max_ms=5, behind_ms=0)
