@@ -156,6 +156,7 @@ def commit_due(
     max_records: int,
     max_ms: int,
     behind_ms: int = 0,
+    min_ms: int = 0,
 ) -> bool:
     """Commit the open transaction (``records`` written, the first ``age_ms`` ago) now?
 
@@ -167,12 +168,16 @@ def commit_due(
     stay open for up to 1/:data:`BACKLOG_AGE_SHARE` of that (at most
     :data:`BACKLOG_AGE_MAX_MS`): jobs seconds late lose little by waiting a few
     per cent longer, and a backlog drains in fewer, larger transactions, whose
-    fixed cost (a commit round trip that holds up firing) stays small.
+    fixed cost (a commit round trip that holds up firing) stays small. Caught
+    up, a transaction stays open ``min_ms`` after its first record (fewer
+    transactions at a steady rate: each costs the broker its commit markers).
     """
     if records <= 0:
         return False
-    if records >= max_records or not busy:
+    if records >= max_records:
         return True
+    if not busy:
+        return age_ms >= min_ms
     return age_ms >= commit_age_ms(max_ms=max_ms, behind_ms=behind_ms)
 
 

@@ -66,6 +66,7 @@ class ActiveSession:
         em = settings.emitter
         self._batch_records = em.batch_max_records
         self._batch_ms = em.batch_max_ms
+        self._batch_min_ms = em.batch_min_ms
         # Small reads, so a slot read in one go does not hold up timers due meanwhile.
         self._consume_max = max(1, min(em.batch_max_records, 1_000))
         # A transaction opened ahead that nothing was written to is committed after
@@ -136,7 +137,12 @@ class ActiveSession:
         now = self._clock()
         wake = drainer.wake_ms(now)
         if outbox.records:
-            age = commit_age_ms(max_ms=self._batch_ms, behind_ms=drainer.overdue_ms(now))
+            overdue = drainer.overdue_ms(now)
+            age = (
+                commit_age_ms(max_ms=self._batch_ms, behind_ms=overdue)
+                if overdue >= 0
+                else self._batch_min_ms
+            )
             wake = min(wake, outbox.first_ms + age)
         messages = self.source.consume(self._consume_max, max(0, wake - now) / 1000.0)
         now = self._clock()
@@ -163,6 +169,7 @@ class ActiveSession:
             max_records=self._batch_records,
             max_ms=self._batch_ms,
             behind_ms=overdue,
+            min_ms=self._batch_min_ms,
         ):
             self.commit()
         elif outbox.in_transaction and now - outbox.opened_ms >= self._idle_commit_ms:

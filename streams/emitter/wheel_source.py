@@ -55,7 +55,12 @@ class WheelSource:
                 # ... and a full queue postpones fetching by this much, not the
                 # default second, which would stall a partition just resumed.
                 "fetch.queue.backoff.ms": 5,
-                "fetch.wait.max.ms": 5,
+                # A fetch with records returns at once; an idle one waits this long,
+                # and a partition resumed meanwhile joins the next fetch. Slots are
+                # resumed wheel.lookahead_ms (500) ahead, so 50 ms costs no
+                # lateness, while 5 ms cost the broker a fifth of a core idle
+                # (measured: same drain rate either way).
+                "fetch.wait.max.ms": 50,
             },
         )
         # The metadata is cached: an assignment at takeover need not ask for it

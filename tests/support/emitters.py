@@ -118,6 +118,7 @@ def emitter_env(settings: Settings, extra: dict[str, str] | None = None) -> dict
             "DUEFLOW_EMITTER_SESSION_TIMEOUT_MS": str(em.session_timeout_ms),
             "DUEFLOW_EMITTER_HEARTBEAT_INTERVAL_MS": str(em.heartbeat_interval_ms),
             "DUEFLOW_EMITTER_BATCH_MAX_MS": str(em.batch_max_ms),
+            "DUEFLOW_EMITTER_BATCH_MIN_MS": str(em.batch_min_ms),
             "DUEFLOW_EMITTER_BATCH_MAX_RECORDS": str(em.batch_max_records),
             "DUEFLOW_EMITTER_CATCHUP_MAX_RATE_PER_S": str(em.catchup_max_rate_per_s),
             "DUEFLOW_EMITTER_HOUSEKEEPING_INTERVAL_MS": str(em.housekeeping_interval_ms),

@@ -79,6 +79,8 @@ def test_queues_from_env_text() -> None:
         ({"observability": {"job_log": "some"}}, "observability.job_log", "'failures'"),
         ({"wheel": {"near_window_ms": 1000}}, "wheel.near_window_ms", "lookahead"),
         ({"wheel": {"levels": [[64, 1000], [64, 3_600_000]]}}, "wheel.levels[1]", "level 0"),
+        ({"emitter": {"batch_min_ms": 200}}, "emitter.batch_min_ms", "batch_max_ms (100)"),
+        ({"emitter": {"batch_min_ms": -1}}, "emitter.batch_min_ms", "from 0"),
     ],
 )
 def test_validation_errors_name_the_setting(

@@ -324,3 +324,25 @@ def test_commit_due_grows_with_the_backlog(age: int, behind: int, due: bool) -> 
         records=1_000, age_ms=0, busy=True, max_records=1_000, max_ms=5, behind_ms=behind
     )
     assert commit_due(records=1, age_ms=0, busy=False, max_records=1_000, max_ms=5, behind_ms=0)
+
+
+@pytest.mark.parametrize(
+    ("records", "age", "busy", "due"),
+    [
+        (1, 0, False, False),  # caught up: the transaction stays open min_ms ...
+        (1, 19, False, False),
+        (1, 20, False, True),  # ... then commits
+        (1_000, 0, False, True),  # max_records still wins
+        (3, 99, True, False),  # a backlog: max_ms as before
+        (3, 100, True, True),
+    ],
+)
+def test_commit_due_min_ms_spaces_commits_when_caught_up(
+    records: int, age: int, busy: bool, due: bool
+) -> None:
+    assert (
+        commit_due(
+            records=records, age_ms=age, busy=busy, max_records=1_000, max_ms=100, min_ms=20
+        )
+        is due
+    )
