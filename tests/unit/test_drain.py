@@ -341,8 +341,6 @@ def test_commit_due_min_ms_spaces_commits_when_caught_up(
     records: int, age: int, busy: bool, due: bool
 ) -> None:
     assert (
-        commit_due(
-            records=records, age_ms=age, busy=busy, max_records=1_000, max_ms=100, min_ms=20
-        )
+        commit_due(records=records, age_ms=age, busy=busy, max_records=1_000, max_ms=100, min_ms=20)
         is due
     )
