@@ -53,6 +53,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from dueflow import headers as hdr
 from dueflow.broker.local import LocalBroker
+from dueflow.broker.ports import free_port, free_port_pair
 from dueflow.config import Settings, load_settings
 from dueflow.schemas import codec
 from dueflow.topics import names
@@ -72,19 +73,13 @@ def cluster(bootstrap: str | None) -> Iterator[str]:
         yield bootstrap
         return
     with tempfile.TemporaryDirectory(prefix="dueflow-bench-") as tmp:
-        port = _free_port_pair()
+        port = free_port_pair()
         broker = LocalBroker(port=port, state_dir=Path(tmp) / "broker", heap="1g")
         broker.start()
         try:
             yield broker.bootstrap
         finally:
             broker.stop()
-
-
-def _free_port_pair() -> int:
-    from dueflow.broker.ports import free_port_pair
-
-    return free_port_pair()
 
 
 EMITTER_OVERRIDES: dict[str, str] = {}  # --emitter KEY=VALUE, for every scenario
@@ -115,14 +110,6 @@ def metric(port: int, name: str) -> float:
         if line.startswith(name + "{") or line.startswith(name + " "):
             total += float(line.rsplit(" ", 1)[1])
     return total
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def rss_mb(pid: int) -> float:
