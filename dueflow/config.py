@@ -59,9 +59,10 @@ class EmitterSettings:
     # every batch_max_records records or batch_max_ms milliseconds.
     batch_max_ms: int = 100
     # When caught up, a transaction stays open at least this long after its first
-    # record (0: commit as soon as every due timer fired). Every transaction costs
-    # the broker commit markers on each partition it wrote: fewer, larger ones
-    # leave it CPU at a steady rate, for a few milliseconds of visibility.
+    # record (0: commit as soon as every due timer fired): fewer transactions, so
+    # fewer commit markers in the exec partitions, for that much later visibility.
+    # At 5k jobs/s on the 2-core machine 20 ms did not measurably lower the
+    # broker's CPU, so the default keeps the lowest lateness.
     batch_min_ms: int = 0
     catchup_max_rate_per_s: float = 200_000.0
     transaction_timeout_ms: int = 30_000
