@@ -493,6 +493,7 @@ def scenario_steady(bootstrap: str, args: argparse.Namespace, workdir: Path) -> 
             )
             cpu = cpu_s(em.pid) - cpu0
             hist = _histogram(port, "dueflow_fire_lateness_seconds")
+            commits = metric(port, "dueflow_emitter_transactions_total")
     finally:
         em.stop()
     records = checker.seen()
@@ -518,6 +519,9 @@ def scenario_steady(bootstrap: str, args: argparse.Namespace, workdir: Path) -> 
         "baseline_lateness_ms": percentiles(base),
         "baseline": "transactional producer committing back to back, same consumer: seen - due",
         "batch_max_ms": s.emitter.batch_max_ms,
+        "producers": s.emitter.producers,
+        "transactions": int(commits),
+        "timers_per_transaction": round(len(dues) / max(1.0, commits), 1),
         "emitter_cpu_share": round(cpu / (written + 15.0), 3),
     }
 

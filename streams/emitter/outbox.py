@@ -293,6 +293,17 @@ class Outbox:
         nxt = self._lanes[(self._cur + 1) % self._ring]
         return self._task_done(nxt)
 
+    def wait_submittable(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` until :meth:`can_submit` would say True."""
+        waits: list[concurrent.futures.Future[Any]] = []
+        if self._commit is not None:
+            waits.append(self._commit)
+        task = self._lanes[(self._cur + 1) % self._ring].task
+        if task is not None:
+            waits.append(task)
+        if waits:
+            concurrent.futures.wait(waits, timeout_s)
+
     def submit(
         self, offsets: list[TopicPartition], group_metadata: Any, *, reopen: bool = True
     ) -> None:

@@ -146,8 +146,12 @@ class ActiveSession:
                 else self._batch_min_ms
             )
             due_at = outbox.first_ms + age
-            if due_at <= now and not outbox.can_submit():
-                due_at = now + 1  # a commit is in flight: look again soon
+            if due_at <= now and not outbox.can_submit() and wake > now:
+                # The previous commit is in flight: wait for it (or the next timer).
+                outbox.wait_submittable((wake - now) / 1000.0)
+                self._collect()
+                now = self._clock()
+                wake = max(now, min(wake, due_at))
             wake = min(wake, due_at)
         messages = self.source.consume(self._consume_max, max(0, wake - now) / 1000.0)
         now = self._clock()
