@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
@@ -16,10 +19,26 @@ from tests.conftest import KafkaCluster
 from tests.support.emitters import FAST_EMITTER, SMALL_WHEEL, ensure_topics
 
 
-def _settings(kafka: KafkaCluster, prefix: str) -> Settings:
-    s = kafka.settings(prefix, queues="default:3", wheel=SMALL_WHEEL, emitter=FAST_EMITTER)
+def _settings(kafka: KafkaCluster, prefix: str, **emitter: Any) -> Settings:
+    s = kafka.settings(
+        prefix, queues="default:3", wheel=SMALL_WHEEL, emitter={**FAST_EMITTER, **emitter}
+    )
     ensure_topics(s)
     return s
+
+
+@contextlib.contextmanager
+def _started(s: Settings) -> Iterator[tuple[WheelSource, Outbox]]:
+    """A timer source (for the group metadata) and a started outbox, closed after."""
+    source = WheelSource(s)
+    source.start()
+    outbox = Outbox(s)
+    try:
+        outbox.start()
+        yield source, outbox
+    finally:
+        outbox.close()
+        source.close()
 
 
 def _committed(s: Settings) -> dict[int, tuple[int, str | None]]:
@@ -88,11 +107,7 @@ def test_transactions_commit_in_turn_and_never_move_an_offset_back(
     assert s.emitter.producers == 2
     timers = names(s).timers
     exec_topic = names(s).exec("default")
-    source = WheelSource(s)
-    source.start()
-    outbox = Outbox(s)
-    outbox.start()
-    try:
+    with _started(s) as (source, outbox):
         gm = source.group_metadata()
         assert (outbox.in_transaction, outbox.records, outbox.committing) == (False, 0, False)
         outbox.send(exec_topic, b"v", b"a", [])
@@ -124,9 +139,6 @@ def test_transactions_commit_in_turn_and_never_move_an_offset_back(
         outbox.abort()
         assert _settles_at(s, {0: (8, "df1:8")}) == {0: (8, "df1:8")}
         assert _visible(s) == [b"a", b"b"]
-    finally:
-        outbox.close()
-        source.close()
 
 
 def test_a_new_outbox_fences_every_producer_of_the_old_one(
@@ -159,20 +171,10 @@ def test_a_new_outbox_fences_every_producer_of_the_old_one(
 
 
 def test_one_producer_waits_for_each_commit(kafka: KafkaCluster, prefix: str) -> None:
-    s = _settings(kafka, prefix)
-    s = kafka.settings(
-        prefix,
-        queues="default:3",
-        wheel=SMALL_WHEEL,
-        emitter={**FAST_EMITTER, "producers": 1},
-    )
+    s = _settings(kafka, prefix, producers=1)
     timers = names(s).timers
     exec_topic = names(s).exec("default")
-    source = WheelSource(s)
-    source.start()
-    outbox = Outbox(s)
-    outbox.start()
-    try:
+    with _started(s) as (source, outbox):
         gm = source.group_metadata()
         outbox.send(exec_topic, b"v", b"a", [])
         outbox.submit([TopicPartition(timers, 2, 3, "df1:3")], gm)
@@ -183,6 +185,3 @@ def test_one_producer_waits_for_each_commit(kafka: KafkaCluster, prefix: str) ->
         assert outbox.commit([], gm) is not None
         assert _settles_at(s, {2: (3, "df1:3")}) == {2: (3, "df1:3")}
         assert _visible(s) == [b"a", b"b"]
-    finally:
-        outbox.close()
-        source.close()
