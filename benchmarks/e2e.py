@@ -23,6 +23,12 @@ through one topic with the exec topic's partition count (a consumer in its
 own process, first produce to last receive); ``ratio`` = pipeline / raw. In
 steady mode the raw records are also sent at ``--rate`` and their latency
 (receive - produce) is ``raw_latency_ms``.
+
+CPU: ``cpu_us_per_job`` by process; ``broker_jit_cpu_s`` is the part of the
+local broker's CPU its JIT compiler threads took during the measured run.
+Experiments: ``--emitter``/``--worker KEY=VALUE`` (settings),
+``--broker KEY=VALUE`` (server properties of the local broker),
+``--broker-jvm=OPTION`` (its JVM); all are recorded in the result.
 """
 
 from __future__ import annotations
