@@ -18,6 +18,7 @@ import signal
 import subprocess
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -202,6 +203,7 @@ class LocalBroker:
         heap: str = "1g",
         java: str | None = None,
         extra_properties: dict[str, str] | None = None,
+        jvm_options: Sequence[str] = (),
     ) -> None:
         self.port = port
         self.controller_port = controller_port or port + 1
@@ -210,6 +212,7 @@ class LocalBroker:
         self.heap = heap
         self.java = java
         self.extra_properties = extra_properties or {}
+        self.jvm_options = list(jvm_options)  # after the defaults, so they override them
         self._proc: subprocess.Popen[bytes] | None = None  # set when this object started it
 
     @property
@@ -272,6 +275,7 @@ class LocalBroker:
             "-XX:InitiatingHeapOccupancyPercent=35",
             "-XX:+ExplicitGCInvokesConcurrent",
             "-Djava.awt.headless=true",
+            *self.jvm_options,
             f"-Dkafka.logs.dir={self.paths.logs}",
             f"-Dlog4j2.configurationFile={log4j}",
             "-cp",
