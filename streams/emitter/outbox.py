@@ -334,7 +334,7 @@ class Outbox:
             commit,
             offsets,
             group_metadata,
-            ahead if reopen else None,
+            ahead if reopen and self._ring < _NO_OPEN_AHEAD_FROM else None,
         )
         self._commit = commit
         self._commit_at = lane.task_at = time.monotonic()
@@ -551,6 +551,12 @@ class Outbox:
         if calls is not None:
             calls.shutdown(wait=False)
 
+
+# With this many producers or more, a producer's turn comes a whole commit after
+# its own commit, when its markers are written: no need to open ahead (which
+# costs the broker a few requests per transaction, asking until the markers are
+# written).
+_NO_OPEN_AHEAD_FROM = 3
 
 # Fencing: producers tried at most, and how long each waits before the next one.
 _FENCE_ATTEMPTS = 4
