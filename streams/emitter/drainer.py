@@ -152,6 +152,7 @@ class WheelDrainer:
         self._lead = [
             a + self._slot if lv == 0 else a for a, lv in zip(self._ahead, self._level, strict=True)
         ]
+        self._lead_slot = [a + self._slot for a in self._lead]  # a feeder pauses past this
         self._open = [OpenOffsets() if lv <= 0 else None for lv in self._level]
         self._read_to = [max(committed.get(p, (-1, None))[0], 0) for p in range(n)]
         # Due time a feeder has been read up to. Firing does not pass it (records
@@ -238,7 +239,8 @@ class WheelDrainer:
         eof = self._eof
         frontier = self._frontier
         budget = self._budget
-        slot = self._slot
+        drain = self.drain_ms  # not moved while records are read
+        lead_slot = self._lead_slot
         # The last fired key (it does not change while records are read), due first:
         # most records are due after it and cost one comparison.
         fired = self.fired
@@ -319,9 +321,7 @@ class WheelDrainer:
                 continue
             opens[p].add(off)  # type: ignore[union-attr]
             held = push(due, (p, off, m, topic, cron, headers))
-            if ck is None and (
-                held >= budget or (level == 0 and due > self.drain_ms + lead[p] + slot)
-            ):
+            if ck is None and (held >= budget or (level == 0 and due > drain + lead_slot[p])):
                 self._hold(p, off + 1, due - lead[p])
                 self._blocker[p] = off
                 heapq.heappush(self._feeder_queue, (due - lead[p], p))
@@ -549,7 +549,8 @@ class WheelDrainer:
                     break  # what it read may go in this bucket: take it again
             if n:
                 last = (due, entries[n - 1][0], entries[n - 1][1])
-            queue.put_back(due, entries[n:])
+            if n < len(entries):
+                queue.put_back(due, entries[n:])
         if last is not None:
             self.fired = last
             self._bucket.take(count)
