@@ -48,6 +48,10 @@ class QueueSpec:
     rate_limit_per_s: float | None = None
 
 
+# Transactional ids every takeover fences (emitter.producers is at most this).
+EMITTER_MAX_PRODUCERS = 4
+
+
 @dataclass(frozen=True, slots=True)
 class EmitterSettings:
     """The active emitter and its standbys."""
@@ -64,6 +68,10 @@ class EmitterSettings:
     # At 5k jobs/s on the 2-core machine 20 ms did not measurably lower the
     # broker's CPU, so the default keeps the lowest lateness.
     batch_min_ms: int = 0
+    # Transactional producers the active emitter writes with, in turn: with 2 or
+    # more it keeps firing into the next one while a commit is in flight (1: the
+    # loop waits for every commit). At most 4 (every takeover fences 4 ids).
+    producers: int = 2
     catchup_max_rate_per_s: float = 200_000.0
     transaction_timeout_ms: int = 30_000
     # Pending-timer gauges, DeleteRecords and the clock offset run this often.
@@ -232,6 +240,11 @@ class Settings:
                 "emitter.batch_min_ms",
                 self.emitter.batch_min_ms,
                 f"an integer from 0 to emitter.batch_max_ms ({self.emitter.batch_max_ms})",
+            )
+        producers = self.emitter.producers
+        if not isinstance(producers, int) or not 1 <= producers <= EMITTER_MAX_PRODUCERS:
+            raise ConfigError(
+                "emitter.producers", producers, f"an integer from 1 to {EMITTER_MAX_PRODUCERS}"
             )
         if not isinstance(self.emitter.misfire_grace_ms, int) or self.emitter.misfire_grace_ms < 0:
             raise ConfigError(

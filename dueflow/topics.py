@@ -88,6 +88,12 @@ class TopicNames:
     def emitter_transactional_id(self) -> str:
         return f"{self.prefix}.emitter"
 
+    def emitter_transactional_ids(self, count: int) -> list[str]:
+        """The active emitter's producers' ids: the first is :attr:`emitter_transactional_id`."""
+        return [self.emitter_transactional_id] + [
+            f"{self.emitter_transactional_id}.{i}" for i in range(1, count)
+        ]
+
     @property
     def emitter_cron(self) -> str:
         """Compacted: per schedule id, the version whose next occurrence is in the wheel."""

@@ -27,6 +27,7 @@ import heapq
 import logging
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, Message, TopicPartition
@@ -63,6 +64,15 @@ _SOURCE = hdr.SOURCE
 # A timer in the queue, under its due time: (partition, offset, message, exec topic,
 # is cron, headers).
 Entry = tuple[int, int, Message, str, bool, list[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class SealedCommit:
+    """A transaction handed over to commit: its timer offsets (with checkpoints)
+    and the due times it fired, per exec topic."""
+
+    offsets: list[TopicPartition]
+    fired: dict[str, list[int]]
 
 
 class PartitionControl(Protocol):
@@ -657,18 +667,25 @@ class WheelDrainer:
             out.append(TopicPartition(self._topic, p, offset, meta))
         return out
 
-    def on_committed(self, offsets: list[TopicPartition], done_ms: int) -> None:
-        """The transaction with ``offsets`` committed at ``done_ms``: count and measure.
+    def seal(self) -> SealedCommit:
+        """The offsets the transaction being committed carries, and the fires in it:
+        what follows goes in the next transaction."""
+        sealed = SealedCommit(self.commit_offsets(), self._batch)
+        self._touched.clear()
+        self._batch = {}
+        return sealed
+
+    def on_committed(self, sealed: SealedCommit, done_ms: int) -> None:
+        """The transaction :meth:`seal` described committed at ``done_ms``: count
+        and measure.
 
         Lateness is measured here, at commit: a fired job is visible to workers
         (read_committed) only from now on.
         """
-        for tp in offsets:
+        for tp in sealed.offsets:
             self.committed_offsets[tp.partition] = tp.offset
-        self._touched.clear()
         metrics = self._metrics
-        for topic, dues in self._batch.items():
+        for topic, dues in sealed.fired.items():
             queue = self._queue_of_topic.get(topic, topic)
             metrics.fires.labels(queue).inc(len(dues))
             observe_ages(metrics.fire_lateness.labels(queue), done_ms, dues)
-        self._batch.clear()

@@ -1,36 +1,54 @@
-"""Everything the active emitter writes, one Kafka transaction at a time.
+"""Everything the active emitter writes, in Kafka transactions.
 
 Fired jobs (to ``exec.<queue>``), timers placed again (to the timer topic),
 quarantined records, cron bookkeeping and the timer offsets with their
-checkpoints all commit together or not at all. The producer's
-``transactional.id`` is fixed per cluster prefix: ``init_transactions`` of a
-new active emitter fences the previous one and aborts its open transaction.
+checkpoints all commit together or not at all.
+
+Producers in a ring. The outbox writes with ``emitter.producers``
+transactional producers (fixed ids ``<prefix>.emitter``, ``<prefix>.emitter.1``,
+...), one transaction open on each at most. Records go to the current one;
+:meth:`Outbox.submit` hands its transaction to a thread of its own to commit
+and moves on to the next producer in the ring, so the loop keeps firing while
+a commit is in flight: a timer that comes due meanwhile is written at once,
+not after the commit's round trips. Commits stay in order: the next one is
+submitted only once the previous one finished (its offsets are then the newest).
+With one producer, :meth:`submit` waits for the commit, as a single
+transactional producer must.
+
+Fencing. :meth:`Outbox.start` runs ``init_transactions`` for every id up to
+:data:`MAX_PRODUCERS`, whatever ``emitter.producers`` says, so a new active
+emitter fences every producer an earlier one may still hold (also one that ran
+with more producers), and aborts their open transactions, before it reads a
+committed offset.
 
 Opening ahead. After a commit the transaction coordinator still writes the
 commit markers for a few milliseconds; a partition added to the next
-transaction meanwhile is refused (``CONCURRENT_TRANSACTIONS``) and librdkafka
-asks again only after a fixed 20 ms, so the first records of the next
-transaction would wait that long. :meth:`Outbox.open_ahead` opens the next
-transaction at once and adds the offsets group to it with
-``send_offsets_to_transaction``, whose retries follow ``retry.backoff.ms``
-(1 ms here): it returns as soon as the coordinator is ready, and records
-written then are added at once. The offset it sends is one the last commit
-wrote (the same offset and metadata again), so committing it changes
-nothing; a later ``send_offsets_to_transaction`` in the same transaction
-replaces it.
+transaction of the same id meanwhile is refused (``CONCURRENT_TRANSACTIONS``)
+and librdkafka asks again only after a fixed 20 ms. So after its commit a
+producer opens its next transaction at once, on its thread, and adds the
+offsets group to it with ``send_offsets_to_transaction``, whose retries follow
+``retry.backoff.ms`` (1 ms here): the producer becomes the current one again
+only when that returned, and records written then are added at once. The offset
+it sends is one of those its commit wrote. Another producer may commit a newer
+offset for that partition before this transaction commits, so every commit
+sends, besides its own offsets, the newest offset known for the partition its
+transaction was opened with: a transaction never commits an offset older than
+one committed before it.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
-from dueflow.blocking import ClientWedged, DaemonThreadExecutor, call_with_deadline
+from dueflow.blocking import ClientWedged, DaemonThreadExecutor
 from dueflow.clients import make_transactional_producer
-from dueflow.config import Settings
+from dueflow.config import EMITTER_MAX_PRODUCERS, Settings
 from dueflow.errors import FencedError, KafkaOperationError
 from dueflow.logs import event
 from dueflow.topics import names
@@ -38,49 +56,95 @@ from dueflow.topics import names
 log = logging.getLogger("dueflow.emitter.outbox")
 _ABANDONED: list[Any] = []  # wedged producers, kept referenced: never destroyed
 
+MAX_PRODUCERS = EMITTER_MAX_PRODUCERS  # transactional ids fenced at every takeover
+
+_Key = tuple[str, int]
+
 
 class TransactionAborted(KafkaOperationError):
     """The open transaction failed and was aborted: re-read from the committed offsets."""
 
 
+@dataclass(eq=False)
+class _Lane:
+    """One transactional producer, its thread, and its open transaction."""
+
+    txn_id: str
+    spares_wanted: int
+    calls: DaemonThreadExecutor | None = None
+    producer: Producer | None = None
+    spares: list[Producer] = field(default_factory=list)
+    open: bool = False
+    records: int = 0
+    opened_ms: int = 0  # wall clock when its transaction was opened
+    first_ms: int = 0  # wall clock of the transaction's first record
+    ahead: _Key | None = None  # partition whose offset opened the transaction
+    # The open-ahead after its last commit (on its thread), and when it was asked.
+    task: concurrent.futures.Future[None] | None = None
+    task_at: float = 0.0
+
+
 class Outbox:
-    """The transactional producer of the active emitter."""
+    """The transactional producers of the active emitter."""
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._names = names(settings)
-        self._producer: Producer | None = None
-        self._open = False
-        self.records = 0  # records in the open transaction
-        self.opened_ms = 0  # wall clock when it was opened
-        self.first_ms = 0  # wall clock of its first record
-        self._last_offset: list[TopicPartition] = []  # one offset the last commit wrote
-        self._calls: DaemonThreadExecutor | None = None
-        self._spares: list[Producer] = []  # made ahead by prepare(), not fenced yet
         em = settings.emitter
+        ids = self._names.emitter_transactional_ids(MAX_PRODUCERS)
+        self._ring = em.producers
+        self._lanes = [
+            _Lane(txn_id, _FENCE_SPARES if i < self._ring else 1) for i, txn_id in enumerate(ids)
+        ]
+        self._cur = 0
+        self._latest: dict[_Key, TopicPartition] = {}  # newest offset sent per partition
+        # The commit in flight: its future and when it was asked.
+        self._commit: concurrent.futures.Future[int] | None = None
+        self._commit_at = 0.0
         # send offsets + commit retries + abort, each bounded by the transaction timeout
         self._deadline_s = 3 * em.transaction_timeout_ms / 1000.0 + 10.0
 
+    # ------------------------------------------------------------------ state
+    @property
+    def _lane(self) -> _Lane:
+        return self._lanes[self._cur]
+
     @property
     def in_transaction(self) -> bool:
-        return self._open
+        """A transaction is open on the current producer."""
+        return self._lane.open
 
+    @property
+    def records(self) -> int:
+        """Records in the current producer's open transaction."""
+        return self._lane.records
+
+    @property
+    def opened_ms(self) -> int:
+        return self._lane.opened_ms
+
+    @property
+    def first_ms(self) -> int:
+        return self._lane.first_ms
+
+    @property
+    def committing(self) -> bool:
+        """A commit was submitted and its outcome not collected yet."""
+        return self._commit is not None
+
+    # ------------------------------------------------------------------ start
     def prepare(self) -> None:
         """Create the producers that :meth:`start` may need and learn the metadata,
         without fencing anyone (a standby does this ahead of a takeover)."""
-        while len(self._spares) < _FENCE_SPARES:
-            producer = self._new_producer()
-            try:
-                producer.list_topics(timeout=10.0)  # metadata before the first write
-            except KafkaException as exc:
-                raise _wrap("list_topics", exc) from exc
-            self._spares.append(producer)
+        for lane in self._lanes:
+            while len(lane.spares) < lane.spares_wanted:
+                lane.spares.append(self._ready_producer(lane.txn_id, 10.0))
 
-    def _new_producer(self) -> Producer:
+    def _new_producer(self, txn_id: str) -> Producer:
         em = self._settings.emitter
         return make_transactional_producer(
             self._settings,
-            self._names.emitter_transactional_id,
+            txn_id,
             **{
                 "transaction.timeout.ms": em.transaction_timeout_ms,
                 "linger.ms": 2,
@@ -94,8 +158,35 @@ class Outbox:
             },
         )
 
+    def _ready_producer(self, txn_id: str, timeout_s: float) -> Producer:
+        producer = self._new_producer(txn_id)
+        try:
+            producer.list_topics(timeout=timeout_s)  # metadata before the first write
+        except KafkaException as exc:
+            raise _wrap("list_topics", exc) from exc
+        return producer
+
     def start(self, timeout_s: float = 60.0) -> None:
-        """Fence every earlier holder of the transactional id (``init_transactions``).
+        """Fence every earlier holder of each transactional id, all ids at once
+        (each on its producer's thread; see :meth:`_fence_lane`)."""
+        deadline = time.monotonic() + timeout_s
+        for i, lane in enumerate(self._lanes):
+            lane.calls = DaemonThreadExecutor(f"dueflow-emitter-txn-{i}")
+        fencing = [
+            lane.calls.submit(self._fence_lane, lane, deadline)
+            for lane in self._lanes
+            if lane.calls is not None
+        ]
+        try:
+            for future in fencing:
+                future.result(max(0.0, deadline - time.monotonic()) + 1.0)
+        except concurrent.futures.TimeoutError:
+            raise KafkaOperationError("fencing the earlier emitters did not finish") from None
+        for lane in self._lanes[self._ring :]:  # fenced only: never written with
+            self._close_lane(lane, abort=False)
+
+    def _fence_lane(self, lane: _Lane, deadline: float) -> None:
+        """``init_transactions`` for one id.
 
         When the previous holder died with a transaction open, the coordinator
         first aborts it and answers ``CONCURRENT_TRANSACTIONS`` meanwhile;
@@ -106,20 +197,14 @@ class Outbox:
         nothing more, and a late request of one would only fence this emitter
         (which then starts over), never let two write.
         """
-        self._calls = DaemonThreadExecutor("dueflow-emitter-txn")
-        deadline = time.monotonic() + timeout_s
         for attempt in range(_FENCE_ATTEMPTS + 1):
             quick = attempt < _FENCE_ATTEMPTS
-            if self._spares:
-                producer = self._spares.pop(0)
+            if lane.spares:
+                producer = lane.spares.pop(0)
             else:
-                producer = self._new_producer()
-                try:
-                    producer.list_topics(timeout=max(1.0, deadline - time.monotonic()))
-                except KafkaException as exc:
-                    raise _wrap("list_topics", exc) from exc
-            if self._fence(producer, quick=quick, deadline=deadline):
-                self._producer = producer
+                producer = self._ready_producer(lane.txn_id, max(1.0, deadline - time.monotonic()))
+            if self._fence(lane, producer, quick=quick, deadline=deadline):
+                lane.producer = producer
                 if attempt:
                     event(log, "fenced with a fresh producer", attempts=attempt + 1)
                 break
@@ -127,9 +212,9 @@ class Outbox:
             # close() would try an abort, and warn). The coordinator is aborting
             # the old transaction: give it a moment before the next one asks.
             time.sleep(_FENCE_PAUSE_S)
-        self._spares.clear()  # never initialised: destroyed without a word
+        lane.spares.clear()  # never initialised: destroyed without a word
 
-    def _fence(self, producer: Producer, *, quick: bool, deadline: float) -> bool:
+    def _fence(self, lane: _Lane, producer: Producer, *, quick: bool, deadline: float) -> bool:
         """``init_transactions``: True when done, False when ``quick`` and the
         coordinator refused (then librdkafka would ask again only in 500 ms).
 
@@ -148,56 +233,12 @@ class Outbox:
             except KafkaException as exc:
                 err = _error(exc)
                 if not quick or err is None or (not err.retriable() and err.code() not in _REFUSED):
-                    self._producer = producer  # closed by close()
+                    lane.producer = producer  # closed by close()
                     raise _wrap("init_transactions", exc) from exc
                 if err.code() != KafkaError._TIMED_OUT or time.monotonic() >= limit:
                     return False
 
-    def _begin(self) -> Producer:
-        producer = self._producer
-        assert producer is not None, "start() first"
-        try:
-            producer.begin_transaction()
-        except KafkaException as exc:
-            raise _wrap("begin_transaction", exc) from exc
-        self._open = True
-        self.records = 0
-        self.opened_ms = time.time_ns() // 1_000_000
-        return producer
-
-    def open_ahead(self, group_metadata: Any) -> None:
-        """Open the next transaction now and wait until it can take records (see
-        the module doc). A no-op if one is open or nothing was committed yet."""
-        if self._open or not self._last_offset:
-            return
-        self._begin()
-        assert self._calls is not None
-        try:
-            call_with_deadline(
-                self._calls, self._deadline_s, self._send_offsets_blocking, group_metadata
-            )
-        except ClientWedged:
-            self._open = False
-            self._abandon()
-            raise
-        except KafkaException as exc:
-            self._fail("open the next transaction", exc)
-
-    def _send_offsets_blocking(self, group_metadata: Any) -> None:
-        producer = self._producer
-        assert producer is not None
-        timeout = self._settings.emitter.transaction_timeout_ms / 1000.0
-        producer.send_offsets_to_transaction(self._last_offset, group_metadata, timeout)
-
-    def _fail(self, what: str, exc: KafkaException) -> NoReturn:
-        """The open transaction failed: abort it if it can be, and raise."""
-        err = _error(exc)
-        if err is not None and err.txn_requires_abort() and not err.fatal():
-            self.abort()
-            raise TransactionAborted(f"transaction aborted: {exc}", cause=exc) from exc
-        self._open = False
-        raise _wrap(what, exc) from exc
-
+    # ------------------------------------------------------------------ writing
     def send(
         self,
         topic: str,
@@ -206,11 +247,12 @@ class Outbox:
         headers: Any,
         partition: int = -1,
     ) -> None:
-        """Write one record in the open transaction (opening one if needed).
-
-        ``partition`` -1 lets the murmur2 partitioner choose from the key.
-        """
-        producer = self._producer if self._open else self._begin()
+        """Write one record in the current producer's transaction (opening one if
+        needed). ``partition`` -1 lets the murmur2 partitioner choose from the key."""
+        lane = self._lanes[self._cur]
+        if not lane.open:
+            self._begin(lane)
+        producer = lane.producer
         assert producer is not None
         while True:
             try:
@@ -220,59 +262,153 @@ class Outbox:
                 producer.poll(0.05)
             except KafkaException as exc:
                 raise _wrap(f"produce to {topic}", exc) from exc
-        if not self.records:
-            self.first_ms = time.time_ns() // 1_000_000
-        self.records += 1
+        if not lane.records:
+            lane.first_ms = time.time_ns() // 1_000_000
+        lane.records += 1
+
+    def _begin(self, lane: _Lane) -> None:
+        producer = lane.producer
+        assert producer is not None, "start() first"
+        try:
+            producer.begin_transaction()
+        except KafkaException as exc:
+            raise _wrap("begin_transaction", exc) from exc
+        lane.open = True
+        lane.records = 0
+        lane.ahead = None
+        lane.opened_ms = time.time_ns() // 1_000_000
 
     def poll(self) -> None:
-        """Serve delivery reports (keeps the producer's queues short)."""
-        if self._producer is not None:
-            self._producer.poll(0)
+        """Serve delivery reports (keeps the producers' queues short)."""
+        for lane in self._lanes[: self._ring]:
+            if lane.producer is not None:
+                lane.producer.poll(0)
 
-    def commit(self, offsets: list[TopicPartition], group_metadata: Any) -> None:
-        """Commit the open transaction with ``offsets`` (and their metadata).
+    # ------------------------------------------------------------------ commits
+    def can_submit(self) -> bool:
+        """True when :meth:`submit` would not wait: no commit is in flight and
+        the next producer's transaction is open ahead (or need not be)."""
+        if self._commit is not None or self._ring == 1:
+            return self._commit is None
+        nxt = self._lanes[(self._cur + 1) % self._ring]
+        return self._task_done(nxt)
 
-        Raises :class:`FencedError` when another emitter took over, and
-        :class:`TransactionAborted` (after aborting) when the transaction failed.
-        The blocking calls run on a daemon thread with a deadline: librdkafka can
-        block in ``send_offsets_to_transaction`` forever after a broker restart
-        (``dueflow.blocking``); then the producer is abandoned
-        (:class:`~dueflow.blocking.ClientWedged`) and the next active period,
-        with a new producer, fences its transaction.
+    def submit(
+        self, offsets: list[TopicPartition], group_metadata: Any, *, reopen: bool = True
+    ) -> None:
+        """Commit the current transaction with ``offsets`` (and their metadata) on
+        its producer's thread, and write on with the next producer.
+
+        Its outcome is :meth:`collect`-ed (or :meth:`wait`-ed for). With one
+        producer this waits for the commit (and the open-ahead, ``reopen``). A
+        transaction nothing was written to is committed too (it keeps an opened-
+        ahead transaction young). The previous commit must have been collected.
         """
-        assert self._producer is not None
-        assert self._calls is not None
-        assert self._open
-        try:
-            call_with_deadline(
-                self._calls, self._deadline_s, self._commit_blocking, offsets, group_metadata
-            )
-        except ClientWedged:
-            self._abandon()
-            raise
-        finally:
-            self._open = False
-            self.records = 0
-        if offsets:
-            self._last_offset = [offsets[0]]
+        assert self._commit is None, "collect() the previous commit first"
+        lane = self._lanes[self._cur]
+        assert lane.calls is not None, "start() first"
+        if not lane.open:
+            return
+        sent = {(tp.topic, tp.partition) for tp in offsets}
+        if lane.ahead is not None and lane.ahead not in sent:
+            offsets = [*offsets, self._latest[lane.ahead]]
+        for tp in offsets:
+            self._latest[(tp.topic, tp.partition)] = tp
+        ahead = offsets[0] if offsets else next(iter(self._latest.values()), None)
+        commit: concurrent.futures.Future[int] = concurrent.futures.Future()
+        lane.open, lane.records, lane.ahead = False, 0, None
+        lane.task = lane.calls.submit(
+            self._commit_then_open,
+            lane,
+            commit,
+            offsets,
+            group_metadata,
+            ahead if reopen else None,
+        )
+        self._commit = commit
+        self._commit_at = lane.task_at = time.monotonic()
+        if self._ring == 1:
+            self._wait_task(lane, block=True)
+            return
+        nxt = (self._cur + 1) % self._ring
+        self._wait_task(self._lanes[nxt], block=True)
+        self._cur = nxt
 
-    def _commit_blocking(self, offsets: list[TopicPartition], group_metadata: Any) -> None:
-        producer = self._producer
+    def collect(self) -> int | None:
+        """Wall-clock ms when the submitted commit finished, once it did (then
+        forgotten); None while none finished. Raises what the commit raised:
+        :class:`FencedError`, :class:`TransactionAborted`, :class:`ClientWedged`, ..."""
+        future = self._commit
+        if future is None or not future.done():
+            if future is not None and time.monotonic() - self._commit_at > self._deadline_s:
+                self._commit = None
+                self._abandon_all()
+                raise ClientWedged(f"commit did not return within {self._deadline_s:.0f} s")
+            return None
+        self._commit = None
+        return future.result()
+
+    def wait(self) -> int | None:
+        """Block until the submitted commit finished: :meth:`collect`'s answer."""
+        future = self._commit
+        if future is None:
+            return None
+        concurrent.futures.wait(
+            [future], max(0.0, self._commit_at + self._deadline_s - time.monotonic()) + 0.01
+        )
+        return self.collect()
+
+    def commit(self, offsets: list[TopicPartition], group_metadata: Any) -> int | None:
+        """Commit the current transaction and wait for it (no open-ahead): when
+        the emitter stops, and in tests. Wall-clock ms when it finished."""
+        if self._commit is not None:
+            self.wait()
+        self.submit(offsets, group_metadata, reopen=False)
+        return self.wait()
+
+    def _commit_then_open(
+        self,
+        lane: _Lane,
+        commit: concurrent.futures.Future[int],
+        offsets: list[TopicPartition],
+        group_metadata: Any,
+        ahead: TopicPartition | None,
+    ) -> None:
+        """On the lane's thread: commit (its outcome goes to ``commit``), then, if
+        it committed and ``ahead`` is given, open the next transaction ahead."""
+        try:
+            done_ms = self._commit_blocking(lane, offsets, group_metadata)
+        except BaseException as exc:
+            commit.set_exception(exc)
+            return
+        commit.set_result(done_ms)
+        if ahead is not None:
+            self._open_ahead_blocking(lane, ahead, group_metadata)
+
+    def _commit_blocking(
+        self, lane: _Lane, offsets: list[TopicPartition], group_metadata: Any
+    ) -> int:
+        producer = lane.producer
         assert producer is not None
         timeout = self._settings.emitter.transaction_timeout_ms / 1000.0
         # Retriable commit errors (a timeout, the coordinator moving) are retried
         # until the transaction timeout, not forever: a commit that cannot finish
         # (seen after broker restarts: the request never leaves the producer) must
-        # not wedge the process, which stops polling the lease meanwhile. Giving
-        # up is safe: the next active period's init_transactions settles it.
+        # not wedge the process. Giving up is safe: the next active period's
+        # init_transactions settles it.
         deadline = time.monotonic() + timeout
         try:
+            # Send the records at once (not after linger.ms): the next producer
+            # writes to the same partitions now, and a record of this transaction
+            # appended after one of the next would stay hidden from read_committed
+            # consumers until the next transaction commits too.
+            producer.flush(timeout)
             if offsets:
                 producer.send_offsets_to_transaction(offsets, group_metadata, timeout)
             while True:
                 try:
                     producer.commit_transaction(max(1.0, deadline - time.monotonic()))
-                    break
+                    return time.time_ns() // 1_000_000
                 except KafkaException as exc:
                     err = _error(exc)
                     if (
@@ -284,48 +420,123 @@ class Outbox:
                         continue
                     raise
         except KafkaException as exc:
-            err = _error(exc)
-            if err is not None and err.txn_requires_abort() and not err.fatal():
-                self._abort_blocking()
-                raise TransactionAborted(f"transaction aborted: {exc}", cause=exc) from exc
-            raise _wrap("commit_transaction", exc) from exc
+            self._fail_blocking(lane, "commit_transaction", exc)
 
-    def abort(self) -> None:
-        """Abort the open transaction, if any; never raises for a dead producer."""
-        was_open, self._open = self._open, False
-        self.records = 0
-        if self._producer is None or self._calls is None or not was_open:
+    def _open_ahead_blocking(
+        self, lane: _Lane, offset: TopicPartition, group_metadata: Any
+    ) -> None:
+        """Open the lane's next transaction and wait until it can take records."""
+        producer = lane.producer
+        assert producer is not None
+        if lane.open:
+            return
+        self._begin(lane)
+        lane.ahead = (offset.topic, offset.partition)
+        timeout = self._settings.emitter.transaction_timeout_ms / 1000.0
+        try:
+            producer.send_offsets_to_transaction([offset], group_metadata, timeout)
+        except KafkaException as exc:
+            self._fail_blocking(lane, "open the next transaction", exc)
+
+    def _fail_blocking(self, lane: _Lane, what: str, exc: KafkaException) -> NoReturn:
+        """A transaction failed (on the lane's thread): abort it if it can be, and raise."""
+        lane.open, lane.records = False, 0
+        err = _error(exc)
+        if err is not None and err.txn_requires_abort() and not err.fatal():
+            self._abort_blocking(lane)
+            raise TransactionAborted(f"transaction aborted: {exc}", cause=exc) from exc
+        raise _wrap(what, exc) from exc
+
+    def _task_done(self, lane: _Lane) -> bool:
+        """The lane's open-ahead finished (raising what it raised), or none is pending."""
+        task = lane.task
+        if task is None:
+            return True
+        if not task.done():
+            if time.monotonic() - lane.task_at > self._deadline_s:
+                self._wait_task(lane, block=False)
+            return False
+        self._wait_task(lane, block=False)
+        return True
+
+    def _wait_task(self, lane: _Lane, *, block: bool) -> None:
+        task = lane.task
+        if task is None:
+            return
+        left = lane.task_at + self._deadline_s - time.monotonic()
+        if not block and not task.done() and left > 0:
             return
         try:
-            call_with_deadline(self._calls, self._deadline_s, self._abort_blocking)
-        except ClientWedged:
-            self._abandon()
+            task.result(max(0.0, left))
+        except concurrent.futures.TimeoutError:
+            lane.task = None
+            self._abandon_all()
+            raise ClientWedged(
+                f"opening a transaction did not return within {self._deadline_s:.0f} s"
+            ) from None
+        finally:
+            if task.done():
+                lane.task = None
 
-    def _abort_blocking(self) -> None:
-        producer = self._producer
+    # ------------------------------------------------------------------ aborts
+    def abort(self) -> None:
+        """Abort every open transaction (after the commit in flight, if any);
+        never raises for a dead producer."""
+        for lane in self._lanes[: self._ring]:
+            if lane.producer is None or lane.calls is None:
+                continue
+            future = lane.calls.submit(self._abort_if_open, lane)
+            try:
+                future.result(self._deadline_s)
+            except concurrent.futures.TimeoutError:
+                self._abandon_lane(lane)
+        self._commit = None
+
+    def _abort_if_open(self, lane: _Lane) -> None:
+        if lane.open:
+            lane.open, lane.records = False, 0
+            self._abort_blocking(lane)
+
+    def _abort_blocking(self, lane: _Lane) -> None:
+        producer = lane.producer
         assert producer is not None
         try:
             producer.abort_transaction(self._settings.emitter.transaction_timeout_ms / 1000.0)
         except KafkaException as exc:
             event(log, "abort failed", logging.WARNING, error=str(exc))
 
-    def _abandon(self) -> None:
-        """Never touch the wedged producer again (destroying it would block too)."""
-        event(log, "transactional producer wedged: abandoned", logging.ERROR)
-        _ABANDONED.append(self._producer)
-        self._producer = None
+    def _abandon_lane(self, lane: _Lane) -> None:
+        """Never touch a wedged producer again (destroying it would block too)."""
+        if lane.producer is None:
+            return
+        event(log, "transactional producer wedged: abandoned", logging.ERROR, id=lane.txn_id)
+        _ABANDONED.append(lane.producer)
+        lane.producer = None
+        lane.open = False
+        if lane.calls is not None:
+            lane.calls.shutdown(wait=False)
+            lane.calls = None
+
+    def _abandon_all(self) -> None:
+        """A call did not return: the whole outbox is done for (the process makes a new one)."""
+        for lane in self._lanes:
+            self._abandon_lane(lane)
 
     def close(self, *, abort: bool = True) -> None:
         if abort:
             self.abort()
-        self._spares.clear()
-        producer, self._producer = self._producer, None
+        for lane in self._lanes:
+            self._close_lane(lane, abort=abort)
+
+    def _close_lane(self, lane: _Lane, *, abort: bool) -> None:
+        lane.spares.clear()
+        producer, lane.producer = lane.producer, None
         if producer is not None:
             try:
                 producer.flush(1.0 if abort else 10.0)
             except KafkaException as exc:  # a fenced producer raises: closing goes on
                 event(log, "producer close failed", logging.WARNING, error=str(exc))
-        calls, self._calls = self._calls, None
+        calls, lane.calls = lane.calls, None
         if calls is not None:
             calls.shutdown(wait=False)
 

@@ -22,7 +22,7 @@ from dueflow.errors import KafkaOperationError
 from dueflow.logs import event
 from dueflow.metrics import Metrics
 from dueflow.streams.emitter.cron_keeper import CronKeeper
-from dueflow.streams.emitter.drainer import WheelDrainer
+from dueflow.streams.emitter.drainer import SealedCommit, WheelDrainer
 from dueflow.streams.emitter.housekeeping import Housekeeping
 from dueflow.streams.emitter.outbox import Outbox
 from dueflow.streams.emitter.schedules import ScheduleTable
@@ -73,6 +73,7 @@ class ActiveSession:
         # this long, well before the coordinator would abort it.
         self._idle_commit_ms = max(1, min(10_000, em.transaction_timeout_ms // 3))
         self._group_metadata: Any = None
+        self._sealed: SealedCommit | None = None  # the commit in flight
 
     @property
     def drainer(self) -> WheelDrainer:
@@ -134,6 +135,7 @@ class ActiveSession:
         """One turn: read, fire, advance, commit when the batch is due."""
         drainer = self.drainer
         outbox = self.outbox
+        self._collect()
         now = self._clock()
         wake = drainer.wake_ms(now)
         if outbox.records:
@@ -143,7 +145,10 @@ class ActiveSession:
                 if overdue >= 0
                 else self._batch_min_ms
             )
-            wake = min(wake, outbox.first_ms + age)
+            due_at = outbox.first_ms + age
+            if due_at <= now and not outbox.can_submit():
+                due_at = now + 1  # a commit is in flight: look again soon
+            wake = min(wake, due_at)
         messages = self.source.consume(self._consume_max, max(0, wake - now) / 1000.0)
         now = self._clock()
         if messages:
@@ -171,12 +176,20 @@ class ActiveSession:
             behind_ms=overdue,
             min_ms=self._batch_min_ms,
         ):
-            self.commit()
+            self._submit_if_ready()
         elif outbox.in_transaction and now - outbox.opened_ms >= self._idle_commit_ms:
-            self.commit()  # an open transaction nothing was written to: keep it young
+            self._submit_if_ready()  # an open transaction nothing was written to: keep it young
         else:
             outbox.poll()
         self.housekeeping.tick(now, drainer.committed_offsets)
+
+    def _submit_if_ready(self) -> None:
+        """Hand the open transaction over to commit, unless the previous commit (or
+        the next producer's open-ahead) is still in flight: then a later turn does."""
+        if self.outbox.can_submit():
+            self.commit(wait=False)
+        else:
+            self.outbox.poll()
 
     def on_schedules(self, changed: set[str]) -> None:
         """Schedules changed (or bad records arrived): bring the wheel in line."""
@@ -185,14 +198,29 @@ class ActiveSession:
         for schedule_id in sorted(changed):
             self.cron.reconcile(schedule_id, now)
 
-    def commit(self, *, reopen: bool = True) -> None:
-        """Commit the open transaction with the changed offsets and checkpoints, and
-        (``reopen``) open the next one ahead (see :meth:`Outbox.open_ahead`)."""
+    def commit(self, *, wait: bool = True, reopen: bool = True) -> None:
+        """Commit the open transaction with the changed offsets and checkpoints
+        (``reopen``: then open that producer's next one ahead, see
+        :mod:`~dueflow.streams.emitter.outbox`). ``wait`` False: the commit runs
+        on while the loop goes on, and a later turn collects its outcome."""
+        self._collect(block=True)
         if not self.outbox.in_transaction:
             return
-        offsets = self.drainer.commit_offsets() + self.cron.commit_offsets()
-        self.outbox.commit(offsets, self._group_metadata)
-        self.drainer.on_committed(offsets, self._clock())
+        sealed = self.drainer.seal()
+        offsets = sealed.offsets + self.cron.commit_offsets()
+        self._sealed = SealedCommit(offsets, sealed.fired)
+        self.outbox.submit(offsets, self._group_metadata, reopen=reopen)
+        self._collect(block=wait)
+
+    def _collect(self, *, block: bool = False) -> None:
+        """Count and measure the commit in flight once it finished (raises what it raised)."""
+        if self._sealed is None:
+            return
+        done_ms = self.outbox.wait() if block else self.outbox.collect()
+        if done_ms is None:
+            return
+        sealed, self._sealed = self._sealed, None
+        self.drainer.on_committed(sealed, done_ms)
         self._metrics.emitter_transactions.labels("committed").inc()
         if self._first_commit is None:
             self._first_commit = time.monotonic()
@@ -201,14 +229,13 @@ class ActiveSession:
                 "emitter first commit",
                 after_start_ms=round((self._first_commit - self._started) * 1000),
             )
-        if reopen:
-            self.outbox.open_ahead(self._group_metadata)
 
     def close(self, *, commit: bool) -> None:
         """Commit (clean shutdown) or abort (lease lost, fenced) and close the clients."""
         try:
             if commit and self._drainer is not None:
                 self.commit(reopen=False)
+                self._collect(block=True)
         finally:
             if self.outbox.in_transaction:
                 self._metrics.emitter_transactions.labels("aborted").inc()

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from dueflow.config import Settings
+from dueflow.errors import FencedError
 from dueflow.streams.emitter.outbox import Outbox
 from dueflow.streams.emitter.wheel_source import WheelSource
 from dueflow.topics import names
@@ -20,8 +22,33 @@ def _settings(kafka: KafkaCluster, prefix: str) -> Settings:
     return s
 
 
-def _committed(source: WheelSource) -> dict[int, tuple[int, str | None]]:
-    return {p: (off, ck.encode() if ck else None) for p, (off, ck) in source.committed().items()}
+def _committed(s: Settings) -> dict[int, tuple[int, str | None]]:
+    """The timer offsets the emitter group has committed, as materialized: read
+    uncommitted, so a transaction opened ahead (its offset pending) does not hold
+    the answer back."""
+    consumer = Consumer(
+        s.client_config(
+            **{"group.id": names(s).emitter_offsets_group, "isolation.level": "read_uncommitted"}
+        )
+    )
+    try:
+        tps = [TopicPartition(names(s).timers, p) for p in range(s.wheel.total_partitions)]
+        got = consumer.committed(tps, timeout=15)
+        return {tp.partition: (tp.offset, tp.metadata) for tp in got}
+    finally:
+        consumer.close()
+
+
+def _settles_at(s: Settings, want: dict[int, tuple[int, str]]) -> dict[int, tuple[int, str]]:
+    """The committed offsets of ``want``'s partitions once they equal ``want`` (a
+    commit's markers are written just after it returns), or as they are after 10 s."""
+    deadline = time.monotonic() + 10
+    while True:
+        got = _committed(s)
+        now = {p: (got[p][0], got[p][1] or "") for p in want}
+        if now == want or time.monotonic() > deadline:
+            return now
+        time.sleep(0.05)
 
 
 def _visible(s: Settings) -> list[bytes]:
@@ -54,10 +81,11 @@ def _visible(s: Settings) -> list[bytes]:
         consumer.close()
 
 
-def test_a_transaction_opened_ahead_takes_records_and_changes_no_offset(
+def test_transactions_commit_in_turn_and_never_move_an_offset_back(
     kafka: KafkaCluster, prefix: str
 ) -> None:
     s = _settings(kafka, prefix)
+    assert s.emitter.producers == 2
     timers = names(s).timers
     exec_topic = names(s).exec("default")
     source = WheelSource(s)
@@ -66,34 +94,94 @@ def test_a_transaction_opened_ahead_takes_records_and_changes_no_offset(
     outbox.start()
     try:
         gm = source.group_metadata()
-        outbox.open_ahead(gm)
-        # Nothing committed yet: opened on the first write.
-        assert (outbox.in_transaction, outbox.records) == (False, 0)
+        assert (outbox.in_transaction, outbox.records, outbox.committing) == (False, 0, False)
         outbox.send(exec_topic, b"v", b"a", [])
-        assert outbox.records == 1
+        assert (outbox.in_transaction, outbox.records) == (True, 1)
         first = [TopicPartition(timers, 0, 5, "df1:5"), TopicPartition(timers, 1, 7, "df1:9")]
-        outbox.commit(first, gm)
-        assert outbox.records == 0
-        outbox.open_ahead(gm)
-        assert (outbox.in_transaction, outbox.records) == (True, 0)
-        # An opened-ahead transaction committed as it is rewrites what was committed.
-        outbox.commit([], gm)
-        after = _committed(source)
-        assert after[0] == (5, "df1:5")
-        assert after[1] == (7, "df1:9")
-        # Records written into one are visible once it commits, with its offsets.
-        outbox.open_ahead(gm)
+        outbox.submit(first, gm)
+        # The next producer takes records while the first one commits.
+        assert outbox.committing
+        assert (outbox.in_transaction, outbox.records) == (False, 0)
         outbox.send(exec_topic, b"v", b"b", [])
-        outbox.commit([TopicPartition(timers, 0, 8, "df1:8")], gm)
-        after = _committed(source)
-        assert after[0] == (8, "df1:8")
-        assert after[1] == (7, "df1:9")
+        assert outbox.records == 1
+        assert isinstance(outbox.wait(), int)
+        assert outbox.collect() is None  # collected by wait()
+        assert _settles_at(s, {0: (5, "df1:5")}) == {0: (5, "df1:5")}
+        # The second commit moves partition 0 on; the first producer's transaction
+        # was opened ahead with partition 0 at 5.
+        outbox.submit([TopicPartition(timers, 0, 8, "df1:8")], gm)
+        assert outbox.wait() is not None
+        assert outbox.in_transaction  # the first producer again, opened ahead
+        assert outbox.records == 0
+        # Committed as it is, it must not write partition 0 back to 5.
+        outbox.submit([], gm)
+        assert outbox.wait() is not None
+        want = {0: (8, "df1:8"), 1: (7, "df1:9")}
+        assert _settles_at(s, want) == want
         assert _visible(s) == [b"a", b"b"]
-        # An aborted opened-ahead transaction leaves everything as it was.
-        outbox.open_ahead(gm)
+        # An aborted transaction leaves everything as it was.
         outbox.send(exec_topic, b"v", b"c", [])
         outbox.abort()
-        assert _committed(source)[0] == (8, "df1:8")
+        assert _settles_at(s, {0: (8, "df1:8")}) == {0: (8, "df1:8")}
+        assert _visible(s) == [b"a", b"b"]
+    finally:
+        outbox.close()
+        source.close()
+
+
+def test_a_new_outbox_fences_every_producer_of_the_old_one(
+    kafka: KafkaCluster, prefix: str
+) -> None:
+    s = _settings(kafka, prefix)
+    exec_topic = names(s).exec("default")
+    source = WheelSource(s)
+    source.start()
+    old = Outbox(s)
+    old.start()
+    new = Outbox(s)
+    try:
+        gm = source.group_metadata()
+        old.send(exec_topic, b"v", b"first", [])
+        old.submit([], gm)
+        assert old.wait() is not None
+        old.send(exec_topic, b"v", b"zombie", [])  # open on the second producer
+        new.start()
+        old.submit([], gm)
+        with pytest.raises(FencedError):
+            old.wait()
+        new.send(exec_topic, b"v", b"second", [])
+        assert new.commit([], gm) is not None
+        assert _visible(s) == [b"first", b"second"]
+    finally:
+        old.close()
+        new.close()
+        source.close()
+
+
+def test_one_producer_waits_for_each_commit(kafka: KafkaCluster, prefix: str) -> None:
+    s = _settings(kafka, prefix)
+    s = kafka.settings(
+        prefix,
+        queues="default:3",
+        wheel=SMALL_WHEEL,
+        emitter={**FAST_EMITTER, "producers": 1},
+    )
+    timers = names(s).timers
+    exec_topic = names(s).exec("default")
+    source = WheelSource(s)
+    source.start()
+    outbox = Outbox(s)
+    outbox.start()
+    try:
+        gm = source.group_metadata()
+        outbox.send(exec_topic, b"v", b"a", [])
+        outbox.submit([TopicPartition(timers, 2, 3, "df1:3")], gm)
+        # Done (and the next transaction opened ahead) when submit returns.
+        assert isinstance(outbox.collect(), int)
+        assert (outbox.in_transaction, outbox.records) == (True, 0)
+        outbox.send(exec_topic, b"v", b"b", [])
+        assert outbox.commit([], gm) is not None
+        assert _settles_at(s, {2: (3, "df1:3")}) == {2: (3, "df1:3")}
         assert _visible(s) == [b"a", b"b"]
     finally:
         outbox.close()

@@ -157,7 +157,8 @@ class SimWheel:
             self._pending_fires.append(FiredJob(key or b"", due, fired))
 
     def commit(self, drainer: WheelDrainer, now_ms: int) -> None:
-        offsets: list[TopicPartition] = drainer.commit_offsets()
+        sealed = drainer.seal()
+        offsets: list[TopicPartition] = sealed.offsets
         for tp in offsets:
             self.committed[tp.partition] = (tp.offset, Checkpoint.decode(tp.metadata))
         for partition, stored in self._pending_timers:
@@ -168,7 +169,7 @@ class SimWheel:
         self._pending_fires.clear()
         self._pending_timers.clear()
         self._pending_quarantine.clear()
-        drainer.on_committed(offsets, now_ms)
+        drainer.on_committed(sealed, now_ms)
 
     def drainer(self, now_ms: int) -> WheelDrainer:
         """A new active period (a takeover): starts from the committed offsets."""
