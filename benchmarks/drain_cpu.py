@@ -233,7 +233,7 @@ def drain_round(
         n = sender.sent - fired
         since_commit += n
         if since_commit >= batch or (n == 0 and since_commit and not got):
-            drainer.on_committed(drainer.commit_offsets(), now)
+            drainer.on_committed(drainer.seal(), now)
             since_commit = 0
         spent += clock() - t0
         fired = sender.sent
