@@ -206,15 +206,22 @@ def classify_timer(
     never decoded). ``exec_topics`` maps the ``df-queue`` value of every
     configured queue to its exec topic.
     """
-    found = dict(headers) if headers else {}
-    due_raw = found.get(_DUE)
+    # One pass over the pairs, no dict: this runs for every timer the emitter reads.
+    due_raw = queue_raw = kind_raw = None
+    if headers:
+        for name, value in headers:
+            if name == _DUE:
+                due_raw = value
+            elif name == _QUEUE:
+                queue_raw = value
+            elif name == _KIND:
+                kind_raw = value
     if due_raw is None:
         return "missing df-due header"
     try:
         due = int(due_raw)
     except ValueError:
         return f"df-due is not an integer: {due_raw[:40]!r}"
-    queue_raw = found.get(_QUEUE)
     if queue_raw is None:
         return "missing df-queue header"
     topic = exec_topics.get(queue_raw)
@@ -222,7 +229,6 @@ def classify_timer(
         return f"unknown queue {queue_raw[:100].decode('utf-8', 'replace')!r}"
     if not key:
         return "missing key (the idempotency key)"
-    kind_raw = found.get(_KIND)
     if kind_raw is None or kind_raw == _JOB:
         return due, topic, False
     if kind_raw == _CRON:
@@ -299,28 +305,31 @@ class OpenOffsets:
 
     ``lowest(default)`` is the offset to commit: the first unfinished one.
     Offsets are added in increasing order (the order they are read).
+
+    ``add`` and ``finish`` run once per timer on the hot path, so both are bound
+    methods of builtins (no Python frame); finished offsets are dropped from the
+    front of the order when ``lowest`` asks (once per commit).
     """
 
-    __slots__ = ("_done", "_order", "add")
+    __slots__ = ("_done", "_order", "add", "finish")
 
     def __init__(self) -> None:
         self._order: deque[int] = deque()
         self._done: set[int] = set()
-        # add(offset): a bound method of the deque (no Python frame per record).
+        # add(offset) / finish(offset): bound methods of the deque and the set.
         self.add: Callable[[int], None] = self._order.append
-
-    def finish(self, offset: int) -> None:
-        order = self._order
-        if order and order[0] == offset:
-            order.popleft()
-            done = self._done
-            while order and order[0] in done:
-                done.remove(order.popleft())
-        else:
-            self._done.add(offset)
+        self.finish: Callable[[int], None] = self._done.add
 
     def lowest(self, default: int) -> int:
-        return self._order[0] if self._order else default
+        order = self._order
+        done = self._done
+        if len(done) >= len(order):  # every offset added has finished
+            order.clear()
+            done.clear()
+            return default
+        while order[0] in done:
+            done.remove(order.popleft())
+        return order[0]
 
     def __len__(self) -> int:
         return len(self._order) - len(self._done)

@@ -10,12 +10,11 @@ append to push, and a bucket is sorted once, when it fires.
 from __future__ import annotations
 
 import heapq
-from operator import itemgetter
 from typing import Any
 
 # (partition, offset, *payload): ordered by partition and offset within a bucket.
+# A (partition, offset) pair is in the queue at most once.
 Entry = tuple[Any, ...]
-_POSITION = itemgetter(0, 1)
 
 
 class DueQueue:
@@ -60,7 +59,7 @@ class DueQueue:
         bucket = self._buckets.pop(due)
         self._size -= len(bucket)
         if len(bucket) > 1:
-            bucket.sort(key=_POSITION)
+            bucket.sort()  # by (partition, offset): unique, so the payload is never compared
         return due, bucket
 
     def put_back(self, due: int, entries: list[Entry]) -> None:

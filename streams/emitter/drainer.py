@@ -162,6 +162,7 @@ class WheelDrainer:
         self._lead = [
             a + self._slot if lv == 0 else a for a, lv in zip(self._ahead, self._level, strict=True)
         ]
+        self._lead_slot = [a + self._slot for a in self._lead]  # a feeder pauses past this
         self._open = [OpenOffsets() if lv <= 0 else None for lv in self._level]
         self._read_to = [max(committed.get(p, (-1, None))[0], 0) for p in range(n)]
         # Due time a feeder has been read up to. Firing does not pass it (records
@@ -200,7 +201,10 @@ class WheelDrainer:
         self._stash_cap = max(1, em.heap_budget // 2)
         self._eof: set[int] = set()
         self._touched: set[int] = set()
-        self._sources = [f"{self._topic}:{p}:".encode() for p in range(n)]  # df-source
+        # df-source value of a record: self._sources[p] % offset.
+        self._sources = [
+            f"{self._topic}:{p}:".encode().replace(b"%", b"%%") + b"%d" for p in range(n)
+        ]
         self._batch: dict[str, list[int]] = {}  # exec topic -> due times fired, this txn
 
     # ------------------------------------------------------------------ state
@@ -245,13 +249,21 @@ class WheelDrainer:
         eof = self._eof
         frontier = self._frontier
         budget = self._budget
-        slot = self._slot
+        drain = self.drain_ms  # not moved while records are read
+        lead_slot = self._lead_slot
         # The last fired key (it does not change while records are read), due first:
         # most records are due after it and cost one comparison.
         fired = self.fired
         fired_due = fired[0] if fired is not None else -1
         fired_at = fired[1:] if fired is not None else (-1, -1)
         at_once = 0
+        # Firing as read (below) without a call, unless traced or a cron occurrence.
+        plain = self._tracer is None
+        has_cron = self._cron is not None
+        send = self._send
+        sources = self._sources
+        batches = self._batch
+        fire_pair: tuple[str, bytes] | None = None  # (df-fired, now), made once
         for m in messages:
             p: int = m.partition()  # type: ignore[assignment]
             if p in paused:
@@ -276,9 +288,9 @@ class WheelDrainer:
             if level > 0:
                 self._from_slot(m, p, off, level, now_ms)
                 continue
-            unheard.discard(p)
-            ts = m.timestamp()[1]
-            ck = replay.get(p)
+            if unheard:
+                unheard.discard(p)
+            ck = replay.get(p) if replay else None
             if ck is not None and off + 1 >= ck.read_to:
                 del replay[p]  # the last record the previous emitter had read
                 if off >= ck.read_to:
@@ -292,7 +304,7 @@ class WheelDrainer:
                 continue
             due, topic, cron = found
             frontier[p] = due
-            if due - ts > horizon:
+            if due - m.timestamp()[1] > horizon:
                 if ck is None:
                     self._place_again(m, p, due, level, now_ms)
                 continue
@@ -302,15 +314,24 @@ class WheelDrainer:
                 # Read after later timers fired (written overdue, or placed again
                 # during a catch-up): due already, fire it now so no commit leaves it
                 # behind. It still spends a token: the rate limit holds on average.
-                self._fire(m, p, off, due, topic, cron, headers, now_ms)
+                if plain and not (cron and has_cron):  # what _fire does, inline
+                    if fire_pair is None:
+                        fire_pair = (_FIRED, str(now_ms).encode())
+                    headers.append(fire_pair)
+                    headers.append((_SOURCE, sources[p] % off))
+                    send(topic, m.value(), m.key(), headers)
+                    fired_here = batches.get(topic)
+                    if fired_here is None:
+                        fired_here = batches[topic] = []
+                    fired_here.append(due)
+                else:
+                    self._fire(m, p, off, due, topic, cron, headers, now_ms)
                 at_once += 1
                 touched.add(p)
                 continue
             opens[p].add(off)  # type: ignore[union-attr]
             held = push(due, (p, off, m, topic, cron, headers))
-            if ck is None and (
-                held >= budget or (level == 0 and due > self.drain_ms + lead[p] + slot)
-            ):
+            if ck is None and (held >= budget or (level == 0 and due > drain + lead_slot[p])):
                 self._hold(p, off + 1, due - lead[p])
                 self._blocker[p] = off
                 heapq.heappush(self._feeder_queue, (due - lead[p], p))
@@ -443,7 +464,7 @@ class WheelDrainer:
             self._cron.fire_occurrence(m, due, topic, headers, now_ms, self._emitter(now_ms))
             return
         headers.append((_FIRED, str(now_ms).encode()))
-        headers.append((_SOURCE, f"{self._topic}:{p}:{off}".encode()))
+        headers.append((_SOURCE, self._sources[p] % off))
         if self._tracer is not None:
             step = self._tracer.span_for_fire(
                 headers,
@@ -495,8 +516,9 @@ class WheelDrainer:
         send = self._send
         batches = self._batch
         sources = self._sources
-        fired_at = str(now_ms).encode()
+        fire_pair = (_FIRED, str(now_ms).encode())
         traced = self._tracer is not None
+        cron_keeper = self._cron
         count = 0
         last: TimerKey | None = None
         while count < budget:
@@ -511,13 +533,13 @@ class WheelDrainer:
                     break
                 if traced:
                     self._fire(m, p, off, due, topic, cron, headers, now_ms)
-                elif cron and self._cron is not None:
-                    self._cron.fire_occurrence(
+                elif cron and cron_keeper is not None:
+                    cron_keeper.fire_occurrence(
                         m, due, topic, headers, now_ms, self._emitter(now_ms)
                     )
                 else:
-                    headers.append((_FIRED, fired_at))
-                    headers.append((_SOURCE, sources[p] + str(off).encode()))
+                    headers.append(fire_pair)
+                    headers.append((_SOURCE, sources[p] % off))
                     send(topic, m.value(), m.key(), headers)
                     fired_here = batches.get(topic)
                     if fired_here is None:
@@ -537,7 +559,8 @@ class WheelDrainer:
                     break  # what it read may go in this bucket: take it again
             if n:
                 last = (due, entries[n - 1][0], entries[n - 1][1])
-            queue.put_back(due, entries[n:])
+            if n < len(entries):
+                queue.put_back(due, entries[n:])
         if last is not None:
             self.fired = last
             self._bucket.take(count)

@@ -42,16 +42,22 @@ class WheelSource:
             self._group,
             **{
                 "enable.partition.eof": True,
-                # A shallow prefetch queue: the emitter's memory must not follow the
+                # A bounded prefetch queue: the emitter's memory must not follow the
                 # backlog, and a resumed partition's records must not wait behind
-                # seconds of other partitions' records.
-                "queued.max.messages.kbytes": 2048,
-                # Small fetches that take a little of every partition: a partition
-                # resumed (or assigned) gets its records in the next one, not after
-                # megabytes of other partitions' records.
-                "fetch.max.bytes": 2_097_152,
-                "max.partition.fetch.bytes": 65_536,
-                "queued.min.messages": 1000,
+                # seconds of other partitions' records. Both limits count the whole
+                # consumer queue (every partition's queue forwards to it), and the
+                # next fetch is sent only while the queue is below both: with 1000
+                # messages (10 ms of a 100k/s drain) the loop waited for almost
+                # every fetch; 10k messages / 8 MiB (about 0.1 s of a drain) halved
+                # the time a backlog drain spends waiting in consume (measured:
+                # 0.5 s instead of 0.8-1.2 s for 300k timers).
+                "queued.min.messages": 10_000,
+                "queued.max.messages.kbytes": 8192,
+                # Fetches of a few hundred kilobytes per partition, a few megabytes
+                # in all: a partition resumed (or assigned) gets its records in the
+                # next one, not after tens of megabytes of other partitions' records.
+                "fetch.max.bytes": 8_388_608,
+                "max.partition.fetch.bytes": 262_144,
                 # ... and a full queue postpones fetching by this much, not the
                 # default second, which would stall a partition just resumed.
                 "fetch.queue.backoff.ms": 5,

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -344,3 +346,24 @@ def test_commit_due_min_ms_spaces_commits_when_caught_up(
         commit_due(records=records, age_ms=age, busy=busy, max_records=1_000, max_ms=100, min_ms=20)
         is due
     )
+
+
+def test_open_offsets_match_a_model_when_finished_in_any_order() -> None:
+    rng = random.Random(7)
+    oo = OpenOffsets()
+    added: list[int] = []
+    done: set[int] = set()
+    nxt = 100
+    for _ in range(2_000):
+        if rng.random() < 0.5 or len(done) == len(added):
+            nxt += rng.randint(1, 3)  # offsets increase, with gaps
+            oo.add(nxt)
+            added.append(nxt)
+        else:
+            off = rng.choice([o for o in added if o not in done])
+            oo.finish(off)
+            done.add(off)
+        if rng.random() < 0.2:  # a commit asks
+            unfinished = [o for o in added if o not in done]
+            assert oo.lowest(-1) == (unfinished[0] if unfinished else -1)
+            assert len(oo) == len(unfinished)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,6 +16,7 @@ from dueflow import headers as hdr
 from dueflow.config import load_settings
 from dueflow.metrics import Metrics
 from dueflow.streams.emitter.drainer import WheelDrainer
+from dueflow.topics import names
 from dueflow.tracing import JobTracer
 from dueflow.wheel import NEAR_LEVEL
 from tests.support.sim_wheel import SimWheel, Stored
@@ -115,6 +117,52 @@ def test_malformed_records_are_quarantined_and_the_next_one_fires() -> None:
     assert sim.quarantined == [b"bad", b"bad2"]
     assert [f.key for f in sim.fired] == [b"ok"]
     assert sim.committed[0][0] == 3
+
+
+def test_fired_records_forward_value_key_and_headers_and_add_fired_and_source() -> None:
+    """Byte for byte, whether a timer fires from the heap or as it is read (read
+    after a later timer fired)."""
+    sim = SimWheel(SETTINGS)
+    sent: list[tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]]]] = []
+    forward = sim.send
+
+    def send(topic: str, value: Any, key: Any, headers: Any, partition: int = -1) -> None:
+        sent.append((topic, value, key, list(headers)))
+        forward(topic, value, key, headers, partition)
+
+    sim.send = send  # type: ignore[method-assign]
+    original = [
+        ("df-due", b"10100"),
+        ("df-queue", b"default"),
+        ("traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+        ("x-any", b"\x00\xff"),
+        ("x-any", b"again"),
+    ]
+    sim.append(0, Stored(b"heap", b"\x01value", list(original), 10_000))
+    d = sim.drainer(10_000)
+    for t in range(10_000, 10_200, 10):
+        sim.step(d, t)
+    late = [("df-due", b"10050"), ("df-queue", b"default"), ("df-job", b"late")]
+    sim.append(1, Stored(b"late", b"", list(late), 10_200))  # due before the fired one
+    assert len(sent) == 1
+    d.on_messages(sim.consume(50), 10_210)  # fired as read: no fire_due
+    assert d.heap_size == 0
+    exec_topic = names(SETTINGS).exec("default")
+    timers = names(SETTINGS).timers
+    assert sent == [
+        (
+            exec_topic,
+            b"\x01value",
+            b"heap",
+            [*original, ("df-fired", b"10100"), ("df-src", f"{timers}:0:0".encode())],
+        ),
+        (
+            exec_topic,
+            b"",
+            b"late",
+            [*late, ("df-fired", b"10210"), ("df-src", f"{timers}:1:0".encode())],
+        ),
+    ]
 
 
 def test_overdue_backlog_fires_once_within_the_rate_limit() -> None:
