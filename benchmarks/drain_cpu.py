@@ -31,17 +31,16 @@ from __future__ import annotations
 import argparse
 import bisect
 import gc
-import json
 import os
 import time
 from collections import deque
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
 from benchmarks.emitter import bench_settings, cluster, produce_timers
+from benchmarks.output import show
 from dueflow import headers as hdr
 from dueflow.config import Settings
 from dueflow.metrics import Metrics
@@ -334,11 +333,7 @@ def main(argv: list[str] | None = None) -> None:
         gc.set_threshold(*(int(x) for x in args.gc.split(",")))
     with cluster(args.bootstrap) as b:
         result = run(b, args)
-    width = max(len(k) for k in result)
-    for key, value in result.items():
-        print(f"{key:<{width}}  {value}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    show(result, args.json)
 
 
 if __name__ == "__main__":

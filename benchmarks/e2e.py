@@ -53,6 +53,7 @@ from typing import Any
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from benchmarks.output import show
 from benchmarks.produce import plan_records
 from dueflow.broker.local import LocalBroker
 from dueflow.broker.ports import free_port, free_port_pair
@@ -671,13 +672,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="write the result here")
     args = p.parse_args(argv)
     result = run(args)
-    width = max(len(k) for k in result)
-    for key, value in result.items():
-        if key != "lateness_cdf_ms":
-            print(f"{key:<{width}}  {value}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    show(result, args.json, hide=("lateness_cdf_ms",))
     return 0
 
 

@@ -51,6 +51,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from benchmarks.output import show
 from dueflow import headers as hdr
 from dueflow.broker.local import LocalBroker
 from dueflow.broker.ports import free_port, free_port_pair
@@ -777,11 +778,7 @@ def main(argv: list[str] | None = None) -> None:
         workdir = Path(args.logs) if args.logs else Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         result = run(b, args, workdir)
-    width = max(len(k) for k in result)
-    for key, value in result.items():
-        print(f"{key:<{width}}  {value}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    show(result, args.json)
 
 
 if __name__ == "__main__":

@@ -32,10 +32,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import orjson
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from benchmarks.output import show
 from dueflow.clients import make_admin
 from dueflow.config import Settings, load_settings
 from dueflow.consumers.testing import exec_headers, make_job
@@ -279,11 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the result here")
     args = parser.parse_args(argv)
     result = run(args)
-    width = max(len(k) for k in result)
-    for key, value in result.items():
-        print(f"{key:<{width}}  {value}")
-    if args.json:
-        Path(args.json).write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n")
+    show(result, args.json)
     return 0
 
 
