@@ -239,7 +239,6 @@ class ActiveSession:
         try:
             if commit and self._drainer is not None:
                 self.commit(reopen=False)
-                self._collect(block=True)
         finally:
             if self.outbox.in_transaction:
                 self._metrics.emitter_transactions.labels("aborted").inc()
