@@ -98,14 +98,45 @@ def cascade_ready_ms(
     than late. Parked timers beyond the top level's reach are handled at the
     visit they were parked for.
     """
+    after = append_ms - skew_tolerance_ms(geometry, level)
+    visit_opens = next_visit_opens_ms(geometry=geometry, level=level, index=index, after_ms=after)
+    width = geometry.levels[level].width_ms
+    due_opens = (due_ms // width) * width - geometry.lookahead_ms
+    return min(visit_opens, due_opens)
+
+
+def next_visit_opens_ms(*, geometry: WheelGeometry, level: int, index: int, after_ms: int) -> int:
+    """When the first visit of slot partition ``index`` of ``level`` that opens
+    after ``after_ms`` opens (its window start less the lookahead)."""
     lv = geometry.levels[level]
     width, slots, lookahead = lv.width_ms, lv.slots, geometry.lookahead_ms
-    after = append_ms - skew_tolerance_ms(geometry, level)
-    first = (after + lookahead) // width + 1  # first slot opening after `after`
+    first = (after_ms + lookahead) // width + 1  # first slot opening after `after_ms`
     visit = first + (index - first) % slots
-    visit_opens = visit * width - lookahead
-    due_opens = (due_ms // width) * width - lookahead
-    return min(visit_opens, due_opens)
+    return visit * width - lookahead
+
+
+def idle_until_ms(*, geometry: WheelGeometry, level: int, index: int, drain_ms: int) -> int:
+    """Drain-clock time up to which a slot partition read to its end at
+    ``drain_ms`` gets no record it must read before then.
+
+    A record is written for a visit of its partition that has not opened yet:
+    a level-0 timer is due in its slot and placed more than the near window
+    ahead, so it belongs to a visit starting after the drain clock; a record of
+    level 1 or up belongs to the first visit opening after its append time less
+    the skew tolerance (:func:`cascade_ready_ms`). Level 0: the start of the
+    next visit (a heap feeder must be read some time before it); level 1 up:
+    when the next visit opens. Records written against these rules (a producer
+    clock far behind) must be noticed some other way: by watching the
+    partition's end offset.
+    """
+    if level == 0:
+        after = drain_ms
+        return (
+            next_visit_opens_ms(geometry=geometry, level=0, index=index, after_ms=after)
+            + geometry.lookahead_ms
+        )
+    after = drain_ms - skew_tolerance_ms(geometry, level)
+    return next_visit_opens_ms(geometry=geometry, level=level, index=index, after_ms=after)
 
 
 def feeds_heap(*, due_ms: int, append_ms: int, horizon_ms: int) -> bool:

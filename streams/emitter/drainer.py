@@ -42,6 +42,7 @@ from dueflow.drain import (
     cascade_ready_ms,
     classify_timer,
     heap_horizon_ms,
+    idle_until_ms,
     landed_late,
     latest_fired,
     next_drain_ms,
@@ -58,6 +59,7 @@ from dueflow.wheel import NEAR_LEVEL, place_timer
 log = logging.getLogger("dueflow.emitter.drain")
 
 _EOF = KafkaError._PARTITION_EOF
+PARK_PASS_MS = 100  # how often partitions read to their end are looked at for parking
 _FIRED = hdr.FIRED
 _SOURCE = hdr.SOURCE
 
@@ -200,6 +202,15 @@ class WheelDrainer:
         self._stashed = 0
         self._stash_cap = max(1, em.heap_budget // 2)
         self._eof: set[int] = set()
+        self._eof_at: dict[int, int] = {}  # partition -> offset of its last end event
+        # Parked: slot partitions read to their end and paused until their next
+        # visit comes near (see _park_idle), so a fetch asks only for the
+        # partitions that can hold a record needed soon: at 5k timers/s every
+        # fetch used to carry all 260 partitions of the default wheel, and the
+        # broker read each of them ~150 times a second. Offset: where it goes on.
+        self._parked: dict[int, int] = {}
+        self._park_min = self._slot  # not parked for less than this
+        self._next_park_ms = 0
         self._touched: set[int] = set()
         # df-source value of a record: self._sources[p] % offset.
         self._sources = [
@@ -273,6 +284,7 @@ class WheelDrainer:
             if err is not None:
                 if err.code() == _EOF:
                     eof.add(p)
+                    self._eof_at[p] = m.offset()  # type: ignore[assignment]
                     unheard.discard(p)
                     ck = replay.get(p)
                     if ck is not None and m.offset() >= ck.read_to:  # type: ignore[operator]
@@ -437,6 +449,7 @@ class WheelDrainer:
 
     def _resume(self, p: int, now_ms: int) -> None:
         del self._paused[p]
+        self._parked.pop(p, None)
         self._full.discard(p)
         self._blocker.pop(p, None)
         self._stash_next.pop(p, None)
@@ -628,6 +641,54 @@ class WheelDrainer:
                 self._rate_paused.discard(p)
                 if p in self._paused:
                     self._resume(p, now_ms)
+        if now_ms >= self._next_park_ms:
+            self._next_park_ms = now_ms + PARK_PASS_MS
+            self._park_idle(drain)
+
+    def _park_idle(self, drain_ms: int) -> None:
+        """Pause every slot partition read to its end whose next visit is more than
+        ``_park_min`` away, until it comes near (level 0: a slot before the feeder
+        would be read anyway; level 1 up: when it opens).
+
+        A parked partition stays "at its end": nothing it can hold holds up
+        firing. A record written into it against the placement rules (a producer
+        clock far behind) is noticed by :meth:`wake_parked`.
+        """
+        paused, level_of, index, geo = self._paused, self._level, self._index, self._geo
+        parked, eof_at, read_to, replay = self._parked, self._eof_at, self._read_to, self._replay
+        horizon = drain_ms + self._park_min
+        for p in self._eof:
+            level = level_of[p]
+            if level < 0 or p in paused or p in replay:
+                continue
+            key = idle_until_ms(geometry=geo, level=level, index=index[p], drain_ms=drain_ms)
+            if level == 0:
+                key -= self._lead_slot[p]
+            if key <= horizon:
+                continue
+            at = max(eof_at.get(p, 0), read_to[p])
+            self._source.pause(p, at)
+            paused[p] = key
+            parked[p] = at
+            heapq.heappush(self._slot_queue, (key, p))
+
+    @property
+    def parked(self) -> dict[int, int]:
+        """Parked partitions and the offset each goes on at (a copy)."""
+        return dict(self._parked)
+
+    def wake_parked(self, ends: dict[int, int], now_ms: int) -> int:
+        """Resume the parked partitions whose end offset (``ends``, read_committed)
+        moved past where they stopped: a record landed there out of turn. Returns
+        how many."""
+        woken = 0
+        for p, end in ends.items():
+            at = self._parked.get(p)
+            if at is not None and end > at:
+                self._eof.discard(p)  # records are on their way (or its next end is)
+                self._resume(p, now_ms)
+                woken += 1
+        return woken
 
     def wake_ms(self, now_ms: int) -> int:
         """Wall-clock time the loop should look again at the latest."""

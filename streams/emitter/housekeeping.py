@@ -67,6 +67,12 @@ class Housekeeping:
     def start(self) -> None:
         self._admin = make_admin(self._settings)
 
+    @property
+    def admin(self) -> AdminClient:
+        """The admin client (shared with the other periodic jobs of the active period)."""
+        assert self._admin is not None, "start() first"
+        return self._admin
+
     def observe_append(self, now_ms: int, append_ms: int) -> None:
         """A record appended by the broker at ``append_ms`` was read at ``now_ms``."""
         self._clock_samples.append(now_ms - append_ms)

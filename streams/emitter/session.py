@@ -23,6 +23,7 @@ from dueflow.logs import event
 from dueflow.metrics import Metrics
 from dueflow.streams.emitter.cron_keeper import CronKeeper
 from dueflow.streams.emitter.drainer import SealedCommit, WheelDrainer
+from dueflow.streams.emitter.end_watch import EndWatch
 from dueflow.streams.emitter.housekeeping import Housekeeping
 from dueflow.streams.emitter.outbox import Outbox
 from dueflow.streams.emitter.schedules import ScheduleTable
@@ -59,6 +60,7 @@ class ActiveSession:
         self.cron = CronKeeper(settings, metrics, schedules, self.outbox)
         self.source = source  # started by the process: warm before the takeover
         self.housekeeping = Housekeeping(settings, metrics)
+        self.end_watch = EndWatch(source.topic)
         self._drainer: WheelDrainer | None = None
         self._started = 0.0
         self._first_commit: float | None = None
@@ -122,6 +124,7 @@ class ActiveSession:
         self.source.assign({p: off for p, (off, _) in committed.items()})
         self._group_metadata = self.source.group_metadata()
         self.housekeeping.start()
+        self.end_watch.start(self.housekeeping.admin)
         lap("start_ms")
         event(
             log,
@@ -186,6 +189,7 @@ class ActiveSession:
         else:
             outbox.poll()
         self.housekeeping.tick(now, drainer.committed_offsets)
+        self.end_watch.tick(now, drainer)
 
     def _submit_if_ready(self) -> None:
         """Hand the open transaction over to commit, unless the previous commit (or
@@ -244,4 +248,5 @@ class ActiveSession:
                 self._metrics.emitter_transactions.labels("aborted").inc()
             self.outbox.close(abort=True)
             self.source.unassign()
+            self.end_watch.close()
             self.housekeeping.close()

@@ -51,6 +51,9 @@ class SimWheel:
     committed: dict[int, tuple[int, Checkpoint | None]] = field(default_factory=dict)
     fired: list[FiredJob] = field(default_factory=list)  # committed fires
     quarantined: list[bytes] = field(default_factory=list)
+    watch_ms: int = 200  # how often parked partitions' ends are looked at
+    next_watch_ms: int = 0
+    woken: int = 0  # parked partitions resumed because records landed there
     _pending_fires: list[FiredJob] = field(default_factory=list)
     _pending_timers: list[tuple[int, Stored]] = field(default_factory=list)
     _pending_quarantine: list[bytes] = field(default_factory=list)
@@ -187,3 +190,8 @@ class SimWheel:
         drainer.on_messages(self.consume(max_messages), now_ms)
         drainer.advance(now_ms)
         drainer.fire_due(now_ms)
+        if now_ms >= self.next_watch_ms:  # the emitter's EndWatch
+            self.next_watch_ms = now_ms + self.watch_ms
+            self.woken += drainer.wake_parked(
+                {p: len(self.logs[p]) for p in drainer.parked}, now_ms
+            )

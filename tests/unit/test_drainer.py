@@ -6,6 +6,7 @@ import random
 from collections import Counter
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.trace import TracerProvider
@@ -61,8 +62,9 @@ def test_near_timers_fire_in_due_order_and_never_early() -> None:
     assert max(f.fired_ms - f.due_ms for f in sim.fired) <= 10
 
 
-def test_timers_cascade_through_every_level_and_fire_on_time() -> None:
-    sim = SimWheel(SETTINGS)
+@pytest.mark.parametrize("watch_ms", [200, 10**9], ids=["end-watch", "no-end-watch"])
+def test_timers_cascade_through_every_level_and_fire_on_time(watch_ms: int) -> None:
+    sim = SimWheel(SETTINGS, watch_ms=watch_ms)
     dues = {f"j{i}": 10_000 + 700 * i for i in range(60)}  # up to 41 s: level 2 and parked
     levels: Counter[int] = Counter()
     for key, due in dues.items():
@@ -106,6 +108,57 @@ def test_a_level1_record_waits_for_its_slot_then_moves_down() -> None:
     assert sim.committed[p1][0] == 1
     moved = [p for p, log in sim.logs.items() if p != p1 and log]
     assert [GEO.locate(p)[0] for p in moved] == [0]
+
+
+def test_slot_partitions_read_to_their_end_leave_the_fetch_until_their_visit_nears() -> None:
+    sim = SimWheel(SETTINGS, watch_ms=10**9)  # no end watch: the rules alone suffice
+    sim.schedule("soon", 10_400, 10_000)  # near
+    sim.schedule("l1", 15_000, 10_000)  # level 1, its slot opens at 13_900
+    d = sim.drainer(10_000)
+    for t in range(10_000, 12_000, 10):
+        sim.step(d, t)
+        if d.touched:
+            sim.commit(d, t)
+    reading = [p for p in sim.logs if p not in sim.paused]
+    near = list(range(GEO.near_partitions))
+    # Near partitions always; level 0 only the slots within a few slots of the drain
+    # clock (12 slots of 250 ms); level 1 and 2 none but the one open now.
+    assert set(near) <= set(reading)
+    levels = Counter(GEO.locate(p)[0] for p in reading if p not in near)
+    assert levels[0] <= 6, levels
+    assert levels[1] <= 1, levels
+    assert levels[2] <= 1, levels
+    assert len(d.parked) >= GEO.total_partitions - 12
+    for t in range(12_000, 16_000, 10):
+        sim.step(d, t)
+        if d.touched:
+            sim.commit(d, t)
+    fired = {f.key: f for f in sim.fired}
+    assert set(fired) == {b"soon", b"l1"}
+    assert all(0 <= f.fired_ms - f.due_ms <= 10 for f in sim.fired)
+
+
+def test_a_record_landing_out_of_turn_in_a_parked_partition_fires_soon() -> None:
+    sim = SimWheel(SETTINGS)
+    d = sim.drainer(10_000)
+    for t in range(10_000, 11_000, 10):
+        sim.step(d, t)
+    # A producer whose clock is 4 s behind writes a timer due "in 1 s" into the
+    # level-0 slot of 7_000-7_250: its next visit is 3 s away, so it is parked.
+    skewed = GEO.partition_of(0, 7_000 // 250)
+    assert skewed in d.parked
+    sim.append(
+        skewed, Stored(b"skewed", b"v", [("df-due", b"7100"), ("df-queue", b"default")], 11_000)
+    )
+    t = 11_000
+    while not sim.fired and t < 13_000:
+        sim.step(d, t)
+        if d.touched:
+            sim.commit(d, t)
+        t += 10
+    assert [f.key for f in sim.fired] == [b"skewed"]
+    assert sim.fired[0].fired_ms - 11_000 <= sim.watch_ms + 20
+    assert sim.woken == 1
 
 
 def test_malformed_records_are_quarantined_and_the_next_one_fires() -> None:
