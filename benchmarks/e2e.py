@@ -60,6 +60,7 @@ from dueflow.broker.ports import free_port, free_port_pair
 from dueflow.clients import make_admin
 from dueflow.config import Settings, load_settings
 from dueflow.demo.summary import percentiles
+from dueflow.headers import FIRED
 from dueflow.job_request import JobRequest
 from dueflow.producers import Scheduler
 from dueflow.topic_admin import TopicAdmin
@@ -79,18 +80,20 @@ def now_ms() -> int:
 
 
 def worker_main(settings: Settings, out: str) -> None:
-    """One worker process: a no-op handler that notes (key, due, start) of every run."""
+    """One worker process: a no-op handler that notes (key, due, start, fired) of
+    every run (fired: the emitter's ``df-fired`` header, -1 if absent)."""
     from dueflow import logs
     from dueflow.consumers import TaskContext, TaskRegistry, task
     from dueflow.consumers.worker import run_worker
 
     logs.configure("text", "WARNING")
-    runs: list[tuple[str, int, int]] = []
+    runs: list[tuple[str, int, int, int]] = []
     note = runs.append
     cpu: list[float] = []  # process CPU seconds at the first and the latest job
 
     async def noop(payload: Any, ctx: TaskContext) -> None:
-        note((ctx.idempotency_key, ctx.due_ms, time.time_ns() // 1_000_000))
+        start = time.time_ns() // 1_000_000
+        note((ctx.idempotency_key, ctx.due_ms, start, int(ctx.headers.get(FIRED, b"-1"))))
         if len(runs) == 1 or len(runs) % 1_000 == 0:
             cpu.append(time.process_time())
 
@@ -126,12 +129,12 @@ class Workers:
                 p.kill()
                 p.join(10)
 
-    def runs(self) -> tuple[list[tuple[str, int, int]], float]:
-        runs: list[tuple[str, int, int]] = []
+    def runs(self) -> tuple[list[tuple[str, int, int, int]], float]:
+        runs: list[tuple[str, int, int, int]] = []
         cpu = 0.0
         for f in self.files:
             doc = json.loads(f.read_text())
-            runs.extend((str(k), int(d), int(s)) for k, d, s in doc["runs"])
+            runs.extend((str(k), int(d), int(s), int(fi)) for k, d, s, fi in doc["runs"])
             cpu += float(doc["cpu_s"])
         return runs, cpu
 
@@ -525,10 +528,11 @@ def _run(
     raw = raw_roundtrip(
         settings, records, workdir, rate=args.rate if args.mode == "steady" else None
     )
-    counts = Counter(k for k, _, _ in runs)
+    counts = Counter(k for k, _, _, _ in runs)
     seconds = done - started
     throughput = jobs / seconds
-    lateness = [float(s - d) for _, d, s in _first_runs(runs)]
+    first = list(_first_runs(runs))
+    lateness = [float(s - d) for _, d, s, _ in first]
     record_bytes = statistics.mean(
         len(k) + len(v) + sum(len(a) + len(b) for a, b in h) for k, v, _p, h in sample
     )
@@ -544,6 +548,10 @@ def _run(
         "schedule_s": round(scheduled_s, 2),
         "lateness_ms": percentiles(lateness),
         "lateness_cdf_ms": _cdf(lateness),
+        # where the lateness comes from: due -> fired (the emitter wrote it into its
+        # transaction) -> handler start (commit, worker fetch, dispatch)
+        "fired_lateness_ms": percentiles([float(f - d) for _, d, _, f in first if f >= 0]),
+        "fired_to_start_ms": percentiles([float(s - f) for _, _, s, f in first if f >= 0]),
         "raw_roundtrip_msgs_per_s": raw["msgs_per_s"],
         "ratio": round(throughput / raw["msgs_per_s"], 3) if raw["msgs_per_s"] else None,
         "processes": args.processes,
@@ -592,12 +600,14 @@ def _cpu_per_job(jobs: int, **cpu_s: float | None) -> dict[str, float]:
     return out
 
 
-def _first_runs(runs: list[tuple[str, int, int]]) -> Iterator[tuple[str, int, int]]:
+def _first_runs(
+    runs: list[tuple[str, int, int, int]],
+) -> Iterator[tuple[str, int, int, int]]:
     seen: set[str] = set()
-    for k, d, s in sorted(runs, key=lambda r: r[2]):
+    for k, d, s, f in sorted(runs, key=lambda r: r[2]):
         if k not in seen:
             seen.add(k)
-            yield k, d, s
+            yield k, d, s, f
 
 
 def _cdf(values: list[float]) -> list[float]:
