@@ -522,6 +522,8 @@ def _run(
         jit_cpu = (_jit_cpu_s(broker_pid) - jit0) if broker_pid else None
         scheduler_cpu = time.process_time() - own0
     runs, workers_cpu = workers.runs()
+    if args.runs_out:
+        args.runs_out.write_text(json.dumps(sorted(runs, key=lambda r: r[2])))
     # The baseline: records of the very size the SDK writes, same run, same broker.
     sample = plan_records(settings, requests_burst(min(jobs, 1_000), 1_000))
     records = [sample[i % len(sample)] for i in range(jobs)]
@@ -680,6 +682,11 @@ def main(argv: list[str] | None = None) -> int:
         help="a JVM option of the local broker, e.g. --broker-jvm=-XX:TieredStopAtLevel=1",
     )
     p.add_argument("--json", type=Path, help="write the result here")
+    p.add_argument(
+        "--runs-out",
+        type=Path,
+        help="write every run here as JSON [key, due ms, start ms, fired ms], by start",
+    )
     args = p.parse_args(argv)
     result = run(args)
     show(result, args.json, hide=("lateness_cdf_ms",))

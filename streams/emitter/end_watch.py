@@ -24,7 +24,7 @@ from dueflow.logs import event
 
 log = logging.getLogger("dueflow.emitter.end_watch")
 
-END_WATCH_MS = 200
+END_WATCH_MS = 1000
 
 
 class Parking(Protocol):

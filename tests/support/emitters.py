@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -115,16 +115,11 @@ def emitter_env(settings: Settings, extra: dict[str, str] | None = None) -> dict
             "DUEFLOW_WHEEL_NEAR_PARTITIONS": str(geo.near_partitions),
             "DUEFLOW_WHEEL_NEAR_WINDOW_MS": str(geo.near_window_ms),
             "DUEFLOW_WHEEL_LOOKAHEAD_MS": str(geo.lookahead_ms),
-            "DUEFLOW_EMITTER_SESSION_TIMEOUT_MS": str(em.session_timeout_ms),
-            "DUEFLOW_EMITTER_HEARTBEAT_INTERVAL_MS": str(em.heartbeat_interval_ms),
-            "DUEFLOW_EMITTER_BATCH_MAX_MS": str(em.batch_max_ms),
-            "DUEFLOW_EMITTER_BATCH_MIN_MS": str(em.batch_min_ms),
-            "DUEFLOW_EMITTER_BATCH_MAX_RECORDS": str(em.batch_max_records),
-            "DUEFLOW_EMITTER_CATCHUP_MAX_RATE_PER_S": str(em.catchup_max_rate_per_s),
-            "DUEFLOW_EMITTER_HOUSEKEEPING_INTERVAL_MS": str(em.housekeeping_interval_ms),
             "DUEFLOW_OBSERVABILITY_LOG_FORMAT": "json",
         }
     )
+    # Every emitter setting (a benchmark's --emitter KEY=VALUE must reach the process).
+    env.update({f"DUEFLOW_EMITTER_{f.name.upper()}": str(getattr(em, f.name)) for f in fields(em)})
     env.update(extra or {})
     return env
 
