@@ -135,6 +135,13 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.emitter_commit = Histogram(
+            "dueflow_emitter_commit_seconds",
+            "How long the emitter's transactions took to commit (handed over to done): "
+            "a fired job becomes visible to workers only then",
+            buckets=LATENESS_BUCKETS,
+            registry=r,
+        )
         self.cron_occurrences = Counter(
             "dueflow_cron_occurrences_total",
             "Cron occurrences by what happened to them",

@@ -59,6 +59,7 @@ _ABANDONED: list[Any] = []  # wedged producers, kept referenced: never destroyed
 MAX_PRODUCERS = EMITTER_MAX_PRODUCERS  # transactional ids fenced at every takeover
 
 _Key = tuple[str, int]
+POLL_EVERY_NS = 10_000_000
 
 
 class TransactionAborted(KafkaOperationError):
@@ -97,10 +98,12 @@ class Outbox:
             _Lane(txn_id, _FENCE_SPARES if i < self._ring else 1) for i, txn_id in enumerate(ids)
         ]
         self._cur = 0
+        self._polled_ns = 0
         self._latest: dict[_Key, TopicPartition] = {}  # newest offset sent per partition
         # The commit in flight: its future and when it was asked.
         self._commit: concurrent.futures.Future[int] | None = None
         self._commit_at = 0.0
+        self.submitted_ms = 0  # wall clock when the commit in flight was handed over
         # send offsets + commit retries + abort, each bounded by the transaction timeout
         self._deadline_s = 3 * em.transaction_timeout_ms / 1000.0 + 10.0
 
@@ -279,7 +282,14 @@ class Outbox:
         lane.opened_ms = time.time_ns() // 1_000_000
 
     def poll(self) -> None:
-        """Serve delivery reports (keeps the producers' queues short)."""
+        """Serve the producers' events (failed deliveries, errors) at most every
+        ``POLL_EVERY_NS``: the loop turns thousands of times a second while a
+        backlog drains, and a poll per turn cost it 7 % of its time. (Deliveries
+        are reported only when they fail; a full local queue polls at once.)"""
+        now = time.monotonic_ns()
+        if now - self._polled_ns < POLL_EVERY_NS:
+            return
+        self._polled_ns = now
         for lane in self._lanes[: self._ring]:
             if lane.producer is not None:
                 lane.producer.poll(0)
@@ -338,6 +348,7 @@ class Outbox:
         )
         self._commit = commit
         self._commit_at = lane.task_at = time.monotonic()
+        self.submitted_ms = time.time_ns() // 1_000_000
         if self._ring == 1:
             self._wait_task(lane, block=True)
             return

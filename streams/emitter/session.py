@@ -230,6 +230,7 @@ class ActiveSession:
         sealed, self._sealed = self._sealed, None
         self.drainer.on_committed(sealed, done_ms)
         self._metrics.emitter_transactions.labels("committed").inc()
+        self._metrics.emitter_commit.observe(max(0, done_ms - self.outbox.submitted_ms) / 1000.0)
         if self._first_commit is None:
             self._first_commit = time.monotonic()
             event(
