@@ -136,11 +136,16 @@ def row(name: str, doc: dict[str, Any]) -> tuple[str, str, str, str, str] | None
             _n(doc["ratio"]),
         )
     if k == "e2e" and doc.get("mode") == "steady":
+        settle = doc.get("settle_s")
+        whole = doc.get("lateness_incl_settle_ms")
         return (
             "end to end: lateness at a steady rate",
-            f"{_n(doc['rate_per_s'])} jobs/s for {_n(doc['duration_s'])} s, "
-            f"{doc['processes']} worker processes",
-            f"start - due {_pct(doc['lateness_ms'])}; {doc['lost']} lost, {doc['duplicates']} dup",
+            f"{_n(doc['rate_per_s'])} jobs/s for {_n(doc['duration_s'])} s"
+            + (f" after {_n(settle)} s of settling" if settle else "")
+            + f", {doc['processes']} worker processes",
+            f"start - due {_pct(doc['lateness_ms'])}"
+            + (f" (with the settling jobs: {_pct(whole)})" if whole else "")
+            + f"; {doc['lost']} lost, {doc['duplicates']} dup",
             f"raw produce → consume at that rate {_pct(doc.get('raw_latency_ms'))}",
             "-",
         )
