@@ -113,7 +113,11 @@ def test_metrics_and_job_logs_of_one_emitter_and_one_worker(pipeline: Pipeline) 
     activations = emitter.events("emitter is active")
     assert em.value("dueflow_emitter_failovers_total") == len(activations) >= 1
     assert {e["role"] for e in activations} == {"active"}
-    assert (em.value("dueflow_emitter_transactions_total", result="committed") or 0) >= 1
+    committed = em.value("dueflow_emitter_transactions_total", result="committed") or 0
+    assert committed >= 1
+    # Every commit's duration is observed, and none took longer than the 30 s timeout.
+    assert em.value("dueflow_emitter_commit_seconds_count") == committed
+    assert em.value("dueflow_emitter_commit_seconds_bucket", le="10.0") == committed
     levels = {lbl["level"] for lbl in em.labels_of("dueflow_timers_pending")}
     assert levels == {"near", "0", "1", "2"}
     offset = em.value("dueflow_clock_offset_seconds")
