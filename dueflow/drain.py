@@ -130,11 +130,8 @@ def idle_until_ms(*, geometry: WheelGeometry, level: int, index: int, drain_ms: 
     partition's end offset.
     """
     if level == 0:
-        after = drain_ms
-        return (
-            next_visit_opens_ms(geometry=geometry, level=0, index=index, after_ms=after)
-            + geometry.lookahead_ms
-        )
+        opens = next_visit_opens_ms(geometry=geometry, level=0, index=index, after_ms=drain_ms)
+        return opens + geometry.lookahead_ms
     after = drain_ms - skew_tolerance_ms(geometry, level)
     return next_visit_opens_ms(geometry=geometry, level=level, index=index, after_ms=after)
 

@@ -16,6 +16,7 @@ from dueflow.drain import (
     commit_due,
     feeds_heap,
     heap_horizon_ms,
+    idle_until_ms,
     landed_late,
     latest_fired,
     next_drain_ms,
@@ -367,3 +368,55 @@ def test_open_offsets_match_a_model_when_finished_in_any_order() -> None:
             unfinished = [o for o in added if o not in done]
             assert oo.lowest(-1) == (unfinished[0] if unfinished else -1)
             assert len(oo) == len(unfinished)
+
+
+TINY = WheelGeometry(
+    levels=(WheelLevel(12, 250), WheelLevel(10, 2_000)),
+    near_partitions=2,
+    near_window_ms=500,
+    lookahead_ms=100,
+).validate()
+
+
+@pytest.mark.parametrize(
+    ("level", "index", "drain_ms", "expected"),
+    [
+        # level 0 (12 x 250 ms, a round is 3 s): the start of the next visit whose
+        # opening (start - 100 ms lookahead) comes after the drain clock
+        (0, 5, 10_000, 10_250),  # slot 41 = 12*3 + 5 starts at 10 250
+        (0, 4, 10_000, 13_000),  # slot 40 opened at 9 900: the next round's, slot 52
+        (0, 4, 9_899, 10_000),  # ... unless it has not opened yet
+        # level 1 (10 x 2 s): when the next visit opens, counted from the drain clock
+        # less the skew tolerance (1 s), so a visit opened under a second ago still counts
+        (1, 5, 10_000, 9_900),  # slot 5 opened at 9 900, within the tolerance
+        (1, 5, 11_000, 29_900),  # more than a second after: the next round's
+        (1, 6, 11_000, 11_900),
+    ],
+)
+def test_idle_until_is_the_next_visit_a_record_written_now_can_belong_to(
+    level: int, index: int, drain_ms: int, expected: int
+) -> None:
+    assert idle_until_ms(geometry=TINY, level=level, index=index, drain_ms=drain_ms) == expected
+
+
+@given(due=st.integers(0, 10**7), at=st.integers(0, 10**7))
+def test_a_record_placed_by_the_rules_is_never_needed_before_its_partition_is_idle_until(
+    due: int, at: int
+) -> None:
+    """Whatever the drain clock was when the partition was found at its end (at or
+    before the record's append time), the record's partition is not due to be read
+    before idle_until (level 0: its heap entry is needed at its due time; level 1 up:
+    at cascade_ready_ms)."""
+    placement = place_timer(due_ms=due, now_ms=at, geometry=TINY, spread=0)
+    if placement.level == NEAR_LEVEL:
+        return
+    level, index = TINY.locate(placement.partition)
+    for drain in (at - 1_000, at - 1, at):
+        until = idle_until_ms(geometry=TINY, level=level, index=index, drain_ms=drain)
+        if level == 0:
+            assert due >= until
+        else:
+            ready = cascade_ready_ms(
+                geometry=TINY, level=level, index=index, due_ms=due, append_ms=at
+            )
+            assert ready >= until
