@@ -32,6 +32,9 @@ from dueflow.logs import event
 OutRecord = tuple[Any, ...]
 
 _REPLAYS = 3
+# KIP-848 error codes (not named in every confluent-kafka version).
+_FENCED_MEMBER_EPOCH = getattr(KafkaError, "FENCED_MEMBER_EPOCH", 110)
+_STALE_MEMBER_EPOCH = getattr(KafkaError, "STALE_MEMBER_EPOCH", 113)
 _LOG = logging.getLogger("dueflow.worker.commit")
 
 
@@ -48,6 +51,9 @@ class CommitFailed(Exception):
 class Batch:
     records: list[OutRecord] = field(default_factory=list)
     offsets: list[TopicPartition] = field(default_factory=list)
+    # Whether any partition the batch writes for has left this member since
+    # (read on the transaction thread; a partition once gone stays gone).
+    gone: Callable[[], bool] = lambda: False
 
 
 class TransactionalCommitter:
@@ -60,11 +66,13 @@ class TransactionalCommitter:
         group_metadata: Callable[[], Any],
         *,
         queue: str,
+        incremental: bool = False,
     ) -> None:
         self._settings = settings
         self._txn_id = transactional_id
         self._group_metadata = group_metadata
         self._queue = queue
+        self._incremental = incremental
         self._timeout_s = max(5.0, settings.worker.transaction_timeout_ms / 1000)
         self._producer: Producer | None = None
 
@@ -102,9 +110,17 @@ class TransactionalCommitter:
                     replay=replay,
                 )
                 self._abort()
-                if not abortable or _fenced(err):
+                if not abortable or _fenced(err, incremental=self._incremental):
                     raise CommitFailed(
                         f"transaction failed: {exc}", fatal=False, cause=exc
+                    ) from exc
+                if batch.gone():
+                    # Replaying with a newer member epoch would commit for a
+                    # partition another member owns now.
+                    raise CommitFailed(
+                        f"transaction failed and a partition of it was lost: {exc}",
+                        fatal=False,
+                        cause=exc,
                     ) from exc
                 time.sleep(0.1 * (replay + 1))
         raise CommitFailed("transaction failed after replays", fatal=False)
@@ -167,12 +183,24 @@ def _error_of(exc: KafkaException) -> KafkaError | None:
     return None
 
 
-def _fenced(err: KafkaError | None) -> bool:
-    """Errors that say this member no longer owns its partitions: replaying cannot help."""
+def _fenced(err: KafkaError | None, *, incremental: bool) -> bool:
+    """Errors that say this member no longer owns its partitions: replaying cannot help.
+
+    With incremental rebalances (KIP-848) the member epoch changes whenever this
+    member's own assignment does, partitions gained included, and offsets sent
+    with the epoch before it are refused (``ILLEGAL_GENERATION``, measured on
+    Kafka 4.1): a replay with the current group metadata commits them, unless a
+    partition of the batch was lost (checked by the caller). A member that was
+    expelled gets ``UNKNOWN_MEMBER_ID`` or ``FENCED_MEMBER_EPOCH``.
+    """
     if err is None:
+        return False
+    if incremental and err.code() in (KafkaError.ILLEGAL_GENERATION, _STALE_MEMBER_EPOCH):
         return False
     return err.code() in (
         KafkaError.ILLEGAL_GENERATION,
+        _STALE_MEMBER_EPOCH,
+        _FENCED_MEMBER_EPOCH,
         KafkaError.UNKNOWN_MEMBER_ID,
         KafkaError.FENCED_INSTANCE_ID,
         KafkaError.REBALANCE_IN_PROGRESS,

@@ -74,6 +74,7 @@ class ConsumerThread:
             SimpleQueue()
         )
         self._stop = threading.Event()
+        self._leave = True
         self._handoff = threading.Semaphore(2)
         self._closed = asyncio.Event()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
@@ -97,8 +98,15 @@ class ConsumerThread:
         """The loop took a batch: the thread may hand over another one."""
         self._handoff.release()
 
-    def stop(self) -> None:
-        """Stop polling; the thread then closes the consumer."""
+    def stop(self, *, leave: bool = True) -> None:
+        """Stop polling; the thread then closes the consumer (leaving its group).
+
+        ``leave=False``: the consumer is not closed, so the member keeps its
+        partitions until its session times out; only for a process that exits
+        right after (handler threads that cannot be stopped still run: the
+        partitions must not move while they do).
+        """
+        self._leave = leave
         self._stop.set()
 
     async def wait_closed(self) -> None:
@@ -167,8 +175,9 @@ class ConsumerThread:
             pass
         finally:
             # close() runs the final revoke callback on this thread, then leaves the group.
-            with contextlib.suppress(Exception):
-                consumer.close()
+            if self._leave:
+                with contextlib.suppress(Exception):
+                    consumer.close()
             self._fail_pending()
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._closed.set)
@@ -197,9 +206,11 @@ class GroupPoller(ConsumerThread):
         on_revoke: Rebalance,
         on_lost: Rebalance,
         name: str,
+        incremental: bool = False,
     ) -> None:
         super().__init__(consumer, name=name, batch_size=batch_size, on_batch=on_batch)
         self._topics = list(topics)
+        self._incremental = incremental
         self._on_assign = on_assign
         self._on_revoke = on_revoke
         self._on_lost = on_lost
@@ -210,14 +221,30 @@ class GroupPoller(ConsumerThread):
         self.group_metadata = consumer.consumer_group_metadata()
         consumer.subscribe(
             self._topics,
-            on_assign=lambda c, parts: self._rebalance(c, self._on_assign, parts),
+            on_assign=self._assigned,
             on_revoke=lambda c, parts: self._rebalance(c, self._on_revoke, parts),
             on_lost=lambda c, parts: self._rebalance(c, self._on_lost, parts),
         )
 
+    def _assigned(self, consumer: Consumer, parts: list[TopicPartition]) -> None:
+        """Take the partitions, fetching: librdkafka keeps an application's pause of a
+        partition across revoke and assign, so one this member had paused when it
+        lost it would never be fetched again. The runtime pauses what it must
+        afterwards (its commands run after this resume)."""
+        if self._incremental:
+            consumer.incremental_assign(parts)
+        else:
+            consumer.assign(parts)
+        if parts:
+            consumer.resume(parts)
+        self._rebalance(consumer, self._on_assign, parts)
+
     def _rebalance(self, consumer: Consumer, callback: Rebalance, parts: list[Any]) -> None:
         self.group_metadata = consumer.consumer_group_metadata()
         self.run_on_loop(callback(parts))
+        # A lost or revoked assignment may come with a new member epoch: offsets sent
+        # from now on go with it.
+        self.group_metadata = consumer.consumer_group_metadata()
 
     def after_poll(self, consumer: Consumer) -> None:
         self.group_metadata = consumer.consumer_group_metadata()

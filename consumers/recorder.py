@@ -21,6 +21,7 @@ import contextlib
 import logging
 import random
 from collections import Counter as Tally
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import TopicPartition
@@ -400,7 +401,7 @@ class BatchRecorder:
         self.records, self.finals = [], []
         if not records and not offsets:
             return None
-        return Batch(records, offsets), finals, marks
+        return Batch(records, offsets, _gone_check(records, marks)), finals, marks
 
     def committed(self, finals: list[Final], marks: list[Mark]) -> None:
         """The batch is committed: its keys are final in the stores now."""
@@ -439,3 +440,12 @@ class BatchRecorder:
             for task, values in per_task.items():
                 observe_many(m.job_duration.labels(q, task), values)
             self._durations.clear()
+
+
+def _gone_check(records: list[tuple[Any, ...]], marks: list[Mark]) -> Callable[[], bool]:
+    """Whether a feed the batch writes for is gone (asked only when a commit failed)."""
+
+    def gone() -> bool:
+        return any(f.gone for f, _ in marks) or any(r[0] is not None and r[0].gone for r in records)
+
+    return gone

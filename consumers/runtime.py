@@ -43,7 +43,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from dueflow import headers as hdr
 from dueflow.blocking import ClientWedged, DaemonThreadExecutor
-from dueflow.clients import make_consumer
+from dueflow.clients import make_admin, make_consumer
+from dueflow.clock_probe import ClockProbe
 from dueflow.config import QueueSpec, Settings
 from dueflow.consumers.committer import CommitFailed, TransactionalCommitter
 from dueflow.consumers.context import TaskContext
@@ -59,6 +60,12 @@ from dueflow.consumers.spans import end_attempt, start_attempt
 from dueflow.consumers.store import StoreFactory
 from dueflow.consumers.tail import KeyTail
 from dueflow.errors import DueflowError
+from dueflow.group_config import (
+    apply_group_configs,
+    incremental,
+    worker_consumer_config,
+    worker_group_configs,
+)
 from dueflow.logs import JOB_STARTED, event, job_event
 from dueflow.metrics import Metrics
 from dueflow.schemas.fast import F_JOB_ID, F_MAX_ATTEMPTS, F_TASK, F_TIMEOUT_MS
@@ -70,6 +77,10 @@ _EXPIRE_EVERY_S = 60.0
 _GAUGES_EVERY_S = 1.0
 _DLQ_DEPTH_EVERY_S = 15.0
 _ABANDONED: list[Any] = []  # wedged clients, kept referenced: never destroyed
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 class Slots:
@@ -116,8 +127,12 @@ class QueueRuntime:
         worker_id: str,
         tracer: JobTracer | None = None,
         rng: random.Random | None = None,
+        clock: ClockProbe | None = None,
     ) -> None:
         self._settings = settings
+        # "Is it due?" is asked of the broker's clock, as near as it is known.
+        self._due_now = clock.due_now_ms if clock is not None else _wall_ms
+        self._stamp_now = clock.stamp_now_ms if clock is not None else _wall_ms
         self._tracer = tracer or JobTracer()
         self._tracing = self._tracer.enabled
         self._log_starts = settings.observability.job_log == "all"
@@ -202,7 +217,13 @@ class QueueRuntime:
         return sorted(self._feeds)
 
     async def start(self) -> None:
-        """Create the clients, join the group and start consuming."""
+        """Set the group's broker-side configs, create the clients, join, consume."""
+        configs = worker_group_configs(self._ws)
+        if configs:
+            admin = make_admin(self._settings)
+            await self._loop.run_in_executor(
+                None, lambda: apply_group_configs(admin, [self._group], configs)
+            )
         self._tail.start()
         await self._connect()
         self._commit_task = self._loop.create_task(self._commit_loop())
@@ -213,8 +234,7 @@ class QueueRuntime:
             self._settings,
             self._group,
             **{
-                "session.timeout.ms": ws.session_timeout_ms,
-                "heartbeat.interval.ms": max(100, min(3_000, ws.session_timeout_ms // 3)),
+                **worker_consumer_config(ws),
                 "fetch.wait.max.ms": 100,
                 "queued.max.messages.kbytes": 32_768,
             },
@@ -228,12 +248,14 @@ class QueueRuntime:
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
             name=f"dueflow-poll-{self._queue.name}",
+            incremental=incremental(ws),
         )
         self._committer = TransactionalCommitter(
             self._settings,
             self._txn_id,
             lambda: poller.group_metadata,
             queue=self._queue.name,
+            incremental=incremental(ws),
         )
         try:
             await self._in_txn_thread(self._committer.start)
@@ -275,12 +297,18 @@ class QueueRuntime:
     def in_flight(self) -> int:
         return sum(f.inflight for f in self._feeds.values())
 
-    async def close(self) -> None:
-        """Shutdown, step 2: commit what finished, leave the group, close the clients."""
+    async def close(self, *, leave: bool = True) -> None:
+        """Shutdown, step 2: commit what finished, leave the group, close the clients.
+
+        ``leave=False`` commits and stops without leaving the group (see
+        :meth:`GroupPoller.stop`): the process exits right after.
+        """
         self._closing = True
         if self._poller is not None:
-            self._poller.stop()
-            await self._poller.wait_closed()  # the final revoke commits
+            if not leave and not self._restarting:
+                await self.commit_now()
+            self._poller.stop(leave=leave)
+            await self._poller.wait_closed()  # when leaving, the final revoke commits
         self._closed = True
         self._commit_soon.set()
         if self._commit_task is not None:
@@ -554,7 +582,7 @@ class QueueRuntime:
         store = feed.keys
         registry = self._registry
         limited = self._rates.limited
-        now_ms = int(time.time() * 1000)
+        now_ms = self._due_now()
         budget = 256  # then let other partitions have a turn
         while backlog:
             if slots.free <= 0 or budget <= 0 or feed.gone:
@@ -564,7 +592,7 @@ class QueueRuntime:
             if d.fields is None and d.bad is None:
                 prepare(d, registry)
             if d.not_before > now_ms:
-                now_ms = int(time.time() * 1000)
+                now_ms = self._due_now()
                 if d.not_before > now_ms:
                     self._hold(feed, d.not_before, now_ms)
                     return True
@@ -730,12 +758,17 @@ class QueueRuntime:
         if self._running.get(key) is d:
             del self._running[key]
         held = self._held.pop(key, None)
+        if held:
+            # Records of the same key waiting for this attempt: maybe read again
+            # from a later assignment of the same partition (this attempt's feed
+            # is gone then): decide them now, whatever became of this one.
+            self._requeue(held)
         if feed.gone:
             # Abandoned (revoked after the grace period, lost, restarting):
             # nothing is written; the record is read again from the committed
             # offset by whoever owns the partition now.
             return
-        now_ms = int(time.time() * 1000)
+        now_ms = self._stamp_now()  # a retry's "not before" counts from here
         if failure is None:
             self._batch.succeeded(d, seconds, now_ms)
         else:
@@ -743,8 +776,6 @@ class QueueRuntime:
         if d.span is not None:
             end_attempt(d.span, failure)
         feed.tracker.finish(d.offset)
-        if held:
-            self._requeue(held)
         if feed.revoked:
             self._inflight_changed.set()
         if len(self._batch) >= 2 * self._ws.commit_max_jobs:

@@ -5,7 +5,10 @@ fetching records, let in-flight jobs finish for up to
 ``worker.shutdown_grace_s``, commit what finished, leave the consumer
 groups, close. Jobs still running then are abandoned: nothing of them is
 committed, so they are read again by the next owner and either skipped (the
-key store says they are final) or run again. A second signal exits at once;
+key store says they are final) or run again. In a worker process
+(:func:`run_worker`) whose sync handler threads still run then, the groups
+are not left: the process exits and its partitions move after the session
+timeout, so no job runs in two places at once. A second signal exits at once;
 what was not committed is redelivered in the same way.
 """
 
@@ -19,6 +22,7 @@ import signal
 import socket
 from collections.abc import Callable, Sequence
 
+from dueflow.clock_probe import ClockProbe
 from dueflow.config import Settings
 from dueflow.consumers.control import ControlTail
 from dueflow.consumers.execution import JobExecutor
@@ -65,6 +69,7 @@ class Worker:
         stores: StoreFactory | None = None,
         worker_id: str | None = None,
         tracer: JobTracer | None = None,
+        process_exits: bool = False,
     ) -> None:
         self._settings = settings
         self._tracer = tracer or JobTracer()
@@ -79,6 +84,11 @@ class Worker:
         self._control: ControlTail | None = None
         self.exit_code = 0
         self.started = False
+        # The caller exits the process after run(): with handler threads still
+        # running at the end of the shutdown grace, the groups are not left (the
+        # partitions move after the session timeout, when the process is gone).
+        self._process_exits = process_exits
+        self.left_groups = True
 
     @property
     def runtimes(self) -> list[QueueRuntime]:
@@ -121,7 +131,12 @@ class Worker:
         )
         control.start()
         self._control = control
+        clock = ClockProbe(self._settings, component="worker")
+        clock.report_to(self._metrics.clock_offset)
+        clock.start()
         await control.caught_up()
+        # Due times are compared with the broker's clock: know it before any job starts.
+        await asyncio.get_running_loop().run_in_executor(None, clock.wait_first)
         self._runtimes = [
             QueueRuntime(
                 self._settings,
@@ -134,6 +149,7 @@ class Worker:
                 quarantine=quarantine,
                 worker_id=self.worker_id,
                 tracer=self._tracer,
+                clock=clock,
             )
             for name in self._queues
         ]
@@ -157,6 +173,7 @@ class Worker:
         finally:
             await self._shutdown(executor)
             await control.close()
+            clock.close()
             quarantine.close()
 
     def _on_control(self, queue: str, paused: bool) -> None:
@@ -176,8 +193,18 @@ class Worker:
                 jobs=executor.in_flight,
             )
             executor.abandon()
+        # A sync handler thread cannot be stopped: leaving the group now would let
+        # the next owner start its job while it still runs here.
+        self.left_groups = not (self._process_exits and executor.orphans > 0)
+        if not self.left_groups:
+            event(
+                _LOG,
+                "handler threads still running: not leaving the groups before exiting",
+                logging.WARNING,
+                threads=executor.orphans,
+            )
         for runtime in self._runtimes:
-            await runtime.close()
+            await runtime.close(leave=self.left_groups)
         await executor.close()
         event(_LOG, "worker stopped", worker=self.worker_id)
 
@@ -214,7 +241,13 @@ def run_worker(
 
     async def main() -> int:
         worker = Worker(
-            settings, registry, queues=queues, metrics=metrics, stores=stores, tracer=tracer
+            settings,
+            registry,
+            queues=queues,
+            metrics=metrics,
+            stores=stores,
+            tracer=tracer,
+            process_exits=True,
         )
         loop = asyncio.get_running_loop()
         received: list[int] = []
@@ -232,6 +265,11 @@ def run_worker(
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, on_signal, signum)
         await worker.run()
+        if not worker.left_groups:
+            # No interpreter teardown: it would close the consumers, i.e. leave.
+            tracer.close()
+            logging.shutdown()
+            os._exit(worker.exit_code)
         return worker.exit_code
 
     try:

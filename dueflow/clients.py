@@ -56,6 +56,9 @@ def consumer_config(settings: Settings, group_id: str, **extra: Any) -> dict[str
         "partition.assignment.strategy": "range",
     }
     conf.update(extra)
+    if conf.get("group.protocol") == "consumer":
+        # KIP-848: the broker assigns (group.remote.assignor); librdkafka refuses this.
+        del conf["partition.assignment.strategy"]
     return settings.client_config(**conf)
 
 

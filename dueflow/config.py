@@ -89,9 +89,15 @@ class EmitterSettings:
 class WorkerSettings:
     """Worker processes.
 
+    ``group_protocol``: ``consumer`` (KIP-848, Kafka 4.0+: incremental
+    rebalances with the broker's co-partitioning ``range`` assignor; the
+    session timeout is a group config the worker sets, see
+    docs/workers.md) or ``classic`` (eager ``range``: every rebalance
+    revokes every partition of every member; for brokers before 4.0).
     ``shutdown_grace_s``: drain time on SIGTERM (in-flight jobs may finish).
     ``rebalance_grace_s``: how long a revoked partition's in-flight jobs may
-    finish before they are abandoned (and redelivered to the new owner).
+    run on (they end by themselves at their timeout first, as a rule) before
+    they are abandoned and may run on the new owner at the same time.
     ``transaction_timeout_ms``: after a kill -9, the new owner of the dead
     member's partitions may wait this long for its open transaction to be
     aborted by the broker. ``store``: ``memory`` or ``disk`` (SQLite files in
@@ -101,19 +107,28 @@ class WorkerSettings:
 
     concurrency: int = 64
     processes: int = 1
+    group_protocol: Literal["consumer", "classic"] = "consumer"
     session_timeout_ms: int = 10_000
-    shutdown_grace_s: float = 10.0
+    heartbeat_interval_ms: int | None = None  # default: a third of the session, 100 ms-3 s
+    shutdown_grace_s: float = 25.0
     default_timeout_s: float = 300.0
     default_max_attempts: int = 4
     commit_interval_ms: int = 100
     commit_max_jobs: int = 20_000
-    rebalance_grace_s: float = 5.0
+    rebalance_grace_s: float = 300.0
     transaction_timeout_ms: int = 10_000
     fetch_batch: int = 2_000
     store: Literal["memory", "disk"] = "memory"
     store_dir: str = ".dueflow/keys"
     isolated_processes: int = 2
     max_orphaned_threads: int = 256
+
+    @property
+    def heartbeat_ms(self) -> int:
+        """The heartbeat interval: as set, else a third of the session (100 ms to 3 s)."""
+        if self.heartbeat_interval_ms is not None:
+            return self.heartbeat_interval_ms
+        return max(100, min(3_000, self.session_timeout_ms // 3))
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,6 +286,17 @@ class Settings:
             value = getattr(self.worker, name)
             if not value >= 0:
                 raise ConfigError(f"worker.{name}", value, "seconds >= 0")
+        if self.worker.group_protocol not in ("consumer", "classic"):
+            raise ConfigError(
+                "worker.group_protocol", self.worker.group_protocol, "'consumer' or 'classic'"
+            )
+        beat = self.worker.heartbeat_interval_ms
+        if beat is not None and not 0 < beat < self.worker.session_timeout_ms:
+            raise ConfigError(
+                "worker.heartbeat_interval_ms",
+                beat,
+                f"ms > 0 and below worker.session_timeout_ms ({self.worker.session_timeout_ms})",
+            )
         if self.worker.store not in ("memory", "disk"):
             raise ConfigError("worker.store", self.worker.store, "'memory' or 'disk'")
         if self.observability.log_format not in ("json", "text"):

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 from dueflow.config import QueueSpec, Settings
 
-WEEK_MS = 7 * 24 * 3_600_000
+HOUR_MS = 3_600_000
+WEEK_MS = 7 * 24 * HOUR_MS
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,11 @@ class TopicNames:
     @property
     def quarantine(self) -> str:
         return f"{self.prefix}.quarantine"
+
+    @property
+    def clock(self) -> str:
+        """Where processes measure their clock against the broker's (dueflow.clock)."""
+        return f"{self.prefix}.clock"
 
     @property
     def control(self) -> str:
@@ -159,6 +165,20 @@ def topic_layout(settings: Settings) -> list[TopicSpec]:
         ),
         TopicSpec(n.quarantine, "quarantine", 1, {"cleanup.policy": "delete", **forever, **isr}),
         TopicSpec(n.control, "control", 1, {"cleanup.policy": "compact", **isr}),
+        TopicSpec(
+            n.clock,
+            "clock",
+            1,
+            {
+                "cleanup.policy": "delete",
+                "retention.ms": str(HOUR_MS),
+                "segment.ms": str(HOUR_MS),
+                # The acknowledgement then carries the broker's time.
+                "message.timestamp.type": "LogAppendTime",
+                **isr,
+            },
+            critical=frozenset({"cleanup.policy", "message.timestamp.type"}),
+        ),
     ]
     for q in settings.queues:
         specs.extend(queue_topics(n, q, isr))

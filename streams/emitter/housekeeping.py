@@ -1,4 +1,4 @@
-"""Off the hot path: pending timers per level, DeleteRecords, clock offset.
+"""Off the hot path: pending timers per level and DeleteRecords.
 
 Every ``housekeeping_interval_ms`` the active emitter asks the cluster for the
 end offset of every timer partition (one ListOffsets batch, answered through
@@ -61,7 +61,6 @@ class Housekeeping:
         self._ends: dict[TopicPartition, Future[Any]] = {}
         self._deletes: dict[TopicPartition, Future[Any]] = {}
         self._deleted: dict[int, int] = {}
-        self._clock_samples: list[int] = []
         self.pending: dict[str, int] = {}
 
     def start(self) -> None:
@@ -72,10 +71,6 @@ class Housekeeping:
         """The admin client (shared with the other periodic jobs of the active period)."""
         assert self._admin is not None, "start() first"
         return self._admin
-
-    def observe_append(self, now_ms: int, append_ms: int) -> None:
-        """A record appended by the broker at ``append_ms`` was read at ``now_ms``."""
-        self._clock_samples.append(now_ms - append_ms)
 
     def tick(self, now_ms: int, committed: Mapping[int, int]) -> None:
         if now_ms < self._next_ms or self._admin is None:
@@ -95,10 +90,6 @@ class Housekeeping:
             self._deletes = admin.delete_records(todo, operation_timeout=0)
             for tp in todo:
                 self._deleted[tp.partition] = tp.offset
-        if self._clock_samples:
-            # The least "read minus appended" is the clock offset plus the shortest delay.
-            self._metrics.clock_offset.set(min(self._clock_samples) / 1000.0)
-            self._clock_samples.clear()
 
     def _collect(self, committed: Mapping[int, int]) -> None:
         if self._ends and all(f.done() for f in self._ends.values()):

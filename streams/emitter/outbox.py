@@ -41,6 +41,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -48,6 +49,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from dueflow.blocking import ClientWedged, DaemonThreadExecutor
 from dueflow.clients import make_transactional_producer
+from dueflow.clock_probe import wall_ms
 from dueflow.config import EMITTER_MAX_PRODUCERS, Settings
 from dueflow.errors import FencedError, KafkaOperationError
 from dueflow.logs import event
@@ -88,8 +90,9 @@ class _Lane:
 class Outbox:
     """The transactional producers of the active emitter."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, clock_ms: Callable[[], int] = wall_ms) -> None:
         self._settings = settings
+        self._clock = clock_ms  # the session's clock: ages and commit times compare with it
         self._names = names(settings)
         em = settings.emitter
         ids = self._names.emitter_transactional_ids(MAX_PRODUCERS)
@@ -266,7 +269,7 @@ class Outbox:
             except KafkaException as exc:
                 raise _wrap(f"produce to {topic}", exc) from exc
         if not lane.records:
-            lane.first_ms = time.time_ns() // 1_000_000
+            lane.first_ms = self._clock()
         lane.records += 1
 
     def _begin(self, lane: _Lane) -> None:
@@ -279,7 +282,7 @@ class Outbox:
         lane.open = True
         lane.records = 0
         lane.ahead = None
-        lane.opened_ms = time.time_ns() // 1_000_000
+        lane.opened_ms = self._clock()
 
     def poll(self) -> None:
         """Serve the producers' events (failed deliveries, errors) at most every
@@ -348,7 +351,7 @@ class Outbox:
         )
         self._commit = commit
         self._commit_at = lane.task_at = time.monotonic()
-        self.submitted_ms = time.time_ns() // 1_000_000
+        self.submitted_ms = self._clock()
         if self._ring == 1:
             self._wait_task(lane, block=True)
             return
@@ -429,7 +432,7 @@ class Outbox:
             while True:
                 try:
                     producer.commit_transaction(max(1.0, deadline - time.monotonic()))
-                    return time.time_ns() // 1_000_000
+                    return self._clock()
                 except KafkaException as exc:
                     err = _error(exc)
                     if (

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from dueflow.clock_probe import ClockProbe
 from dueflow.config import Settings
 from dueflow.errors import FencedError, KafkaOperationError
 from dueflow.logs import event
@@ -22,7 +23,7 @@ from dueflow.metrics import Metrics
 from dueflow.streams.emitter.lease import Lease
 from dueflow.streams.emitter.outbox import Outbox, TransactionAborted
 from dueflow.streams.emitter.schedules import ScheduleTable
-from dueflow.streams.emitter.session import ActiveSession, wall_ms
+from dueflow.streams.emitter.session import ActiveSession
 from dueflow.streams.emitter.wheel_source import WheelSource
 from dueflow.tracing import JobTracer
 
@@ -38,12 +39,15 @@ class EmitterProcess:
         settings: Settings,
         metrics: Metrics,
         *,
-        clock_ms: Callable[[], int] = wall_ms,
+        clock_ms: Callable[[], int] | None = None,
         tracer: JobTracer | None = None,
     ) -> None:
         self._settings = settings
         self._metrics = metrics
-        self._clock = clock_ms
+        # Timers are due on the broker's clock: unless a clock is given, the
+        # emitter reads "now" as the earliest the broker's clock can read.
+        self._probe = None if clock_ms is not None else ClockProbe(settings, component="emitter")
+        self._clock = clock_ms if clock_ms is not None else self._probe_now
         self._tracer = tracer
         self.lease = Lease(settings)
         self.schedules = ScheduleTable(settings)
@@ -57,7 +61,15 @@ class EmitterProcess:
             metrics.fires.labels(queue)
             metrics.fire_lateness.labels(queue)
 
+    def _probe_now(self) -> int:
+        assert self._probe is not None
+        return self._probe.due_now_ms()
+
     def run(self, stop: threading.Event) -> None:
+        if self._probe is not None:
+            self._probe.report_to(self._metrics.clock_offset)
+            self._probe.start()
+            self._probe.wait_first()
         self.schedules.start()
         self.source.start()
         self._prepare_outbox()
@@ -73,6 +85,8 @@ class EmitterProcess:
             self.lease.close()
             self.schedules.close()
             self.source.close()
+            if self._probe is not None:
+                self._probe.close()
             event(log, "emitter stopped")
 
     def _turn(self) -> None:
@@ -121,7 +135,7 @@ class EmitterProcess:
     def _prepare_outbox(self) -> None:
         """Make the next active period's producers now (a hot standby), so that
         taking over only fences."""
-        outbox, self._outbox = Outbox(self._settings), None
+        outbox, self._outbox = Outbox(self._settings, clock_ms=self._clock), None
         try:
             outbox.prepare()
         except KafkaOperationError as exc:  # the takeover makes them then

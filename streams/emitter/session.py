@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from dueflow.clock_probe import wall_ms
 from dueflow.config import Settings
 from dueflow.drain import commit_age_ms, commit_due
 from dueflow.errors import KafkaOperationError
@@ -31,10 +32,6 @@ from dueflow.streams.emitter.wheel_source import WheelSource
 from dueflow.tracing import JobTracer
 
 log = logging.getLogger("dueflow.emitter")
-
-
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class ActiveSession:
@@ -56,7 +53,8 @@ class ActiveSession:
         self._clock = clock_ms
         self._schedules = schedules
         self._tracer = tracer
-        self.outbox = outbox if outbox is not None else Outbox(settings)  # prepared ahead
+        # prepared ahead
+        self.outbox = outbox if outbox is not None else Outbox(settings, clock_ms=clock_ms)
         self.cron = CronKeeper(settings, metrics, schedules, self.outbox)
         self.source = source  # started by the process: warm before the takeover
         self.housekeeping = Housekeeping(settings, metrics)
@@ -160,9 +158,6 @@ class ActiveSession:
         now = self._clock()
         if messages:
             drainer.on_messages(messages, now)
-            ts = messages[-1].timestamp()[1]
-            if ts > 0:
-                self.housekeeping.observe_append(now, ts)
         drainer.advance(now)
         drainer.fire_due(now)
         if self._read_in is None and not drainer.starting:

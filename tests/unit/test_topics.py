@@ -20,6 +20,7 @@ def test_layout_has_every_topic_of_the_design() -> None:
         "df.outcomes",
         "df.quarantine",
         "df.control",
+        "df.clock",
         "df.exec.billing",
         "df.retry.billing.1s",
         "df.retry.billing.10s",
