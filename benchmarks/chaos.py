@@ -244,6 +244,7 @@ def gather(
         faults=fault_entries(driver, cluster),
         skews=getattr(driver, "skews", None),
         emitter_pids=[c.pid for c in cluster.every if c.role == "emitter"],
+        worker_logs={c.pid: c.log_path for c in cluster.every if c.role == "worker"},
         full=full,
     )
 
@@ -399,6 +400,7 @@ def print_table(report: dict[str, Any]) -> None:
             "re-executions (excused)",
             f"{report['reexecutions']} ({report['excused']} {report['excused_by_kind']})",
         ),
+        ("worker drops (uncommitted work)", report["worker_drops"]),
         ("dlq", f"{report['dlq']} {report['dlq_reasons']}"),
         ("effect conflicts", report["effect_conflicts"]),
         ("unexpected exits", report["unexpected_exits"]),

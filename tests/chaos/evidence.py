@@ -15,14 +15,20 @@ partition from its low to its last stable offset:
 From the ledger: runs and effects; from the workload: the accepted jobs and
 the schedules; from the fault driver: its fault log (``kind``, ``at_ms``,
 ``until_ms``, ``pids``) and the clock skews (pid -> ms ahead); from the
-handlers' task specs and the queue's tiers: each task's retry plan.
+handlers' task specs and the queue's tiers: each task's retry plan; from each
+worker process's JSON log: when it dropped its uncommitted work
+(:class:`Dropped`).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
+import orjson
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
 
 from dueflow import headers as hdr
@@ -33,9 +39,10 @@ from dueflow.errors import UndecodableRecord
 from dueflow.ops.dlq import read_dead_letters as read_dlq_entries
 from dueflow.ops.reading import Span, ops_consumer, partitions_of, read_spans, watermarks
 from dueflow.schemas import codec
+from dueflow.timeutil import to_utc_ms
 from dueflow.topics import names
 from tests.chaos import handlers
-from tests.chaos.facts import DeadLetter, Evidence, Fault, Fire, Outcome, RetryPlan
+from tests.chaos.facts import DeadLetter, Dropped, Evidence, Fault, Fire, Outcome, RetryPlan
 from tests.chaos.ledger import Ledger
 from tests.chaos.workload import Workload
 
@@ -131,6 +138,30 @@ def read_fires(settings: Settings, queue: str) -> list[Fire]:
     return found
 
 
+# Worker log events after which its uncommitted work is forgotten (consumers/runtime.py).
+DROP_EVENTS = ("worker restarting queue", "partitions lost")
+
+
+def read_drops(pid: int, log: Path) -> list[Dropped]:
+    """When worker ``pid`` dropped its uncommitted work, from its JSON log lines."""
+    found = []
+    try:
+        lines = log.read_bytes().splitlines()
+    except FileNotFoundError:
+        return []
+    for line in lines:
+        if not line.startswith(b"{"):
+            continue
+        with contextlib.suppress(ValueError):
+            doc = orjson.loads(line)
+            if doc.get("event") not in DROP_EVENTS:
+                continue
+            at = to_utc_ms(datetime.fromisoformat(doc["ts"].replace("Z", "+00:00")), field="ts")
+            cause = str(doc.get("reason", "")).split(":", 1)[0]
+            found.append(Dropped(pid, at, f"{doc['event']}: {cause}" if cause else doc["event"]))
+    return found
+
+
 def retry_plans(settings: Settings, queue: str) -> tuple[dict[str, RetryPlan], RetryPlan]:
     """Each chaos task's retry plan (its spec, else the job default and the queue's tiers),
     and the default plan. A jittered backoff counts its shortest wait (0)."""
@@ -165,6 +196,7 @@ def gather(
     faults: Iterable[Mapping[str, Any]] = (),
     skews: Mapping[Any, Any] | None = None,
     emitter_pids: Iterable[int] = (),
+    worker_logs: Mapping[int, Path] | None = None,
     full: bool = True,
 ) -> Evidence:
     """Everything the judge needs, read now; ``full=False`` reads only the outcomes
@@ -180,6 +212,9 @@ def gather(
         dead_letters=read_dead_letters(settings, queue) if full else [],
         fires=read_fires(settings, queue) if full else [],
         faults=faults_from_log(faults),
+        dropped=[d for pid, log in (worker_logs or {}).items() for d in read_drops(pid, log)]
+        if full
+        else [],
         skews={int(pid): int(ms) for pid, ms in (skews or {}).items()},
         plans=plans,
         default_plan=default,

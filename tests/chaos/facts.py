@@ -76,6 +76,17 @@ class Fault:
 
 
 @dataclass(frozen=True, slots=True)
+class Dropped:
+    """A worker process dropped its uncommitted work, as its own log says: a queue
+    restart (a wedged or fenced transactional producer) or lost partitions. What it
+    ran and had not committed runs again (docs/workers.md)."""
+
+    pid: int
+    at_ms: int  # the process's own clock
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class RetryPlan:
     """How a task retries: attempts in all, and the wait after failed attempt n
     (``delays_ms[n - 1]``; the last one repeats)."""
@@ -119,6 +130,7 @@ class Evidence:
     dead_letters: Sequence[DeadLetter] = ()
     fires: Sequence[Fire] = ()
     faults: Sequence[Fault] = ()
+    dropped: Sequence[Dropped] = ()  # from the workers' logs
     skews: Mapping[int, int] = field(default_factory=dict)  # pid -> clock ahead by, ms
     plans: Mapping[str, RetryPlan] = field(default_factory=dict)  # task -> its retry plan
     default_plan: RetryPlan = RetryPlan(1)

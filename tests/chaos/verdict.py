@@ -49,7 +49,12 @@ occurrences (below). The rules, each a number that must be 0 (or equal):
   outage (``outage_kinds``) going on when the earlier run started or beginning
   at most ``outage_lookback_ms`` (30 s) after it, and beginning before the
   later run started (the earlier run's transaction could not commit: the
-  worker abandons it and reads its records again). Otherwise **unexcused**. And
+  worker abandons it and reads its records again); or the earlier run's
+  process dropped its uncommitted work between the two starts, as its own log
+  says (``Evidence.dropped``: "worker restarting queue", e.g. a transactional
+  producer wedged after a broker restart and abandoned after 30 s, or
+  "partitions lost"; ``worker_drops`` counts them by reason, so a worker that
+  drops work without a fault shows). Otherwise **unexcused**. And
   any run that started after a committed terminal outcome of its key, or after
   a committed outcome (``succeeded``/``retrying``/``dead``) of its own attempt,
   is unexcused whatever the faults: a committed outcome's record timestamp is
@@ -198,6 +203,9 @@ def cron_due(key: str, schedule_ids: set[str]) -> int | None:
 def excused_by(earlier: Run, later_start: int, ev: Evidence, rules: Rules, clocks: Clocks) -> str:
     """The kind of the fault that explains running ``earlier``'s attempt again ("" : none)."""
     start = clocks.start(earlier)
+    for d in ev.dropped:
+        if d.pid == earlier.pid and start <= clocks.true(d.at_ms, d.pid) <= later_start:
+            return f"dropped: {d.reason}"
     for f in ev.faults:
         if earlier.pid in f.pids and f.kind not in rules.graceful_kinds:
             if start <= f.at_ms <= later_start:
@@ -365,6 +373,7 @@ def judge_faults(ev: Evidence, rules: Rules) -> dict[str, Any]:
     by_kind = Counter(f.kind for f in ev.faults)
     missing = {k: by_kind[k] for k, least in rules.fault_minimums.items() if by_kind[k] < least}
     return {
+        "worker_drops": dict(Counter(d.reason for d in ev.dropped)),
         "faults": len(ev.faults),
         "faults_by_kind": dict(by_kind),
         "faults_missing": missing,

@@ -13,7 +13,16 @@ from typing import Any
 
 import pytest
 
-from tests.chaos.facts import DeadLetter, Evidence, Fault, Fire, Outcome, RetryPlan, Rules
+from tests.chaos.facts import (
+    DeadLetter,
+    Dropped,
+    Evidence,
+    Fault,
+    Fire,
+    Outcome,
+    RetryPlan,
+    Rules,
+)
 from tests.chaos.ledger import Effect, Run
 from tests.chaos.verdict import broken, judge, unfinished
 from tests.chaos.workload import Accepted, CronRun, plan_jobs
@@ -348,6 +357,36 @@ def test_a_second_run_of_an_attempt_is_excused_only_by_a_fault_that_ended_the_fi
     ev = changed_outcome_time(replace(ev, faults=faults), "a", T + 50_030)
     got = judge(ev)
     assert (got["reexecutions"], got["excused"], got["unexcused"]) == (1, excused, unexcused)
+
+
+WEDGED = Dropped(1, T + 30_000, "worker restarting queue: transactional producer wedged")
+
+
+@pytest.mark.parametrize(
+    ("dropped", "skews", "excused"),
+    [
+        ([WEDGED], {}, 1),  # the first run's process gave up its uncommitted transaction
+        ([replace(WEDGED, pid=2)], {}, 0),  # another process did
+        ([replace(WEDGED, at_ms=T + 5)], {}, 0),  # before the first run started
+        ([replace(WEDGED, at_ms=T + 50_001)], {}, 0),  # after the second run started
+        ([replace(WEDGED, at_ms=T + 50_004)], {1: 5}, 1),  # its clock was 5 ms ahead
+    ],
+)
+def test_a_rerun_is_excused_by_its_first_processs_own_drop_of_uncommitted_work(
+    dropped: list[Dropped], skews: dict[int, int], excused: int
+) -> None:
+    # a ran in pid 1 (and ended, never committed); pid 2 ran it again at T + 50 s
+    ev = changed(
+        "runs",
+        lambda xs: (
+            [r for r in xs if r.key != "a"]
+            + [run("a", started=T + 10), run("a", started=T + 50_000, pid=2)]
+        ),
+    )
+    ev = changed_outcome_time(replace(ev, dropped=dropped, skews=skews), "a", T + 50_030)
+    got = judge(ev)
+    assert (got["excused"], got["unexcused"]) == (excused, 1 - excused)
+    assert got["worker_drops"] == {WEDGED.reason: 1}
 
 
 def changed_outcome_time(ev: Evidence, key: str, ts: int) -> Evidence:
