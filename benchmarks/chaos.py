@@ -13,12 +13,18 @@ cron schedules firing every few seconds. Meanwhile, at random times, it
 kill -9s the active emitter, kill -9s workers, restarts the broker (SIGTERM
 or kill -9, same data), and adds and removes workers (rebalances).
 
-Then it waits until every job has finished (or a deadline passes) and
-judges from the handlers' SQLite ledger, the committed outcomes and the
-DLQ: ``lost``, ``duplicates``, ``early`` (must all be 0), ``dlq``,
-``reexecutions`` (at-least-once handler runs after a kill, informational),
-and the faults injected by kind. Every process it started is stopped by pid
-at the end, also on failure. Exit code 1 when a guarantee was broken.
+Then it waits until every job has a committed terminal outcome (or a
+deadline passes) and judges (``tests/chaos/verdict.py``, rules in its
+docstring) from what Kafka committed (outcomes, dead letters, exec records),
+what the client asked for, the handlers' SQLite ledger (when and where each
+run started and ended) and the fault log: ``lost``, ``unexcused``
+re-executions, ``early``, ``duplicates``, ``double_fires``,
+``dlq_unexpected``, ``retry_early``, ``flaky_wrong_attempt`` (all 0), every
+flaky job succeeded on attempt k + 1, every always-fail job dead-lettered
+exactly once, plus ``late_terminal``, lateness distributions and the faults
+by kind (``faults_ok``: each kind at least ``--min-per-kind`` times). Every
+process it started is stopped by pid at the end, also on failure. Exit code
+1 when a guarantee was broken (the table ends with a ``BROKEN:`` line each).
 """
 
 from __future__ import annotations
@@ -30,20 +36,16 @@ import shutil
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dueflow import headers as hdr
-from dueflow.errors import DueflowError, UndecodableRecord
-from dueflow.ops.dlq import read_dead_letters
-from dueflow.ops.reading import Span, ops_consumer, partitions_of, read_spans, watermarks
-from dueflow.schemas import codec
-from dueflow.topics import names
+from dueflow.errors import DueflowError
+from tests.chaos import evidence
 from tests.chaos.cluster import QUEUE, ChaosCluster, Child
+from tests.chaos.facts import Evidence, Rules
 from tests.chaos.ledger import Ledger
-from tests.chaos.verdict import Evidence, judge
+from tests.chaos.verdict import broken, judge, unfinished
 from tests.chaos.workload import Workload, plan_jobs
 
 # relative weights of the fault kinds
@@ -192,55 +194,58 @@ class FaultDriver:
 # ------------------------------------------------------------------------ evidence
 
 
-def read_outcomes(cluster: ChaosCluster) -> Counter[str]:
-    """Committed ``succeeded`` outcomes per idempotency key."""
-    consumer = ops_consumer(cluster.settings)
-    topic = names(cluster.settings).outcomes
-    succeeded: Counter[str] = Counter()
+def fault_entries(driver: FaultDriver, cluster: ChaosCluster) -> list[dict[str, Any]]:
+    """The driver's fault log in the judge's contract (``kind``, ``at_ms``, ``until_ms``,
+    ``pids``: see tests/chaos/facts.py ``Fault``).
 
-    def take(msg: Any) -> None:
-        try:
-            version = codec.parse_schema_header(
-                hdr.header(msg.headers(), hdr.SCHEMA), expected="outcome"
-            )
-            out = codec.decode("outcome", msg.value() or b"", writer_version=version)
-        except UndecodableRecord:
-            return
-        if out["state"] == "succeeded":
-            succeeded[out["idempotency_key"]] += 1
-
-    try:
-        parts = partitions_of(consumer, topic)
-        marks = watermarks(consumer, topic, parts)
-        read_spans(consumer, [Span(topic, p, lo, hi) for p, (lo, hi) in marks.items()], take)
-    finally:
-        consumer.close()
-    return succeeded
-
-
-def read_dlq(cluster: ChaosCluster) -> dict[str, list[str]]:
-    consumer = ops_consumer(cluster.settings)
-    try:
-        entries = read_dead_letters(cluster.settings, consumer, QUEUE)
-    finally:
-        consumer.close()
-    out: dict[str, list[str]] = {}
-    for e in entries:
-        out.setdefault(e.idempotency_key or "?", []).append(e.reason)
+    Entries that already have ``at_ms`` pass through. Older entries (``at_s``,
+    ``took_s`` after the driver's start, victim names in ``detail``) are
+    converted: the start rounded to 0.1 s becomes a wall time, a process fault
+    counts from the end of its injection (the kill is its last step), and
+    victim names become pids.
+    """
+    began = getattr(driver, "_began", None)
+    pid_of = {c.name: c.pid for c in cluster.every}
+    out = []
+    for f in driver.faults:
+        if "at_ms" in f or began is None:
+            out.append(dict(f))
+            continue
+        wall_of = time.time() * 1000 - (time.monotonic() - began) * 1000
+        start = wall_of + (f["at_s"] - 0.05) * 1000
+        end = wall_of + (f["at_s"] + f["took_s"] + 0.05) * 1000
+        broker = f["kind"] in BROKER_FAULTS
+        pids = [pid_of[t] for t in str(f.get("detail", "")).split() if t in pid_of]
+        out.append(
+            {
+                **f,
+                "at_ms": round(start if broker else end),
+                "until_ms": round(end),
+                "pids": [] if broker else pids,
+            }
+        )
     return out
 
 
 def gather(
-    cluster: ChaosCluster, ledger: Ledger, workload: Workload, *, outcomes: bool
+    cluster: ChaosCluster,
+    ledger: Ledger,
+    workload: Workload,
+    driver: FaultDriver,
+    *,
+    full: bool = True,
 ) -> Evidence:
-    return Evidence(
-        accepted=list(workload.accepted),
-        cron=list(workload.cron),
-        runs=ledger.runs(),
-        effects=ledger.effect_keys(),
-        effect_conflicts=ledger.conflicts(),
-        succeeded=read_outcomes(cluster) if outcomes else {},
-        dead_letters=read_dlq(cluster),
+    """The run's evidence (``full=False``: only what :func:`unfinished` needs)."""
+    return evidence.gather(
+        cluster.settings,
+        ledger,
+        workload,
+        queue=QUEUE,
+        faults=fault_entries(driver, cluster),
+        skews=getattr(driver, "skews", None),
+        emitter_pids=[c.pid for c in cluster.every if c.role == "emitter"],
+        worker_logs={c.pid: c.log_path for c in cluster.every if c.role == "worker"},
+        full=full,
     )
 
 
@@ -276,13 +281,13 @@ def wait_finished(
     while time.monotonic() < deadline:
         driver.housekeep()
         try:
-            lost = judge(gather(cluster, ledger, workload, outcomes=False))["lost"]
+            left = len(unfinished(gather(cluster, ledger, workload, driver, full=False)))
         except DueflowError as exc:
             log(f"reading evidence failed ({exc}); again")
-            lost = -1
-        if lost == 0:
+            left = -1
+        if left == 0:
             return True
-        log(f"waiting for {lost} jobs to finish")
+        log(f"waiting for {left} jobs to finish")
         time.sleep(3.0)
     return False
 
@@ -300,8 +305,13 @@ def run_chaos(
     min_faults: int = 20,
     workers: int = 3,
     on_ready: Callable[[ChaosCluster], None] | None = None,
+    rules: Rules | None = None,
 ) -> dict[str, Any]:
-    """One chaos run in ``root``; returns the report (see the module docstring)."""
+    """One chaos run in ``root``; returns the report (see the module docstring).
+
+    ``rules``: the judge's margins and the fault minimums (default: at least one
+    fault of every kind the driver injects)."""
+    rules = rules or Rules(fault_minimums=dict.fromkeys(FAULTS, 1))
     rng = random.Random(seed)
     duration = minutes * 60.0
     ledger_path = root / "ledger.sqlite"
@@ -340,15 +350,13 @@ def run_chaos(
         finished = wait_finished(cluster, ledger, workload, driver, timeout_s=300.0)
         time.sleep(10.0)  # late duplicates would show up now
         driver.housekeep()
-        report = judge(gather(cluster, ledger, workload, outcomes=True))
+        report = judge(gather(cluster, ledger, workload, driver), rules)
         report.update(
             {
                 "minutes": minutes,
                 "seed": seed,
                 "finished_in_time": finished,
-                "faults": len(driver.faults),
-                "faults_by_kind": dict(Counter(f["kind"] for f in driver.faults)),
-                "fault_log": driver.faults,
+                "fault_log": fault_entries(driver, cluster),
                 "unexpected_exits": len(driver.unexpected),
                 "unexpected_exit_log": driver.unexpected,
                 "schedule_failures": len(workload.failed),
@@ -363,24 +371,47 @@ def run_chaos(
 
 
 RETRY_JOIN_S = 180.0
-KEYS = ("jobs", "faults", "lost", "duplicates", "early", "dlq", "reexecutions")
 
 
 def print_table(report: dict[str, Any]) -> None:
-    rows = [(k, report[k]) for k in KEYS]
-    rows += [
+    """The report's headline numbers; the guarantees first (each must be 0 or equal)."""
+    rows: list[tuple[str, Any]] = [
+        (
+            "jobs (one-shot + cron)",
+            f"{report['jobs']} ({report['one_shot_jobs']} + {report['cron_occurrences']})",
+        ),
+        ("faults", report["faults"]),
         ("faults by kind", report["faults_by_kind"]),
-        ("dlq (expected / of)", f"{report['dlq_expected']} / {report['dlq_expected_of']}"),
+        ("faults ok (minimum per kind)", f"{report['faults_ok']} {report['faults_missing']}"),
+        ("lost", f"{report['lost']} {report['lost_by_stage']}"),
+        ("unexcused re-executions", report["unexcused"]),
+        ("early", report["early"]),
+        ("duplicates", report["duplicates"]),
+        ("double fires", report["double_fires"]),
         ("dlq unexpected", report["dlq_unexpected"]),
+        ("dlq (expected / of)", f"{report['dlq_expected']} / {report['dlq_expected_of']}"),
+        ("flaky right attempt (ok / of)", f"{report['flaky_ok']} / {report['flaky_jobs']}"),
+        ("flaky wrong attempt", report["flaky_wrong_attempt"]),
+        ("retry early", report["retry_early"]),
+        ("late terminal", report["late_terminal"]),
+        ("terminal - due ms", report["terminal_lateness_ms"]),
+        ("first-attempt start - due ms", report["lateness_ms"]),
+        (
+            "re-executions (excused)",
+            f"{report['reexecutions']} ({report['excused']} {report['excused_by_kind']})",
+        ),
+        ("worker drops (uncommitted work)", report["worker_drops"]),
+        ("dlq", f"{report['dlq']} {report['dlq_reasons']}"),
         ("effect conflicts", report["effect_conflicts"]),
-        ("cron occurrences", report["cron_occurrences"]),
-        ("first-attempt lateness ms", report["lateness_ms"]),
         ("unexpected exits", report["unexpected_exits"]),
+        ("finished in time", report["finished_in_time"]),
         ("wall s", report["wall_s"]),
     ]
-    width = max(len(str(k)) for k, _ in rows)
+    width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
+    for problem in broken(report):
+        print(f"BROKEN: {problem}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -391,10 +422,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=8.0, help="one-shot jobs per second")
     p.add_argument("--faults-per-minute", type=float, default=10.0)
     p.add_argument("--dir", type=Path, help="keep the run's files (logs, ledger) here")
+    p.add_argument(
+        "--slack-s",
+        type=float,
+        default=Rules().slack_ms / 1000,
+        help="late: a terminal outcome after due + retry plan + this + broker outages",
+    )
+    p.add_argument(
+        "--min-per-kind", type=int, default=1, help="faults of each kind the run must inject"
+    )
     args = p.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
     root = args.dir or Path(tempfile.mkdtemp(prefix="dueflow-chaos-"))
     root.mkdir(parents=True, exist_ok=True)
+    rules = Rules(
+        slack_ms=round(args.slack_s * 1000),
+        fault_minimums=dict.fromkeys(FAULTS, args.min_per_kind),
+    )
     try:
         report = run_chaos(
             minutes=args.minutes,
@@ -402,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=seed,
             rate_per_s=args.rate,
             faults_per_minute=args.faults_per_minute,
+            rules=rules,
         )
     finally:
         if args.dir is None:
@@ -409,8 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(report)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
-    broken = report["lost"] or report["duplicates"] or report["early"]
-    return 1 if broken else 0
+    return 1 if broken(report) else 0
 
 
 if __name__ == "__main__":

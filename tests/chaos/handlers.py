@@ -1,7 +1,8 @@
 """Task handlers of the chaos suite (run by `dueflow worker --app tests.chaos.handlers`).
 
 Every handler records its run in the ledger (``DUEFLOW_CHAOS_LEDGER``), then
-makes its idempotent effect, unless it is meant to fail:
+makes its idempotent effect, unless it is meant to fail, and records when and
+how the run ended (the judge checks retries against it):
 
 - ``chaos-ok``: succeeds (after ``sleep_ms``);
 - ``chaos-flaky``: fails its first ``fail_times`` attempts, then succeeds;
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from dueflow.consumers import TaskContext, task
@@ -23,8 +26,14 @@ from tests.chaos.ledger import Ledger, Run, now_ms
 
 QUEUE = "chaos"
 _LEDGER: Ledger | None = None
-# Short fixed retries: a flaky job is done within seconds.
-_RETRY = Backoff(kind=BackoffKind.FIXED, base_ms=500, max_ms=500, jitter=False)
+# Short fixed retries: a flaky job is done within seconds. The judge reads these
+# (tests/chaos/evidence.py: retry plans).
+RETRY_BACKOFF_MS = 500
+FLAKY_MAX_ATTEMPTS = 5
+DOOMED_MAX_ATTEMPTS = 3
+_RETRY = Backoff(
+    kind=BackoffKind.FIXED, base_ms=RETRY_BACKOFF_MS, max_ms=RETRY_BACKOFF_MS, jitter=False
+)
 
 
 def _ledger() -> Ledger:
@@ -34,10 +43,12 @@ def _ledger() -> Ledger:
     return _LEDGER
 
 
-def _run(payload: Any, ctx: TaskContext) -> Ledger:
+@contextmanager
+def _attempt(payload: Any, ctx: TaskContext) -> Iterator[Ledger]:
+    """Record the run, sleep its ``sleep_ms``, and when the body returns or raises, the end."""
     ledger = _ledger()
     not_before = ctx.headers.get("df-due")
-    ledger.record_run(
+    run_id = ledger.record_run(
         Run(
             key=ctx.idempotency_key,
             job_id=ctx.job_id,
@@ -49,10 +60,15 @@ def _run(payload: Any, ctx: TaskContext) -> Ledger:
             pid=os.getpid(),
         )
     )
-    sleep_ms = payload.get("sleep_ms", 0) if isinstance(payload, dict) else 0
-    if sleep_ms:
-        time.sleep(sleep_ms / 1000)
-    return ledger
+    result = "failed"
+    try:
+        sleep_ms = payload.get("sleep_ms", 0) if isinstance(payload, dict) else 0
+        if sleep_ms:
+            time.sleep(sleep_ms / 1000)
+        yield ledger
+        result = "ok"
+    finally:
+        ledger.record_end(run_id, ended_ms=now_ms(), result=result)
 
 
 def _effect(ledger: Ledger, ctx: TaskContext) -> None:
@@ -61,29 +77,31 @@ def _effect(ledger: Ledger, ctx: TaskContext) -> None:
 
 @task("chaos-ok", queue=QUEUE, timeout=60)
 def chaos_ok(payload: Any, ctx: TaskContext) -> None:
-    _effect(_run(payload, ctx), ctx)
+    with _attempt(payload, ctx) as ledger:
+        _effect(ledger, ctx)
 
 
-@task("chaos-flaky", queue=QUEUE, timeout=60, max_attempts=5, backoff=_RETRY)
+@task("chaos-flaky", queue=QUEUE, timeout=60, max_attempts=FLAKY_MAX_ATTEMPTS, backoff=_RETRY)
 def chaos_flaky(payload: Any, ctx: TaskContext) -> None:
-    ledger = _run(payload, ctx)
-    if ctx.attempt <= int(payload.get("fail_times", 1)):
-        raise JobError(f"flaky: attempt {ctx.attempt} fails on purpose")
-    _effect(ledger, ctx)
+    with _attempt(payload, ctx) as ledger:
+        if ctx.attempt <= int(payload.get("fail_times", 1)):
+            raise JobError(f"flaky: attempt {ctx.attempt} fails on purpose")
+        _effect(ledger, ctx)
 
 
-@task("chaos-doomed", queue=QUEUE, timeout=60, max_attempts=3, backoff=_RETRY)
+@task("chaos-doomed", queue=QUEUE, timeout=60, max_attempts=DOOMED_MAX_ATTEMPTS, backoff=_RETRY)
 def chaos_doomed(payload: Any, ctx: TaskContext) -> None:
-    _run(payload, ctx)
-    raise JobError(f"doomed: attempt {ctx.attempt} fails on purpose")
+    with _attempt(payload, ctx):
+        raise JobError(f"doomed: attempt {ctx.attempt} fails on purpose")
 
 
 @task("chaos-permanent", queue=QUEUE, timeout=60)
 def chaos_permanent(payload: Any, ctx: TaskContext) -> None:
-    _run(payload, ctx)
-    raise PermanentJobError("permanent: this job can never succeed")
+    with _attempt(payload, ctx):
+        raise PermanentJobError("permanent: this job can never succeed")
 
 
 @task("chaos-cron", queue=QUEUE, timeout=60)
 def chaos_cron(payload: Any, ctx: TaskContext) -> None:
-    _effect(_run(payload, ctx), ctx)
+    with _attempt(payload, ctx) as ledger:
+        _effect(ledger, ctx)

@@ -3,8 +3,10 @@
 A handler writes like a real application with an external side effect:
 
 - ``runs``: one row per handler invocation (raw executions, with the time it
-  started, the job's due time and the attempt's "not before"), committed
-  before the effect, so a process killed between the two still shows the run;
+  started, the job's due time, the attempt's "not before" and the pid of the
+  process), committed before the effect, so a process killed between the two
+  still shows the run; when the handler returns or raises, the same row gets
+  the time it ended and how (``ok``, ``failed``; a run killed first has none);
 - ``effects``: the side effect, written in one SQLite transaction keyed by
   ``ctx.idempotency_key`` with INSERT OR IGNORE: an execution that finds the
   key already applied records a row in ``conflicts`` instead and changes
@@ -26,7 +28,7 @@ from pathlib import Path
 SCHEMA = (
     "CREATE TABLE IF NOT EXISTS runs (key TEXT NOT NULL, job_id TEXT NOT NULL, task TEXT NOT NULL,"
     " attempt INTEGER NOT NULL, started_ms INTEGER NOT NULL, due_ms INTEGER NOT NULL,"
-    " not_before_ms INTEGER NOT NULL, pid INTEGER NOT NULL)",
+    " not_before_ms INTEGER NOT NULL, pid INTEGER NOT NULL, ended_ms INTEGER, result TEXT)",
     "CREATE TABLE IF NOT EXISTS effects (key TEXT PRIMARY KEY, job_id TEXT NOT NULL,"
     " task TEXT NOT NULL, attempt INTEGER NOT NULL, at_ms INTEGER NOT NULL, pid INTEGER NOT NULL)",
     "CREATE TABLE IF NOT EXISTS conflicts (key TEXT NOT NULL, attempt INTEGER NOT NULL,"
@@ -48,6 +50,17 @@ class Run:
     due_ms: int
     not_before_ms: int
     pid: int
+    ended_ms: int | None = None  # when the handler returned or raised (its own clock)
+    result: str | None = None  # "ok" or "failed"; None: it never ended (killed)
+
+
+@dataclass(frozen=True, slots=True)
+class Effect:
+    """The idempotent effect of one key: which attempt applied it, when, in which process."""
+
+    attempt: int
+    at_ms: int
+    pid: int
 
 
 class Ledger:
@@ -68,10 +81,11 @@ class Ledger:
         self._db.close()
 
     # ------------------------------------------------------------------ handlers
-    def record_run(self, run: Run) -> None:
+    def record_run(self, run: Run) -> int:
+        """Insert a run (committed at once); its row id, for :meth:`record_end`."""
         with self._lock:
-            self._db.execute(
-                "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            cur = self._db.execute(
+                "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     run.key,
                     run.job_id,
@@ -81,7 +95,18 @@ class Ledger:
                     run.due_ms,
                     run.not_before_ms,
                     run.pid,
+                    run.ended_ms,
+                    run.result,
                 ),
+            )
+            return int(cur.lastrowid or 0)
+
+    def record_end(self, run_id: int, *, ended_ms: int, result: str) -> None:
+        """The run ``run_id`` ended at ``ended_ms`` (``ok`` or ``failed``)."""
+        with self._lock:
+            self._db.execute(
+                "UPDATE runs SET ended_ms = ?, result = ? WHERE rowid = ?",
+                (ended_ms, result, run_id),
             )
 
     def apply_effect(self, key: str, job_id: str, task: str, attempt: int) -> bool:
@@ -110,6 +135,12 @@ class Ledger:
         with self._lock:
             rows = self._db.execute("SELECT * FROM runs").fetchall()
         return [Run(*row) for row in rows]
+
+    def effects(self) -> dict[str, Effect]:
+        """key -> the attempt, time and process that applied its effect."""
+        with self._lock:
+            rows = self._db.execute("SELECT key, attempt, at_ms, pid FROM effects").fetchall()
+        return {str(k): Effect(int(a), int(at), int(pid)) for k, a, at, pid in rows}
 
     def effect_keys(self) -> dict[str, int]:
         """key -> the time its effect was applied."""

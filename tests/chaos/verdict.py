@@ -1,144 +1,511 @@
-"""What a chaos run proved (pure): lost, duplicated and early jobs, from the evidence.
+"""What a chaos run proved (pure: no I/O, no clock): the judge of :class:`Evidence`.
 
-Evidence: the jobs the broker acknowledged, the cron schedules and when they
-were added and deleted, the handlers' ledger (runs and idempotent effects),
-the committed outcomes and the dead letters.
+The truth is what Kafka committed (outcomes, dead letters and exec records,
+read with read_committed) and what the client asked for (the workload's
+requested due times, the cron expressions); the handlers' ledger says when
+and where each run started and ended. Every time a process wrote is
+corrected by its clock skew first: ``Evidence.skews`` maps a pid to how far
+its clock was ahead (ms; absent = 0), so a true time is the written time
+minus the skew. Ledger times carry the run's pid; an outcome's timestamp the
+pid in its ``worker`` field.
 
-- **lost**: a job that should have run and is neither in the ledger's
-  effects nor in the DLQ (a cron occurrence counts from the first one that
-  ran up to a little before its schedule was deleted);
-- **duplicates**: a job Kafka saw finish more than once: two ``succeeded``
-  outcomes, two dead letters without a redrive, or both; (effects applied
-  twice are impossible by the ledger's construction and counted as
-  ``effect_conflicts``: executions that found their effect already applied);
-- **early**: a run that started before the job's due time or before its
-  attempt's "not before" (``df-due`` of a retry);
-- **reexecutions**: extra runs of the same attempt of the same job (handler
-  effects are at least once: a process killed after running a job and before
-  committing it runs it again elsewhere; informational).
+Expected jobs are the accepted one-shot jobs and the expected cron
+occurrences (below). The rules, each a number that must be 0 (or equal):
+
+- **lost**: an expected job without a committed terminal outcome
+  (``succeeded`` or ``dead``) at the end. (Not read from the ledger: a job the
+  handler ran and Kafka never committed is lost to its users.)
+- **late_terminal**: a terminal outcome later than due + bound, where bound =
+  the job's retry plan (every backoff of all its attempts) + ``slack_ms``
+  (default 60 s) + the whole length of each broker outage (fault kinds in
+  ``outage_kinds``) that overlapped [due, terminal outcome]. Reported with the
+  distribution of (terminal outcome time - due).
+- **early**: a run (any attempt) that started before the due time the client
+  asked for: the workload's requested ``run_at``, or for a cron occurrence the
+  occurrence time from the expression (the chaos schedules have no jitter),
+  never a record's own due header. Tolerance ``early_tolerance_ms`` (0 ms:
+  early means start < due).
+- **retry_early**: a run of attempt n > 1 that started before the earliest
+  recorded failure (ledger end, result ``failed``) of attempt n - 1 plus the
+  task's backoff after attempt n - 1. (The earliest: a failure that was run
+  again after a kill may leave two ends; the check never blames a correct
+  worker.) ``retry_orphans``: attempt n ran and no failure of n - 1 was
+  recorded (informational).
+- **flaky**: a job with ``fail_times = k`` must succeed on attempt k + 1
+  exactly: its committed ``succeeded`` outcomes and its ledger effect all from
+  attempt k + 1. ``flaky_wrong_attempt`` counts the jobs where one is not;
+  ``flaky_ok`` of ``flaky_jobs`` the ones that did it right.
+- **always-fail jobs**: ``doomed`` (retriable until exhausted) and
+  ``permanent`` (DLQ at once) must each have exactly one dead letter (not
+  counting dead letters of redriven records) with reason ``exhausted`` after
+  the plan's attempts / ``permanent_error`` after 1, and exactly one ``dead``
+  outcome: ``dlq_expected`` of ``dlq_expected_of``. ``dlq_unexpected``:
+  dead letters of jobs that should have succeeded.
+- **re-executions**: for each (key, attempt) with more than one run, a later
+  run is **excused** when every earlier run of it was hit by a fault while it
+  could still be uncommitted: a fault naming the earlier run's pid (any kind
+  but ``graceful_kinds``: a SIGTERM'd worker finishes and commits its jobs)
+  that began between that run's start and the later run's start; or a broker
+  outage (``outage_kinds``) going on when the earlier run started or beginning
+  at most ``outage_lookback_ms`` (30 s) after it, and beginning before the
+  later run started (the earlier run's transaction could not commit: the
+  worker abandons it and reads its records again); or the earlier run's
+  process dropped its uncommitted work between the two starts, as its own log
+  says (``Evidence.dropped``: "worker restarting queue", e.g. a transactional
+  producer wedged after a broker restart and abandoned after 30 s, or
+  "partitions lost"; ``worker_drops`` counts them by reason, so a worker that
+  drops work without a fault shows). Otherwise **unexcused**. And
+  any run that started after a committed terminal outcome of its key, or after
+  a committed outcome (``succeeded``/``retrying``/``dead``) of its own attempt,
+  is unexcused whatever the faults: a committed outcome's record timestamp is
+  before its commit, so such a run ran again after the first one committed.
+- **duplicates**: a key Kafka saw finish more than once: two ``succeeded``
+  outcomes, two dead letters (not counting redrives), or a dead letter and a
+  success (outcome or ledger effect).
+- **double_fires**: a key with more than one exec record not resent by an
+  operator (``df-redriven-at``/``df-replayed-from``): a one-shot job is fired
+  exactly once, each cron occurrence once.
+- **cron**: a schedule's expected occurrences are those strictly after
+  ``added_ms`` (its ``add_schedule`` acknowledged) + ``cron_read_margin_ms``
+  (2 s) + the largest clock skew ahead of any emitter, up to its deletion -
+  ``cron_end_margin_ms`` (3 s). The emitter places a schedule's first
+  occurrence strictly after the time it reads the schedule
+  (``placement_needed``: "the first occurrence after now"), so occurrences in
+  between may or may not fire; the margin is the time the active emitter takes
+  to read a new schedule. When a fault that can stop the active emitter (a
+  broker outage, or a fault naming an emitter's pid) overlaps
+  [added_ms - ``cron_takeover_ms``, that start], the start moves to the
+  fault's end + ``cron_takeover_ms`` (15 s: session timeout, restart, read).
+  Each expected occurrence is an expected job (lost, late, duplicates, ...).
+- **faults_ok**: each kind in ``Rules.fault_minimums`` was injected at least
+  that many times (``faults_missing`` lists the others).
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from dueflow.cron import occurrences, parse_cron
+from tests.chaos.facts import (
+    ATTEMPT_ENDS,
+    TERMINAL,
+    DeadLetter,
+    Evidence,
+    Fault,
+    Outcome,
+    RetryPlan,
+    Rules,
+)
 from tests.chaos.ledger import Run
-from tests.chaos.workload import Accepted, CronRun
+from tests.chaos.workload import CronRun
 
-# Occurrences due this close to a schedule's deletion may or may not fire.
-CRON_END_MARGIN_MS = 3_000
-EXPECT_DLQ = frozenset({"doomed", "permanent"})
+# kind -> the DLQ reason an always-fail job must end with
+EXPECTED_DEATH = {"doomed": "exhausted", "permanent": "permanent_error"}
+LISTED = 20  # keys listed per finding
 
 
 @dataclass(frozen=True, slots=True)
-class Evidence:
-    accepted: list[Accepted]
-    cron: list[CronRun]
-    runs: list[Run]
-    effects: Mapping[str, int]  # key -> applied at
-    effect_conflicts: int
-    succeeded: Mapping[str, int]  # key -> committed succeeded outcomes
-    dead_letters: Mapping[str, list[str]]  # key -> reasons of its DLQ records
+class Job:
+    """An expected job: a one-shot job or a cron occurrence, due when the client asked."""
+
+    key: str
+    kind: str  # ok, flaky, doomed, permanent, cron
+    task: str
+    due_ms: int
+    fail_times: int = 0
 
 
-def cron_expected(run: CronRun, seen: Iterable[int]) -> tuple[list[int], int | None]:
-    """Occurrences of ``run`` that must have run, and the first one that did."""
-    first = min(seen, default=None)
-    expr = parse_cron(run.cron)
-    end = (run.deleted_ms or 0) - CRON_END_MARGIN_MS
-    start = first - 1 if first is not None else run.added_ms + 10_000
-    if end <= start:
-        return [], first
-    return occurrences(expr, after_ms=start, until_ms=end, tz="UTC", limit=1_000_000), first
-
-
-def percentile(values: list[int], q: float) -> int | None:
-    if not values:
-        return None
+def percentiles(values: Iterable[int]) -> dict[str, int | None]:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    def at(q: float) -> int | None:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else None
+
+    return {"p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": at(1.0)}
 
 
-def judge(ev: Evidence) -> dict[str, Any]:
-    """The run's numbers (JSON-ready)."""
-    finished = set(ev.effects) | set(ev.dead_letters)
-    lost: list[str] = []
-    dlq_unexpected: list[str] = []
-    dlq_expected = 0
-    for job in ev.accepted:
-        if job.key not in finished:
-            lost.append(job.key)
-        if job.key in ev.dead_letters:
-            if job.kind in EXPECT_DLQ:
-                dlq_expected += 1
-            else:
-                dlq_unexpected.append(job.key)
-    cron_report: dict[str, Any] = {}
-    cron_total = 0
+class Clocks:
+    """Corrects times written by a process by that process's skew."""
+
+    def __init__(self, skews: dict[int, int]) -> None:
+        self.skews = skews
+
+    def true(self, ms: int, pid: int | None) -> int:
+        return ms if pid is None else ms - self.skews.get(pid, 0)
+
+    def start(self, run: Run) -> int:
+        return self.true(run.started_ms, run.pid)
+
+    def end(self, run: Run) -> int | None:
+        return None if run.ended_ms is None else self.true(run.ended_ms, run.pid)
+
+    def outcome(self, o: Outcome) -> int:
+        return self.true(o.ts_ms, o.pid)
+
+
+# ------------------------------------------------------------------ expectations
+
+
+def stops_emitter(f: Fault, ev: Evidence, rules: Rules) -> bool:
+    return f.kind in rules.outage_kinds or bool(f.pids & ev.emitter_pids)
+
+
+def cron_window(run: CronRun, ev: Evidence, rules: Rules) -> tuple[int, int]:
+    """``(after, until]``: where ``run``'s occurrences must each end exactly once."""
+    ahead = max((ev.skews.get(p, 0) for p in ev.emitter_pids), default=0)
+    after = run.added_ms + rules.cron_read_margin_ms + max(0, ahead)
+    hits = [
+        f.until_ms
+        for f in ev.faults
+        if stops_emitter(f, ev, rules)
+        and f.at_ms <= after
+        and f.until_ms >= run.added_ms - rules.cron_takeover_ms
+    ]
+    if hits:
+        after = max(after, max(hits) + rules.cron_takeover_ms)
+    if run.deleted_ms is None:
+        return after, after  # never deleted: the run broke off, nothing is known
+    return after, run.deleted_ms - rules.cron_end_margin_ms
+
+
+def expected_jobs(ev: Evidence, rules: Rules) -> tuple[list[Job], dict[str, Any]]:
+    """The jobs that must end, and per schedule its window and count."""
+    jobs = [Job(a.key, a.kind, a.task, a.asked_ms, a.fail_times) for a in ev.accepted]
+    per_schedule: dict[str, Any] = {}
     for run in ev.cron:
-        prefix = run.schedule_id + "@"
-        seen = {int(k[len(prefix) :]) for k in finished if k.startswith(prefix)}
-        seen |= {int(r.key[len(prefix) :]) for r in ev.runs if r.key.startswith(prefix)}
-        expected, first = cron_expected(run, seen)
-        missing = [f"{prefix}{o}" for o in expected if f"{prefix}{o}" not in finished]
-        lost.extend(missing)
-        dlq_unexpected.extend(f"{prefix}{o}" for o in expected if f"{prefix}{o}" in ev.dead_letters)
-        cron_total += len(expected)
-        cron_report[run.schedule_id] = {
-            "expected": len(expected),
-            "ran": len(expected) - len(missing),
-            "missing": missing[:10],
-            "first_delay_ms": None if first is None else first - run.added_ms,
+        after, until = cron_window(run, ev, rules)
+        found = (
+            occurrences(parse_cron(run.cron), after_ms=after, until_ms=until, tz="UTC", limit=10**6)
+            if until > after
+            else []
+        )
+        jobs.extend(Job(f"{run.schedule_id}@{o}", "cron", "", o) for o in found)
+        per_schedule[run.schedule_id] = {
+            "expected": len(found),
+            "from_ms": after,
+            "until_ms": until,
         }
+    return jobs, per_schedule
 
-    duplicates = sorted(
-        {k for k, n in ev.succeeded.items() if n > 1}
-        | {k for k, reasons in ev.dead_letters.items() if len(reasons) > 1}
-        | {k for k in ev.dead_letters if k in ev.effects or ev.succeeded.get(k)}
-    )
-    early = [r for r in ev.runs if r.started_ms < r.due_ms or r.started_ms < r.not_before_ms]
-    per_attempt = Counter((r.key, r.attempt) for r in ev.runs)
-    reexecutions = sum(n - 1 for n in per_attempt.values())
-    due_of = {j.key: j.due_ms for j in ev.accepted}
-    lateness = [r.started_ms - due_of[r.key] for r in ev.runs if r.attempt == 1 and r.key in due_of]
-    reasons = Counter(reason for rs in ev.dead_letters.values() for reason in rs)
+
+def cron_due(key: str, schedule_ids: set[str]) -> int | None:
+    """The occurrence time of a cron occurrence's key ``<schedule>@<ms>``."""
+    sid, sep, at = key.rpartition("@")
+    return int(at) if sep and sid in schedule_ids and at.isdigit() else None
+
+
+# ------------------------------------------------------------------ rules
+
+
+def excused_by(earlier: Run, later_start: int, ev: Evidence, rules: Rules, clocks: Clocks) -> str:
+    """The kind of the fault that explains running ``earlier``'s attempt again ("" : none)."""
+    start = clocks.start(earlier)
+    for d in ev.dropped:
+        if d.pid == earlier.pid and start <= clocks.true(d.at_ms, d.pid) <= later_start:
+            return f"dropped: {d.reason}"
+    for f in ev.faults:
+        if earlier.pid in f.pids and f.kind not in rules.graceful_kinds:
+            if start <= f.at_ms <= later_start:
+                return f.kind
+        elif (
+            f.kind in rules.outage_kinds
+            and f.at_ms - rules.outage_lookback_ms <= start <= f.until_ms
+            and f.at_ms <= later_start
+        ):
+            return f.kind
+    return ""
+
+
+def judge_runs(
+    ev: Evidence, rules: Rules, clocks: Clocks, outcomes: dict[str, list[Outcome]]
+) -> dict[str, Any]:
+    """Re-executions (excused, unexcused) and runs after a committed outcome."""
+    groups: dict[tuple[str, int], list[Run]] = defaultdict(list)
+    for r in ev.runs:
+        groups[(r.key, r.attempt)].append(r)
+    unexcused: list[dict[str, Any]] = []
+    excused_by_kind: Counter[str] = Counter()
+    reruns = 0
+    for (key, attempt), runs in groups.items():
+        runs.sort(key=clocks.start)
+        closed = [
+            clocks.outcome(o)
+            for o in outcomes.get(key, [])
+            if o.state in TERMINAL or (o.state in ATTEMPT_ENDS and o.attempt == attempt)
+        ]
+        closed_at = min(closed, default=None)
+        for i, r in enumerate(runs):
+            start = clocks.start(r)
+            why = ""
+            if closed_at is not None and start > closed_at:
+                why = f"started {start - closed_at} ms after a committed outcome"
+            elif i > 0:
+                kinds = [excused_by(e, start, ev, rules, clocks) for e in runs[:i]]
+                if all(kinds):
+                    excused_by_kind.update({kinds[-1]: 1})
+                else:
+                    why = "no fault ended an earlier run of this attempt"
+            reruns += i > 0
+            if why:
+                unexcused.append(
+                    {"key": key, "attempt": attempt, "pid": r.pid, "started_ms": start, "why": why}
+                )
     return {
-        "jobs": len(ev.accepted) + cron_total,
+        "reexecutions": reruns,
+        "excused": sum(excused_by_kind.values()),
+        "excused_by_kind": dict(excused_by_kind),
+        "unexcused": len(unexcused),
+        "unexcused_runs": unexcused[:LISTED],
+    }
+
+
+def judge_retries(ev: Evidence, clocks: Clocks, plan_of: dict[str, RetryPlan]) -> dict[str, Any]:
+    """Attempt n > 1 never starts before attempt n - 1's failure + its backoff."""
+    failures: dict[tuple[str, int], int] = {}
+    for r in ev.runs:
+        end = clocks.end(r)
+        if r.result == "failed" and end is not None:
+            k = (r.key, r.attempt)
+            failures[k] = min(end, failures.get(k, end))
+    early: list[dict[str, Any]] = []
+    orphans = 0
+    for r in ev.runs:
+        if r.attempt <= 1:
+            continue
+        failed = failures.get((r.key, r.attempt - 1))
+        if failed is None:
+            orphans += 1
+            continue
+        plan = plan_of.get(r.key, ev.default_plan)
+        not_before = failed + plan.delay_after(r.attempt - 1)
+        if clocks.start(r) < not_before:
+            early.append(
+                {
+                    "key": r.key,
+                    "attempt": r.attempt,
+                    "started_ms": clocks.start(r),
+                    "not_before_ms": not_before,
+                }
+            )
+    return {"retry_early": len(early), "retry_early_runs": early[:LISTED], "retry_orphans": orphans}
+
+
+def judge_flaky(
+    flaky: list[Job], ev: Evidence, outcomes: dict[str, list[Outcome]]
+) -> dict[str, Any]:
+    ok = 0
+    wrong: list[dict[str, Any]] = []
+    for job in flaky:
+        want = job.fail_times + 1
+        won = [o.attempt for o in outcomes.get(job.key, []) if o.state == "succeeded"]
+        effect = ev.effects.get(job.key)
+        effect_attempt = None if effect is None else effect.attempt
+        if any(a != want for a in won) or effect_attempt not in (None, want):
+            wrong.append({"key": job.key, "want": want, "succeeded": won, "effect": effect_attempt})
+        elif won and effect_attempt == want:
+            ok += 1
+    return {
+        "flaky_jobs": len(flaky),
+        "flaky_ok": ok,
+        "flaky_wrong_attempt": len(wrong),
+        "flaky_wrong": wrong[:LISTED],
+    }
+
+
+def judge_dlq(
+    jobs: list[Job],
+    ev: Evidence,
+    outcomes: dict[str, list[Outcome]],
+    plan_of: dict[str, RetryPlan],
+) -> dict[str, Any]:
+    letters: dict[str, list[DeadLetter]] = defaultdict(list)
+    for d in ev.dead_letters:
+        letters[d.key].append(d)
+    doomed = {j.key: j for j in jobs if j.kind in EXPECTED_DEATH}
+    good = 0
+    problems: list[dict[str, Any]] = []
+    for key, job in doomed.items():
+        own = [d for d in letters.get(key, []) if not d.redriven]
+        dead = [o for o in outcomes.get(key, []) if o.state == "dead"]
+        attempts = plan_of.get(key, ev.default_plan).max_attempts if job.kind == "doomed" else 1
+        if (
+            len(own) == 1
+            and len(dead) == 1
+            and own[0].reason == EXPECTED_DEATH[job.kind]
+            and own[0].attempts == attempts
+        ):
+            good += 1
+        else:
+            problems.append(
+                {
+                    "key": key,
+                    "kind": job.kind,
+                    "dead_letters": [(d.reason, d.attempts) for d in own],
+                    "dead_outcomes": len(dead),
+                }
+            )
+    unexpected = sorted(k for k in letters if k not in doomed)
+    return {
+        "dlq": len(ev.dead_letters),
+        "dlq_reasons": dict(Counter(d.reason for d in ev.dead_letters)),
+        "dlq_expected": good,
+        "dlq_expected_of": len(doomed),
+        "dlq_problems": problems[:LISTED],
+        "dlq_unexpected": len(unexpected),
+        "dlq_unexpected_keys": unexpected[:LISTED],
+    }
+
+
+def duplicate_keys(ev: Evidence, outcomes: dict[str, list[Outcome]]) -> list[str]:
+    won = {k: sum(o.state == "succeeded" for o in os) for k, os in outcomes.items()}
+    letters = Counter(d.key for d in ev.dead_letters if not d.redriven)
+    return sorted(
+        {k for k, n in won.items() if n > 1}
+        | {k for k, n in letters.items() if n > 1}
+        | {k for k in letters if won.get(k) or k in ev.effects}
+    )
+
+
+def judge_faults(ev: Evidence, rules: Rules) -> dict[str, Any]:
+    by_kind = Counter(f.kind for f in ev.faults)
+    missing = {k: by_kind[k] for k, least in rules.fault_minimums.items() if by_kind[k] < least}
+    return {
+        "worker_drops": dict(Counter(d.reason for d in ev.dropped)),
+        "faults": len(ev.faults),
+        "faults_by_kind": dict(by_kind),
+        "faults_missing": missing,
+        "faults_ok": not missing,
+    }
+
+
+# ------------------------------------------------------------------ the judge
+
+
+def judge(ev: Evidence, rules: Rules | None = None) -> dict[str, Any]:
+    """The run's numbers (JSON-ready); see the module docstring for each rule."""
+    rules = rules or Rules()
+    clocks = Clocks(dict(ev.skews))
+    jobs, per_schedule = expected_jobs(ev, rules)
+    outcomes: dict[str, list[Outcome]] = defaultdict(list)
+    for o in sorted(ev.outcomes, key=clocks.outcome):
+        outcomes[o.key].append(o)
+    plan_of = {j.key: ev.plans.get(j.task, ev.default_plan) for j in jobs}
+    schedule_ids = {c.schedule_id for c in ev.cron}
+    due = {a.key: a.asked_ms for a in ev.accepted}
+
+    def due_of(key: str) -> int | None:
+        return due[key] if key in due else cron_due(key, schedule_ids)
+
+    fired = Counter(f.key for f in ev.fires if not f.resent)
+    ran = {r.key for r in ev.runs}
+    lost: list[str] = []
+    lost_state: Counter[str] = Counter()
+    late: list[dict[str, Any]] = []
+    to_end: list[int] = []
+    for job in jobs:
+        ends = [clocks.outcome(o) for o in outcomes.get(job.key, []) if o.state in TERMINAL]
+        if not ends:
+            lost.append(job.key)
+            last = outcomes[job.key][-1].state if outcomes.get(job.key) else "none"
+            where = "ran" if job.key in ran else ("fired" if job.key in fired else "never fired")
+            lost_state[f"{where}, last outcome {last}"] += 1
+            continue
+        at = ends[0]
+        to_end.append(at - job.due_ms)
+        outage = sum(
+            f.until_ms - f.at_ms
+            for f in ev.faults
+            if f.kind in rules.outage_kinds and f.at_ms <= at and f.until_ms >= job.due_ms
+        )
+        bound = plan_of[job.key].total_ms + rules.slack_ms + outage
+        if at - job.due_ms > bound:
+            late.append({"key": job.key, "late_ms": at - job.due_ms, "bound_ms": bound})
+
+    early: list[dict[str, Any]] = []
+    unknown: set[str] = set()
+    first_late: dict[str, int] = {}  # key -> its first run's start - due
+    for r in ev.runs:
+        wanted = due_of(r.key)
+        if wanted is None:
+            unknown.add(r.key)
+            continue
+        start = clocks.start(r)
+        if r.attempt == 1:
+            first_late[r.key] = min(start - wanted, first_late.get(r.key, start - wanted))
+        if start + rules.early_tolerance_ms < wanted:
+            early.append(
+                {
+                    "key": r.key,
+                    "attempt": r.attempt,
+                    "pid": r.pid,
+                    "started_ms": start,
+                    "due_ms": wanted,
+                }
+            )
+    duplicates = duplicate_keys(ev, outcomes)
+    doubles = sorted(k for k, n in fired.items() if n > 1)
+    for sid, entry in per_schedule.items():
+        entry["missing"] = [k for k in lost if k.startswith(sid + "@")][:10]
+    report: dict[str, Any] = {
+        "jobs": len(jobs),
         "one_shot_jobs": len(ev.accepted),
-        "cron_occurrences": cron_total,
+        "cron_occurrences": len(jobs) - len(ev.accepted),
         "lost": len(lost),
-        "duplicates": len(duplicates),
+        "lost_keys": lost[:LISTED],
+        "lost_by_stage": dict(lost_state),
+        "late_terminal": len(late),
+        "late_terminal_jobs": sorted(late, key=lambda x: -x["late_ms"])[:LISTED],
+        "terminal_lateness_ms": percentiles(to_end),
         "early": len(early),
-        "dlq": sum(len(rs) for rs in ev.dead_letters.values()),
-        "dlq_expected": dlq_expected,
-        "dlq_expected_of": sum(1 for j in ev.accepted if j.kind in EXPECT_DLQ),
-        "dlq_unexpected": len(dlq_unexpected),
-        "dlq_reasons": dict(reasons),
-        "reexecutions": reexecutions,
-        "effect_conflicts": ev.effect_conflicts,
+        "early_runs": early[:LISTED],
+        "duplicates": len(duplicates),
+        "duplicate_keys": duplicates[:LISTED],
+        "double_fires": len(doubles),
+        "double_fire_keys": doubles[:LISTED],
+        "due_mismatch": sum(
+            1 for a in ev.accepted if a.requested_ms >= 0 and a.requested_ms != a.due_ms
+        ),
+        "unknown_runs": len(unknown),
         "runs": len(ev.runs),
         "effects": len(ev.effects),
-        "lateness_ms": {
-            "p50": percentile(lateness, 0.5),
-            "p99": percentile(lateness, 0.99),
-            "max": max(lateness, default=None),
-        },
-        "cron": cron_report,
-        "lost_keys": lost[:20],
-        "duplicate_keys": duplicates[:20],
-        "early_runs": [
-            {
-                "key": r.key,
-                "attempt": r.attempt,
-                "started_ms": r.started_ms,
-                "due_ms": r.due_ms,
-                "not_before_ms": r.not_before_ms,
-            }
-            for r in early[:20]
-        ],
-        "dlq_unexpected_keys": dlq_unexpected[:20],
+        "effect_conflicts": ev.effect_conflicts,
+        "lateness_ms": percentiles(first_late.values()),
+        "cron": per_schedule,
+        "skews": {str(pid): ms for pid, ms in ev.skews.items()},
     }
+    report.update(judge_runs(ev, rules, clocks, outcomes))
+    report.update(judge_retries(ev, clocks, plan_of))
+    report.update(judge_flaky([j for j in jobs if j.kind == "flaky"], ev, outcomes))
+    report.update(judge_dlq(jobs, ev, outcomes, plan_of))
+    report.update(judge_faults(ev, rules))
+    return report
+
+
+def unfinished(ev: Evidence, rules: Rules | None = None) -> list[str]:
+    """Expected jobs without a committed terminal outcome yet (the run waits for these)."""
+    jobs, _ = expected_jobs(ev, rules or Rules())
+    done = {o.key for o in ev.outcomes if o.state in TERMINAL}
+    return [j.key for j in jobs if j.key not in done]
+
+
+def broken(report: dict[str, Any]) -> list[str]:
+    """The guarantees a report shows broken (empty: the run passed)."""
+    zero = (
+        "lost",
+        "unexcused",
+        "early",
+        "duplicates",
+        "double_fires",
+        "dlq_unexpected",
+        "retry_early",
+        "flaky_wrong_attempt",
+    )
+    out = [f"{k} = {report[k]}" for k in zero if report[k]]
+    if report["flaky_ok"] != report["flaky_jobs"]:
+        out.append(f"flaky jobs right {report['flaky_ok']} of {report['flaky_jobs']}")
+    if report["dlq_expected"] != report["dlq_expected_of"]:
+        out.append(f"dlq expected {report['dlq_expected']} of {report['dlq_expected_of']}")
+    return out

@@ -15,13 +15,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from functools import partial
 from typing import TypeVar
 
 from dueflow.config import Settings
 from dueflow.errors import DueflowError, InvalidInput
 from dueflow.producers.scheduler import Scheduler
+from dueflow.timeutil import from_utc_ms
 from tests.chaos.handlers import QUEUE
 from tests.chaos.ledger import now_ms
 
@@ -92,11 +92,23 @@ def plan_jobs(*, rng: random.Random, duration_s: float, rate_per_s: float) -> li
 
 @dataclass(frozen=True, slots=True)
 class Accepted:
-    """A job the broker acknowledged."""
+    """A job the broker acknowledged.
+
+    ``requested_ms`` is the due time the client asked for (``run_at``, whole
+    milliseconds); ``due_ms`` the one the scheduler returned (equal, unless the
+    client library changed it: the judge counts that).
+    """
 
     key: str
     kind: str
     due_ms: int
+    requested_ms: int = -1  # -1: same as due_ms
+    task: str = ""
+    fail_times: int = 0  # a flaky job's failing attempts (payload)
+
+    @property
+    def asked_ms(self) -> int:
+        return self.due_ms if self.requested_ms < 0 else self.requested_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,20 +201,30 @@ class Workload:
                 wait = began + job.send_at_s - time.monotonic()
                 if wait > 0 and self._stop.wait(wait):
                     break
-                due = datetime.fromtimestamp(time.time() + job.delay_s, tz=UTC)
+                # Whole milliseconds: the judge compares run starts with this exact time.
+                requested = now_ms() + round(job.delay_s * 1000)
                 result = self._retry(
                     job.job_id,
                     partial(
                         scheduler.schedule,
                         job.task,
                         job.payload,
-                        run_at=due,
+                        run_at=from_utc_ms(requested),
                         queue=QUEUE,
                         job_id=job.job_id,
                     ),
                 )
                 if result is not None:
-                    self.accepted.append(Accepted(job.job_id, job.kind, result.due_ms))
+                    self.accepted.append(
+                        Accepted(
+                            job.job_id,
+                            job.kind,
+                            result.due_ms,
+                            requested_ms=requested,
+                            task=job.task,
+                            fail_times=job.payload.get("fail_times", 0),
+                        )
+                    )
             # The schedules are deleted once the driver says the cluster is healthy
             # and caught up: a deletion drops occurrences that are still pending,
             # also those missed while no emitter ran.
