@@ -133,6 +133,7 @@ class FaultDriver:
         self._watches: list[_Watch] = []
         self._resumed: dict[int, int] = {}  # pid -> wall ms of its SIGCONT
         self._quiet_until = 0.0
+        self._active_seen: tuple[Child | None] | None = None
         self._began = time.monotonic()
         if any(k.startswith("skew_") for k in self.weights):
             cluster.skewer.prepare()  # no faketime: the run fails here, not later
@@ -143,6 +144,7 @@ class FaultDriver:
         while time.monotonic() < self.end_at:
             self.housekeep()
             if time.monotonic() >= next_at:
+                self._active_seen = None  # asked once per choice, not once per kind
                 kind = self.queue.take(self.feasible)
                 if kind is None:
                     next_at = time.monotonic() + 0.5
@@ -172,7 +174,11 @@ class FaultDriver:
             )
         if kind in ("kill_active_emitter", "stop_active_emitter", "skew_emitter"):
             # another emitter must be there to take over
-            return len(c.emitters) >= 2 and c.active_emitter() is not None
+            if len(c.emitters) < 2:
+                return False
+            if self._active_seen is None:
+                self._active_seen = (c.active_emitter(),)
+            return self._active_seen[0] is not None
         if kind == "add_worker":
             return self._planned("worker") < MAX_WORKERS
         if kind == "remove_worker":
@@ -317,16 +323,22 @@ class FaultDriver:
             return []
         return [(int(p), int(s), bool(e), str(t)) for p, s, e, t in rows]
 
+    def _terminate(self, victim: Child) -> str:
+        """SIGTERM (kill -9 after 30 s); says how it went."""
+        began = time.monotonic()
+        code = self.cluster.terminate(victim)
+        return f"{victim.name} exit {code} after {time.monotonic() - began:.1f} s"
+
     def _rolling_restart(self, fault: dict[str, Any]) -> None:
         c = self.cluster
         steps = []
         for victim in list(c.workers):
-            code = c.terminate(victim)
+            ended = self._terminate(victim)
             fault["pids"].append(victim.pid)
             new = c.start_worker()
             joined = self._wait_joined(new)
             steps.append(
-                f"{victim.name} exit {code} -> {new.name} "
+                f"{ended} -> {new.name} "
                 + (f"joined {joined / 1000:.1f} s" if joined is not None else "NOT JOINED")
             )
         fault["detail"] = "; ".join(steps)
@@ -336,14 +348,13 @@ class FaultDriver:
         plain = [w for w in c.workers if w.skew_ms == 0]
         victim = self.rng.choice(plain or c.workers)
         skew = draw_skew_ms(self.rng)
-        code = c.terminate(victim)
+        ended = self._terminate(victim)
         new = c.start_worker(skew_ms=skew)
         self.skews[new.pid] = skew
         joined = self._wait_joined(new)
         fault.update(pids=[victim.pid], new_pid=new.pid, skew_ms=skew)
-        fault["detail"] = (
-            f"{victim.name} exit {code} -> {new.name} pid {new.pid} clock {skew:+d} ms, "
-            + (f"joined {joined / 1000:.1f} s" if joined is not None else "NOT JOINED")
+        fault["detail"] = f"{ended} -> {new.name} pid {new.pid} clock {skew:+d} ms, " + (
+            f"joined {joined / 1000:.1f} s" if joined is not None else "NOT JOINED"
         )
 
     def _skew_emitter(self, fault: dict[str, Any]) -> None:
@@ -369,10 +380,10 @@ class FaultDriver:
             if active is None or active is new:
                 break
             at = wall_ms()
-            code = c.terminate(active)
+            ended = self._terminate(active)
             fault["pids"].append(active.pid)
-            winner, took = self._wait_active(at, exclude=active)
-            steps.append(f"{active.name} exit {code}, {winner or 'nobody'} active after {took} ms")
+            winner, took = self._wait_active(at, exclude=active, wait_s=TAKEOVER_WAIT_S)
+            steps.append(f"{ended}, {winner or 'nobody'} active after {took} ms")
             if winner == new.name:
                 fault["takeover_ms"] = took
                 break
@@ -420,9 +431,8 @@ class FaultDriver:
     def _remove_worker(self, fault: dict[str, Any]) -> None:
         victim = self.rng.choice(self.cluster.workers)
         fault["at_ms"] = wall_ms()
-        code = self.cluster.terminate(victim)
+        fault["detail"] = self._terminate(victim)
         fault["pids"] = [victim.pid]
-        fault["detail"] = f"{victim.name} exit {code}"
 
     def _kill_leader(self, fault: dict[str, Any]) -> None:
         nodes = self._node_control()
