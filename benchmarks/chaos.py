@@ -15,8 +15,9 @@ workers, restarts workers one after another, replaces a worker and the
 active emitter by ones whose clock runs 2 s ahead or behind (libfaketime),
 restarts (SIGTERM, kill -9) and pauses (SIGSTOP) the broker, and adds and
 removes workers; every kind at least ``--min-per-kind`` times (default 2,
-1 in runs under 5 minutes), else the run fails (``kinds_short``). ``--cluster 3``: node faults (kill or
-pause the leader or coordinator that matters) on a three-node cluster.
+1 in runs under 5 minutes), else the run fails (``kinds_short``).
+``--cluster 3``: node faults (kill or pause the leader or coordinator that
+matters) on a three-node cluster.
 
 Then it waits until every job has finished (or a deadline passes) and
 judges from the handlers' SQLite ledger, the committed outcomes and the
