@@ -255,6 +255,8 @@ def default_min_per_kind(minutes: float) -> int:
     (rolling restarts, SIGSTOPs held past session timeouts, broker faults with quiet
     time after them), more than a 3-minute run has."""
     return 2 if minutes >= 5 else 1
+
+
 KEYS = ("jobs", "faults", "lost", "duplicates", "early", "dlq", "reexecutions")
 
 
