@@ -33,7 +33,8 @@ The fault log (``driver.faults``, the contract with the judge): dicts with
 when it ended: SIGCONT sent, the process restarted or replaced, the broker
 answering again), ``pids`` (victims), ``detail``; ``takeover_ms`` for the
 emitter kinds; ``new_pid`` and ``skew_ms`` for the skew kinds; ``after_resume``
-(what a stopped process logged in the 20 s after SIGCONT) for the stop kinds.
+and ``after_resume_state`` (what a stopped process logged in the 20 s after
+SIGCONT, and whether it still ran then) for the stop kinds.
 ``driver.skews`` is ``{pid: skew_ms}`` of every process that ran skewed.
 
 A process that exits on its own is an *unexpected exit*, replaced and
@@ -527,7 +528,12 @@ class FaultDriver:
         def done() -> None:
             said = [ev.name for ev in self.logs.since(victim, resumed)]
             fault["after_resume"] = list(dict.fromkeys(said))
-            fault["alive_after_resume"] = victim.alive()
+            if victim.alive():
+                fault["after_resume_state"] = "alive"
+            elif victim.ended_by_us:
+                fault["after_resume_state"] = "ended by a later fault"
+            else:
+                fault["after_resume_state"] = f"exited on its own, code {victim.popen.returncode}"
 
         self._watches.append(_Watch(fault, check, time.monotonic() + AFTER_RESUME_S, done))
 
