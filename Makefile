@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 PY     := $(BIN)/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint unit integration chaos fmt bench broker-start broker-stop clean browser-deps promtool
+.PHONY: demo test lint unit integration chaos fmt bench broker-start broker-stop clean browser-deps faketime-deps promtool
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,7 @@ demo: $(STAMP) jars
 	$(PY) -m dueflow.demo
 
 ## lint gate + every test tier; starts and stops the broker it needs
-test: $(STAMP) jars browser-deps promtool lint
+test: $(STAMP) jars browser-deps faketime-deps promtool lint
 	$(PY) -m pytest
 
 ## every benchmark at sane sizes (about 15 minutes), then charts (docs/img/) and
@@ -55,6 +55,15 @@ browser-deps:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && \
 	  $$SUDO apt-get install -y --no-install-recommends chromium chromium-driver; \
+	fi
+
+## Debian's faketime (libfaketime) for the chaos suite's clock-skew faults: emitters
+## and workers restarted 2 s ahead or behind. Installs only if missing.
+faketime-deps:
+	@if [ ! -x /usr/bin/faketime ] || ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1; then \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && \
+	  $$SUDO apt-get install -y --no-install-recommends faketime; \
 	fi
 
 fmt: $(STAMP)

@@ -6,7 +6,9 @@ in :meth:`ChaosCluster.stop_all`, also after a failure. The broker is a
 directory, so the suite may stop, kill and restart it with the same data.
 Emitters and workers are real ``python -m dueflow ...`` processes, each with
 its own ``client.id`` (``DUEFLOW_KAFKA_CLIENT_ID``), which is how the driver
-tells which emitter holds the lease.
+tells which emitter holds the lease. A child may run with a skewed wall clock
+(:mod:`tests.chaos.skew`) and may be stopped (SIGSTOP) and continued; so may
+the broker. :meth:`ChaosCluster.stop_all` continues whatever is stopped first.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dueflow.config import Settings, load_settings
 from dueflow.errors import BrokerError
 from dueflow.topic_admin import TopicAdmin
 from dueflow.topics import names, topic_layout
+from tests.chaos.skew import ClockSkewer
 
 ROOT = Path(__file__).resolve().parents[2]
 QUEUE = "chaos"
@@ -75,6 +78,8 @@ class Child:
     log_path: Path
     started: float = field(default_factory=time.monotonic)
     ended_by_us: bool = False
+    skew_ms: int = 0  # its wall clock runs this far ahead (negative: behind)
+    stopped: bool = False  # SIGSTOP sent, no SIGCONT yet
 
     @property
     def pid(self) -> int:
@@ -104,6 +109,8 @@ class ChaosCluster:
         self.workers: list[Child] = []
         self.every: list[Child] = []
         self._serial = 0
+        self.skewer = ClockSkewer(root / "skew")
+        self.broker_paused = False
 
     def _use_port(self, port: int) -> None:
         self.port = port
@@ -166,35 +173,73 @@ class ChaosCluster:
         )
         return env
 
-    def _spawn(self, role: str, args: list[str]) -> Child:
+    def _spawn(self, role: str, args: list[str], skew_ms: int = 0) -> Child:
         self._serial += 1
         name = f"{role}-{self._serial}"
         log_path = self.root / f"{name}.log"
+        env = self.skewer.env(self.env(name), skew_ms)
         with log_path.open("wb") as log:
             popen = subprocess.Popen(
                 [sys.executable, "-m", "dueflow", *args],
-                env=self.env(name),
+                env=env,
                 cwd=ROOT,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # its own process group: killed as a whole
             )
-        child = Child(role, name, popen, log_path)
+        child = Child(role, name, popen, log_path, skew_ms=skew_ms)
         self.every.append(child)
         return child
 
-    def start_emitter(self) -> Child:
-        child = self._spawn("emitter", ["emitter"])
+    def start_emitter(self, *, skew_ms: int = 0) -> Child:
+        child = self._spawn("emitter", ["emitter"], skew_ms)
         self.emitters.append(child)
         return child
 
-    def start_worker(self) -> Child:
+    def start_worker(self, *, skew_ms: int = 0) -> Child:
         child = self._spawn(
-            "worker", ["worker", "--app", "tests.chaos.handlers", "--queues", QUEUE]
+            "worker", ["worker", "--app", "tests.chaos.handlers", "--queues", QUEUE], skew_ms
         )
         self.workers.append(child)
         return child
+
+    def stop_process(self, child: Child) -> None:
+        """SIGSTOP (the whole process group): frozen, sockets open, no heartbeats."""
+        child.stopped = True
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGSTOP)
+
+    def continue_process(self, child: Child) -> None:
+        """SIGCONT after :meth:`stop_process`."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGCONT)
+        child.stopped = False
+
+    # ------------------------------------------------------------ broker pause
+    def pause_broker(self) -> int | None:
+        """SIGSTOP the broker; its pid (None when it does not run)."""
+        pid = self.broker.running_pid()
+        if pid is not None:
+            self.broker_paused = True
+            os.kill(pid, signal.SIGSTOP)
+        return pid
+
+    def resume_broker(self) -> None:
+        pid = self.broker.running_pid()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        self.broker_paused = False
+
+    def group_client_ids(self, group: str) -> list[str] | None:
+        """Client ids of the members of ``group`` now; None when the broker did not say."""
+        admin = AdminClient(self.settings.client_config(**{"log_level": 0}))
+        try:
+            desc = admin.describe_consumer_groups([group], request_timeout=5)[group].result(10)
+        except KafkaException:
+            return None
+        return [m.client_id for m in desc.members]
 
     def kill(self, child: Child) -> None:
         """kill -9 (the whole process group)."""
@@ -209,6 +254,8 @@ class ChaosCluster:
         child.ended_by_us = True
         with contextlib.suppress(ProcessLookupError):
             os.killpg(child.pid, signal.SIGTERM)
+            if child.stopped:  # a stopped process acts on SIGTERM only once continued
+                self.continue_process(child)
         try:
             code = child.popen.wait(timeout_s)
         except subprocess.TimeoutExpired:
@@ -251,6 +298,9 @@ class ChaosCluster:
 
     def stop_all(self) -> None:
         """Stop every child (SIGTERM, then kill -9) and the broker, whatever happened."""
+        if self.broker_paused:
+            with contextlib.suppress(Exception):
+                self.resume_broker()
         for child in list(self.every):
             if child.alive():
                 with contextlib.suppress(Exception):

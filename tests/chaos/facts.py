@@ -113,8 +113,14 @@ class Rules:
     cron_takeover_ms: int = 15_000  # a new active emitter after an emitter/broker fault
     cron_end_margin_ms: int = 3_000  # occurrences this close to deletion may not fire
     outage_lookback_ms: int = 30_000  # a run this long before an outage may be uncommitted
-    outage_kinds: frozenset[str] = frozenset({"restart_broker", "kill9_broker"})
-    graceful_kinds: frozenset[str] = frozenset({"add_worker", "remove_worker"})
+    # Faults that make the cluster (or the leaders a run needs) unavailable for a while.
+    outage_kinds: frozenset[str] = frozenset(
+        {"restart_broker", "kill9_broker", "pause_broker", "kill_leader", "pause_leader"}
+    )
+    # Faults that end processes with SIGTERM: they drain and commit, so they excuse nothing.
+    graceful_kinds: frozenset[str] = frozenset(
+        {"add_worker", "remove_worker", "rolling_restart", "skew_worker", "skew_emitter"}
+    )
     fault_minimums: Mapping[str, int] = field(default_factory=dict)  # kind -> at least
 
 

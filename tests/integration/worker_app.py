@@ -36,3 +36,13 @@ def hang_first(payload: dict[str, Any], ctx: TaskContext) -> None:
     if ctx.attempt == 1:
         time.sleep(3600)
     ledger.effect(ctx.idempotency_key)
+
+
+@task("fails-once", queue="jobs", max_attempts=3)
+def fails_once(payload: dict[str, Any], ctx: TaskContext) -> None:
+    """Records the run; the first attempt fails, the next one makes the effect."""
+    ledger = _ledger(payload)
+    ledger.run(ctx.idempotency_key, ctx.attempt)
+    if ctx.attempt == 1:
+        raise RuntimeError("the first attempt fails")
+    ledger.effect(ctx.idempotency_key)

@@ -1,0 +1,106 @@
+"""Faults of one node of a multi-node cluster: which node, and how to hit it.
+
+``python -m benchmarks.chaos --cluster 3`` kills or pauses *the* node that
+matters at that moment: the leader of a partition the emitter or the workers
+use, the transaction coordinator of the active emitter's transactional id, or
+the group coordinator of a worker group. The cluster itself is reached through
+:class:`NodeControl`, a small protocol: the local 3-node cluster
+(``dueflow/broker/cluster.py``) is adapted to it where the run starts it.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class NodeControl(Protocol):
+    """A cluster whose nodes a fault may kill, pause and start again."""
+
+    def node_ids(self) -> list[int]: ...
+
+    def pid(self, node: int) -> int | None:
+        """The node's process id while it runs (for the fault log)."""
+        ...
+
+    def kill(self, node: int) -> None:
+        """kill -9."""
+        ...
+
+    def pause(self, node: int) -> None:
+        """SIGSTOP."""
+        ...
+
+    def resume(self, node: int) -> None:
+        """SIGCONT."""
+        ...
+
+    def start(self, node: int) -> None:
+        """Start a stopped node on its data; returns when it answers."""
+        ...
+
+    def leader_of(self, topic: str, partition: int) -> int | None: ...
+
+    def txn_coordinator(self, txn_id: str) -> int | None: ...
+
+    def group_coordinator(self, group: str) -> int | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderTarget:
+    """What a node fault aims at: ``kind`` is ``partition``, ``transaction`` or ``group``."""
+
+    kind: str
+    name: str  # topic, transactional id or group
+    partition: int = -1
+
+    def describe(self) -> str:
+        if self.kind == "partition":
+            return f"leader of {self.name}/{self.partition}"
+        if self.kind == "transaction":
+            return f"transaction coordinator of {self.name}"
+        return f"group coordinator of {self.name}"
+
+
+def choose_target(
+    rng: random.Random,
+    *,
+    partitions: Sequence[tuple[str, int]],
+    transactional_ids: Sequence[str],
+    groups: Sequence[str],
+) -> LeaderTarget:
+    """One target, each of the three sorts equally likely (pure: ``rng`` draws).
+
+    ``partitions`` are ``(topic, partition count)`` of the exec and timer topics,
+    ``transactional_ids`` the active emitter's, ``groups`` the worker groups (whose
+    ``__consumer_offsets`` partition the workers commit to).
+    """
+    sorts = [
+        s
+        for s, have in (
+            ("partition", partitions),
+            ("transaction", transactional_ids),
+            ("group", groups),
+        )
+        if have
+    ]
+    if not sorts:
+        raise ValueError("choose_target: no partitions, transactional ids or groups given")
+    sort = rng.choice(sorts)
+    if sort == "partition":
+        topic, count = rng.choice(list(partitions))
+        return LeaderTarget("partition", topic, rng.randrange(count))
+    if sort == "transaction":
+        return LeaderTarget("transaction", rng.choice(list(transactional_ids)))
+    return LeaderTarget("group", rng.choice(list(groups)))
+
+
+def resolve(nodes: NodeControl, target: LeaderTarget) -> int | None:
+    """The node that ``target`` names now; None when the cluster names none."""
+    if target.kind == "partition":
+        return nodes.leader_of(target.name, target.partition)
+    if target.kind == "transaction":
+        return nodes.txn_coordinator(target.name)
+    return nodes.group_coordinator(target.name)
