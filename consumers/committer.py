@@ -32,6 +32,7 @@ from dueflow.logs import event
 OutRecord = tuple[Any, ...]
 
 _REPLAYS = 3
+_ABORT_S = 2.0  # the least an abort may take when the deadline has passed
 # KIP-848 error codes (not named in every confluent-kafka version).
 _FENCED_MEMBER_EPOCH = getattr(KafkaError, "FENCED_MEMBER_EPOCH", 110)
 _STALE_MEMBER_EPOCH = getattr(KafkaError, "STALE_MEMBER_EPOCH", 113)
@@ -86,13 +87,21 @@ class TransactionalCommitter:
                 "linger.ms": 2,
             },
         )
-        self._producer.init_transactions(self._timeout_s * 3)
+        self._producer.init_transactions(self._timeout_s)
 
     def commit(self, batch: Batch) -> None:
-        """Commit ``batch`` in one transaction or raise :class:`CommitFailed`."""
+        """Commit ``batch`` in one transaction or raise :class:`CommitFailed`.
+
+        Every call of it (replays, aborts included) shares one deadline, the
+        transaction timeout (an abort at least ``_ABORT_S``): a call that runs
+        much longer is wedged (librdkafka #5456/#5511), not slow.
+        """
+        deadline = time.monotonic() + self._timeout_s
         for replay in range(_REPLAYS):
+            if time.monotonic() >= deadline:
+                break
             try:
-                self._commit_once(batch)
+                self._commit_once(batch, deadline)
                 return
             except KafkaException as exc:
                 err = _error_of(exc)
@@ -109,7 +118,7 @@ class TransactionalCommitter:
                     error=str(exc),
                     replay=replay,
                 )
-                self._abort()
+                self._abort(deadline)
                 if not abortable or _fenced(err, incremental=self._incremental):
                     raise CommitFailed(
                         f"transaction failed: {exc}", fatal=False, cause=exc
@@ -125,7 +134,7 @@ class TransactionalCommitter:
                 time.sleep(0.1 * (replay + 1))
         raise CommitFailed("transaction failed after replays", fatal=False)
 
-    def _commit_once(self, batch: Batch) -> None:
+    def _commit_once(self, batch: Batch, deadline: float) -> None:
         producer = self._producer
         assert producer is not None
         producer.begin_transaction()
@@ -139,12 +148,11 @@ class TransactionalCommitter:
                     producer.poll(0.01)
         if batch.offsets:
             producer.send_offsets_to_transaction(
-                batch.offsets, self._group_metadata(), self._timeout_s
+                batch.offsets, self._group_metadata(), _left(deadline)
             )
-        deadline = time.monotonic() + self._timeout_s
         while True:
             try:
-                producer.commit_transaction(self._timeout_s)
+                producer.commit_transaction(_left(deadline))
                 return
             except KafkaException as exc:
                 err = _error_of(exc)
@@ -152,11 +160,13 @@ class TransactionalCommitter:
                     continue
                 raise
 
-    def _abort(self) -> None:
+    def _abort(self, deadline: float) -> None:
         if self._producer is None:
             return
         try:
-            self._producer.abort_transaction(self._timeout_s)
+            # Not needed for correctness (a new producer with this id fences the
+            # transaction): bounded, so a failed commit gives up in time.
+            self._producer.abort_transaction(max(_ABORT_S, _left(deadline)))
         except KafkaException as exc:
             event(_LOG, "abort failed", logging.WARNING, queue=self._queue, error=str(exc))
 
@@ -208,3 +218,8 @@ def _fenced(err: KafkaError | None, *, incremental: bool) -> bool:
         KafkaError.PRODUCER_FENCED,
         KafkaError.INVALID_PRODUCER_EPOCH,
     )
+
+
+def _left(deadline: float) -> float:
+    """Seconds to ``deadline``, at least 0.1 (librdkafka reads 0 as "do not wait")."""
+    return max(0.1, deadline - time.monotonic())

@@ -202,7 +202,8 @@ class QueueRuntime:
         # A commit that takes longer than this is given up (librdkafka can block
         # in send_offsets_to_transaction forever, see dueflow.blocking): the
         # producer is abandoned and the queue starts over from committed offsets.
-        self._commit_deadline_s = max(30.0, 3 * self._ws.transaction_timeout_ms / 1000)
+        # A commit's own calls end by the transaction timeout (plus a bounded abort).
+        self._commit_deadline_s = max(5.0, self._ws.transaction_timeout_ms / 1000) + 7.0
         self._commit_task: asyncio.Task[None] | None = None
         self._loop = asyncio.get_running_loop()
 

@@ -73,7 +73,7 @@ class EmitterSettings:
     # loop waits for every commit). At most 4 (every takeover fences 4 ids).
     producers: int = 2
     catchup_max_rate_per_s: float = 200_000.0
-    transaction_timeout_ms: int = 30_000
+    transaction_timeout_ms: int = 10_000
     # Pending-timer gauges, DeleteRecords and the clock offset run this often.
     housekeeping_interval_ms: int = 5_000
     # Timers the emitter reads ahead into memory while a backlog drains (beyond

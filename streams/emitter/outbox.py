@@ -87,6 +87,10 @@ class _Lane:
     task_at: float = 0.0
 
 
+# An abort is a courtesy (the next fencing aborts what is open): waited for this long.
+_ABORT_S = 2.0
+
+
 class Outbox:
     """The transactional producers of the active emitter."""
 
@@ -107,8 +111,10 @@ class Outbox:
         self._commit: concurrent.futures.Future[int] | None = None
         self._commit_at = 0.0
         self.submitted_ms = 0  # wall clock when the commit in flight was handed over
-        # send offsets + commit retries + abort, each bounded by the transaction timeout
-        self._deadline_s = 3 * em.transaction_timeout_ms / 1000.0 + 10.0
+        # A commit's calls share the transaction timeout, an abort after it takes at
+        # most _ABORT_S: a commit running longer than this is wedged (librdkafka
+        # #5456/#5511 after broker restarts), and its producers are abandoned.
+        self._deadline_s = em.transaction_timeout_ms / 1000.0 + _ABORT_S + 5.0
 
     # ------------------------------------------------------------------ state
     @property
@@ -428,7 +434,9 @@ class Outbox:
             # tail two to three times longer (p99 178-366 ms against 107-123 ms at
             # 5k timers/s); commit_transaction flushes anyway.
             if offsets:
-                producer.send_offsets_to_transaction(offsets, group_metadata, timeout)
+                producer.send_offsets_to_transaction(
+                    offsets, group_metadata, max(0.1, deadline - time.monotonic())
+                )
             while True:
                 try:
                     producer.commit_transaction(max(1.0, deadline - time.monotonic()))
@@ -503,15 +511,24 @@ class Outbox:
                 lane.task = None
 
     # ------------------------------------------------------------------ aborts
-    def abort(self) -> None:
-        """Abort every open transaction (after the commit in flight, if any);
-        never raises for a dead producer."""
+    def abort(self, wait_s: float = _ABORT_S) -> None:
+        """Abort every open transaction (after the commit in flight, if any), waiting
+        at most ``wait_s`` in all; never raises for a dead producer.
+
+        A lane that does not finish in time is abandoned: the abort is a courtesy
+        (the next active period's producers fence these transactional ids, which
+        aborts what is open), and an emitter that has lost the lease must get back
+        to its lease consumer (a rebalance waits for it) and to SIGTERM.
+        """
+        until = time.monotonic() + wait_s
+        pending = []
         for lane in self._lanes[: self._ring]:
             if lane.producer is None or lane.calls is None:
                 continue
-            future = lane.calls.submit(self._abort_if_open, lane)
+            pending.append((lane, lane.calls.submit(self._abort_if_open, lane)))
+        for lane, future in pending:
             try:
-                future.result(self._deadline_s)
+                future.result(max(0.0, until - time.monotonic()))
             except concurrent.futures.TimeoutError:
                 self._abandon_lane(lane)
         self._commit = None
@@ -525,7 +542,7 @@ class Outbox:
         producer = lane.producer
         assert producer is not None
         try:
-            producer.abort_transaction(self._settings.emitter.transaction_timeout_ms / 1000.0)
+            producer.abort_transaction(_ABORT_S)
         except KafkaException as exc:
             event(log, "abort failed", logging.WARNING, error=str(exc))
 
