@@ -160,6 +160,7 @@ class EmitterProcess:
             event(log, "emitter could not start", logging.ERROR, error=str(exc))
             session.close(commit=False)
             self._cooldown_until = time.monotonic() + 1.0
+            self.source.renew()  # the next try with fresh clients
             self._prepare_outbox()
             return
         self.session = session

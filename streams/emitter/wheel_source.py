@@ -11,6 +11,7 @@ resume.
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
@@ -175,3 +176,23 @@ class WheelSource:
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             consumer.close()
+
+    def renew(self) -> None:
+        """A new consumer in place of this one (after a failed takeover).
+
+        A long-lived consumer can keep asking a group coordinator it cached before
+        a broker restart and never learn the new one (seen in the chaos suite:
+        fetching the committed timer offsets timed out every 30 s for minutes
+        while a fresh client answered at once; librdkafka #5511 is the same
+        shape). The old one is closed on a daemon thread: closing a client in that
+        state may block.
+        """
+        old, self._consumer = self._consumer, None
+        if old is not None:
+            threading.Thread(target=_close_quietly, args=(old,), daemon=True).start()
+        self.start()
+
+
+def _close_quietly(consumer: Consumer) -> None:
+    with contextlib.suppress(Exception):
+        consumer.close()
