@@ -379,8 +379,11 @@ class BatchRecorder:
         self.records, self.finals = [], []
         self.pending_final.clear()
 
-    def cut(self, feeds: list[PartitionFeed]) -> tuple[Batch, list[Final], list[Mark]] | None:
-        """Take the batch: records so far and the committable offset of each feed."""
+    def cut(
+        self, feeds: list[PartitionFeed], *, resend: bool = False
+    ) -> tuple[Batch, list[Final], list[Mark]] | None:
+        """Take the batch: records so far and the committable offset of each feed
+        (``resend``: of every feed that has one, also when it did not move)."""
         records, finals = self.records, self.finals
         if self._dirty:
             records = [r for r in records if not r[0].gone]
@@ -398,6 +401,8 @@ class BatchRecorder:
             if position is not None and position != feed.committed:
                 offsets.append(TopicPartition(feed.topic, feed.partition, position))
                 marks.append((feed, position))
+            elif resend and feed.committed is not None:
+                offsets.append(TopicPartition(feed.topic, feed.partition, feed.committed))
         self.records, self.finals = [], []
         if not records and not offsets:
             return None

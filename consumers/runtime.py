@@ -75,8 +75,11 @@ from dueflow.tracing import JobTracer
 _LOG = logging.getLogger("dueflow.worker")
 _EXPIRE_EVERY_S = 60.0
 _GAUGES_EVERY_S = 1.0
+_ALIVE_EVERY_S = 0.1
 _DLQ_DEPTH_EVERY_S = 15.0
 _ABANDONED: list[Any] = []  # wedged clients, kept referenced: never destroyed
+# Consumer errors after which this member may have been expelled unawares.
+_CONNECTION_LOST = frozenset({KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT})
 
 
 def _wall_ms() -> int:
@@ -188,6 +191,13 @@ class QueueRuntime:
         self._held: dict[bytes, list[Delivery]] = {}  # key -> replays waiting for it
         self._queue_held = False
         self._operator_paused = False  # `dueflow queue pause`: start nothing, keep the group
+        # Whether this member may have been expelled without knowing it yet (see
+        # _doubt_membership): no job starts until a commit has proved otherwise.
+        self._in_doubt = False
+        self._doubts = 0  # times doubt arose: a commit cut before the last one proves nothing
+        self._alive_at = time.monotonic()
+        self._stall_s = _ALIVE_EVERY_S + max(1.0, self._ws.heartbeat_ms / 1000)
+        self._ticker: asyncio.TimerHandle | None = None
         self._pump_scheduled = False
         self._closing = False
         self._restarting = False
@@ -228,6 +238,7 @@ class QueueRuntime:
         self._tail.start()
         await self._connect()
         self._commit_task = self._loop.create_task(self._commit_loop())
+        self._alive()
 
     async def _connect(self) -> None:
         ws = self._ws
@@ -236,6 +247,7 @@ class QueueRuntime:
             self._group,
             **{
                 **worker_consumer_config(ws),
+                "error_cb": self._on_client_error,
                 "fetch.wait.max.ms": 100,
                 "queued.max.messages.kbytes": 32_768,
             },
@@ -311,6 +323,8 @@ class QueueRuntime:
             self._poller.stop(leave=leave)
             await self._poller.wait_closed()  # when leaving, the final revoke commits
         self._closed = True
+        if self._ticker is not None:
+            self._ticker.cancel()
         self._commit_soon.set()
         if self._commit_task is not None:
             with contextlib.suppress(asyncio.CancelledError):
@@ -377,6 +391,9 @@ class QueueRuntime:
     # ================================================================== rebalance
 
     async def _on_assign(self, partitions: list[TopicPartition]) -> None:
+        # The coordinator just told this member what it owns (also after an
+        # incremental change: the whole assignment is current).
+        self._membership_confirmed()
         for tp in partitions:
             if (tp.topic, tp.partition) in self._feeds:
                 continue
@@ -550,11 +567,71 @@ class QueueRuntime:
     # ================================================================== dispatch
 
     def _stalled(self) -> bool:
-        return self._closing or self._restarting or self._queue_held or self._operator_paused
+        return (
+            self._closing
+            or self._restarting
+            or self._queue_held
+            or self._operator_paused
+            or self._in_doubt
+        )
+
+    # ================================================================== membership
+
+    def _doubt_membership(self, why: str) -> None:
+        """This member may have lost its partitions without having been told yet.
+
+        A member learns that the group expelled it (its session ran out while
+        the coordinator was unreachable, or while this process was stopped or
+        starved) only from its next heartbeat; until then it would go on
+        starting jobs from the records it holds, while the partitions' new owner
+        runs them too. So after a broker connection failure, or when this loop
+        finds it did not run for a heartbeat interval, it starts nothing until
+        a commit of offsets with its current group metadata was accepted (the
+        coordinator validates the member and its epoch), or a rebalance told it
+        what it owns.
+        """
+        self._doubts += 1
+        if self._in_doubt or self._closing:
+            return
+        self._in_doubt = True
+        event(
+            _LOG, "membership in doubt: starting nothing until confirmed", queue=self.queue, why=why
+        )
+        self._commit_soon.set()
+
+    def _membership_confirmed(self) -> None:
+        if not self._in_doubt:
+            return
+        self._in_doubt = False
+        event(_LOG, "membership confirmed", queue=self.queue)
+        for feed in self._feeds.values():
+            if not feed.held:
+                self._make_ready(feed)
+        self._schedule_pump()
+
+    def _alive(self) -> None:
+        """Every 100 ms on the loop; a longer gap means this process did not run
+        (stopped, starved) for long enough to have missed heartbeats."""
+        now = time.monotonic()
+        gap = now - self._alive_at
+        self._alive_at = now
+        if gap > self._stall_s:
+            self._doubt_membership(f"this process did not run for {gap:.1f} s")
+        if self._ticker is not None:
+            self._ticker.cancel()
+        if not self._closed:
+            self._ticker = self._loop.call_later(_ALIVE_EVERY_S, self._alive)
+
+    def _on_client_error(self, err: KafkaError) -> None:
+        """librdkafka's error callback (on the consumer's thread)."""
+        if err.code() in _CONNECTION_LOST:
+            self._loop.call_soon_threadsafe(self._doubt_membership, f"consumer: {err.str()}")
 
     def _pump(self) -> None:
         """Start jobs from the ready partitions, round robin, while slots are free."""
         self._pump_scheduled = False
+        if time.monotonic() - self._alive_at > self._stall_s:
+            self._alive()  # the process was stopped or starved: first, doubt
         if self._stalled():
             return
         ready = self._ready
@@ -810,7 +887,7 @@ class QueueRuntime:
             if self._closed:
                 return
             if not self._restarting:
-                await self.commit_now()
+                await self.commit_now(validate=self._in_doubt)
             now = self._loop.time()
             if now >= next_gauges:
                 next_gauges = now + _GAUGES_EVERY_S
@@ -822,14 +899,22 @@ class QueueRuntime:
                 next_depth = now + _DLQ_DEPTH_EVERY_S
                 self._report_dlq_depth()
 
-    async def commit_now(self) -> bool:
-        """Commit what finished so far in one transaction; False when it failed."""
+    async def commit_now(self, *, validate: bool = False) -> bool:
+        """Commit what finished so far in one transaction; False when it failed.
+
+        ``validate``: also when nothing finished, send every partition's committed
+        offset again: an accepted commit proves this member still owns them. A
+        commit counts as proof only when it was cut after the last doubt arose.
+        """
         async with self._commit_lock:
-            cut = self._batch.cut(list(self._feeds.values()))
+            feeds = list(self._feeds.values())
+            doubts = self._doubts
+            cut = self._batch.cut(feeds, resend=validate)
             if cut is None:
                 self._batch.flush_metrics()
                 return True
             batch, finals, marks = cut
+            proof_only = not batch.records and not marks  # nothing of it is work
             assert self._committer is not None
             try:
                 await self._in_txn_thread(self._committer.commit, batch)
@@ -840,9 +925,22 @@ class QueueRuntime:
                 return False
             except CommitFailed as exc:
                 self._metrics.worker_transactions.labels(self.queue, "failed").inc()
+                if proof_only and not exc.fatal:
+                    # Nothing to drop: stay in doubt and ask again. An expelled
+                    # member hears of it from the group (partitions lost) anyway.
+                    event(
+                        _LOG,
+                        "membership not confirmed",
+                        logging.WARNING,
+                        queue=self.queue,
+                        error=str(exc),
+                    )
+                    return False
                 self._restart_soon(str(exc))
                 return False
             self._metrics.worker_transactions.labels(self.queue, "committed").inc()
+            if batch.offsets and doubts == self._doubts:
+                self._membership_confirmed()
             self._batch.committed(finals, marks)
             self._batch.flush_metrics()
             return True

@@ -77,12 +77,19 @@ class ExecWriter:
         self._names = names(settings)
         self._producer = make_producer(settings, **producer_config)
 
-    def write(self, jobs: Iterable[Job]) -> int:
-        """Write ``jobs`` to their queues' exec topics; returns how many."""
+    def write(self, jobs: Iterable[Job], *, partition: int = -1) -> int:
+        """Write ``jobs`` to their queues' exec topics (to ``partition`` when given,
+        else by key); returns how many."""
         count = 0
         for job in jobs:
             value = codec.encode("job", job.to_record())
-            self.write_raw(job.queue, job.idempotency_key.encode(), value, exec_headers(job))
+            self.write_raw(
+                job.queue,
+                job.idempotency_key.encode(),
+                value,
+                exec_headers(job),
+                partition=partition,
+            )
             count += 1
         return count
 
@@ -92,12 +99,16 @@ class ExecWriter:
         key: bytes | None,
         value: bytes | None,
         headers: Sequence[tuple[str, bytes]] | None = None,
+        *,
+        partition: int = -1,
     ) -> None:
         """Write one exec record as given (for malformed-record tests)."""
         topic = self._names.exec(queue)
         while True:
             try:
-                self._producer.produce(topic, value, key, headers=list(headers or []))
+                self._producer.produce(
+                    topic, value, key, partition=partition, headers=list(headers or [])
+                )
                 break
             except BufferError:
                 self._producer.poll(0.05)

@@ -242,6 +242,65 @@ def test_kill_9_of_one_of_two_workers_loses_nothing_and_reruns_only_uncommitted_
 
 
 @pytest.mark.timeout(300)
+def test_a_worker_stopped_past_its_session_starts_nothing_it_held_after_sigcont(
+    procs: Processes,
+) -> None:
+    """Each partition: a job due now, then jobs due 10 s later (held by the worker
+    that fetched them). SIGSTOP one worker until the other has run and committed
+    every job, then SIGCONT it: its hold timers are overdue at once, and it must
+    start none of the records it still holds (it was expelled while stopped and
+    learns so only from its next heartbeat)."""
+    partitions = 6
+    s = procs.configure(partitions=partitions, concurrency=2)
+    victim = procs.start()
+    survivor = procs.start()
+    wait_members(s, 2)
+    due = int(time.time() * 1000) + 10_000
+    writer = ExecWriter(s)
+    held: list[str] = []
+    for p in range(partitions):
+        writer.write([make_job("ledger-effect", {}, queue=QUEUE, key=f"now-{p}")], partition=p)
+        keys = [f"held-{p}-{i}" for i in range(5)]
+        writer.write(
+            (make_job("ledger-effect", {}, queue=QUEUE, key=k, due_ms=due) for k in keys),
+            partition=p,
+        )
+        held += keys
+    writer.flush()
+
+    def runs_of(pid: int) -> list[tuple[str, float]]:
+        return [(key, at) for key, _, at, run_pid in procs.ledger.runs() if run_pid == pid]
+
+    # Both ran their partitions' first jobs: the held ones came in the same fetch.
+    wait_for(
+        "both workers to run their first jobs",
+        lambda: len(procs.ledger.runs()) == partitions and bool(runs_of(victim.pid)),
+        60,
+    )
+    assert time.time() * 1000 < due - 3000, "too slow to stop the victim before the due time"
+    os.kill(victim.pid, signal.SIGSTOP)
+    try:
+        outs = succeeded(s, partitions + len(held), timeout=120)  # all, by the survivor
+        resumed_at = time.time()
+    finally:
+        os.kill(victim.pid, signal.SIGCONT)
+    wait_members(s, 2)  # the victim heard it was expelled and joined again
+
+    late = [key for key, at in runs_of(victim.pid) if at >= resumed_at]
+    assert late == [], f"the resumed worker started {len(late)} jobs it no longer owned"
+    done = Counter(o["idempotency_key"] for o in outs if o["state"] == "succeeded")
+    assert set(done) >= set(held)
+    assert set(done.values()) == {1}
+    effects = procs.ledger.effects()
+    assert all(effects[k] == 1 for k in held)  # (a first job may run twice: uncommitted)
+    assert {k for k, _ in runs_of(survivor.pid)} >= set(held)
+    survivor.send_signal(signal.SIGTERM)
+    victim.send_signal(signal.SIGTERM)
+    assert survivor.wait(60) == 0
+    assert victim.wait(60) == 0
+
+
+@pytest.mark.timeout(300)
 def test_a_queue_rate_limit_holds_across_two_processes(procs: Processes) -> None:
     rate = 30.0
     s = procs.configure(rate=rate, concurrency=16)
