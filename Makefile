@@ -23,9 +23,10 @@ jars: $(STAMP)
 demo: $(STAMP) jars
 	$(PY) -m dueflow.demo
 
-## lint gate + every test tier; starts and stops the broker it needs
+## lint gate + every test tier; starts and stops the broker it needs. Two pytest
+## workers: the chaos runs (one after the other, group "chaos") beside the rest.
 test: $(STAMP) jars browser-deps faketime-deps promtool lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadgroup
 
 ## every benchmark at sane sizes (about 15 minutes), then charts (docs/img/) and
 ## the README's Performance table. Needs the optional `bench` extra (matplotlib).
