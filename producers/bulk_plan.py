@@ -98,7 +98,9 @@ class BulkPlanner:
         self.planner = planner
         self.pending: list[tuple[str, Entry]] = []  # drawn ids, not yet remembered
         self._names: dict[tuple[str, str], _Names] = {}
-        self._queues = planner.rules.queues
+        self._rules = planner.rules
+        self._route = planner.rules.router.queue_for
+        self._unknown: set[str] = set()  # queues looked up in vain during this call
         self._default_options = plain_options(planner.rules.default_max_attempts)
         self._placer = planner.placer
         self._near = planner.placer.near_partitions
@@ -126,6 +128,8 @@ class BulkPlanner:
         try:
             task = req.task
             queue = req.queue
+            if queue is None:
+                queue = self._route(task)
             try:
                 names = self._names[queue, task]
             except (KeyError, TypeError):
@@ -273,8 +277,16 @@ class BulkPlanner:
     def _check_names(self, queue: Any, task: Any) -> _Names:
         if type(task) is not str or not 0 < len(task) <= MAX_NAME_CHARS:
             raise bad_name("task", task)
-        if queue not in self._queues:
-            raise unknown_queue(queue, self._queues)
+        if queue not in self._rules.queues:
+            if queue in self._unknown:
+                raise unknown_queue(queue, self._rules.queues)
+            try:
+                self.planner.check_queue(queue)  # may read the registry once
+            except InvalidInput:
+                if isinstance(queue, str):
+                    self._unknown.add(queue)
+                raise
+            self._rules = self.planner.rules
         names = _Names(queue, task)
         if len(self._names) < _NAMES_LIMIT:  # a call with very many task names
             self._names[queue, task] = names
