@@ -122,11 +122,20 @@ class QueueRegistryReader:
         assert consumer is not None, "start() first"
         deadline = time.monotonic() + timeout_s
         tp = TopicPartition(self.topic, 0)
-        try:
-            _low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=False)
-        except KafkaException as exc:
-            self._unreadable(exc)
-            return False
+        while True:
+            try:
+                _low, high = consumer.get_watermark_offsets(
+                    tp, timeout=max(0.1, deadline - time.monotonic()), cached=False
+                )
+                break
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                missing = isinstance(err, KafkaError) and err.code() in _MISSING
+                if not missing and time.monotonic() < deadline:
+                    time.sleep(0.1)  # e.g. "not leader" while a new topic settles
+                    continue
+                self._unreadable(exc)
+                return False
         self.missing = False
         while self.position < high:
             if time.monotonic() > deadline:

@@ -253,7 +253,7 @@ class BulkPlanner:
             ]
             return (job_id, due_ms, queue, task, key, partition, key_bytes, value, headers)
         except (InvalidInput, ConflictError):
-            self.planner.count_error(req.queue)
+            self.planner.count_error(self.planner.rules.queue_of(req))
             raise
 
     def general(self, planned: PlannedTimer | Scheduled) -> Plan | Scheduled:

@@ -217,7 +217,7 @@ class TimerPlanner:
                 job.task,
             )
         except (InvalidInput, ConflictError):
-            self.count_error(req.queue)
+            self.count_error(self.rules.queue_of(req))
             raise
         if earlier is not None:
             return earlier
@@ -298,7 +298,7 @@ class TimerPlanner:
                 job_id, (chash, due_ms, queue, task, key, record.partition), task
             )
         except (InvalidInput, ConflictError):
-            self.count_error(req.queue)
+            self.count_error(self.rules.queue_of(req))
             raise
         if earlier is not None:
             return earlier
