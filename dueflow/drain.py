@@ -222,6 +222,10 @@ BACKLOG_AGE_MAX_MS = 250
 # ------------------------------------------------------------------- records
 
 
+# The reason classify_timer gives for a queue it does not know starts with this.
+UNKNOWN_QUEUE = "unknown queue"
+
+
 def classify_timer(
     headers: Any,
     key: bytes | None,
@@ -254,7 +258,7 @@ def classify_timer(
         return "missing df-queue header"
     topic = exec_topics.get(queue_raw)
     if topic is None:
-        return f"unknown queue {queue_raw[:100].decode('utf-8', 'replace')!r}"
+        return f"{UNKNOWN_QUEUE} {queue_raw[:100].decode('utf-8', 'replace')!r}"
     if not key:
         return "missing key (the idempotency key)"
     if kind_raw is None or kind_raw == _JOB:
