@@ -224,6 +224,10 @@ class QueueRuntime:
         return self._queue.name
 
     @property
+    def spec(self) -> QueueSpec:
+        return self._queue
+
+    @property
     def assigned(self) -> list[tuple[str, int]]:
         return sorted(self._feeds)
 
