@@ -315,7 +315,7 @@ class QueueWatcher:
             self.reader.close()
 
 
-def read_registry(settings: Settings, timeout_s: float = 15.0) -> QueueRegistryReader:
+def read_registry(settings: Settings, timeout_s: float = 5.0) -> QueueRegistryReader:
     """The registry read once to its end (a closed reader: ``view``, ``bad``,
     ``missing``); for commands that run once."""
     reader = QueueRegistryReader(settings, group=f"{settings.topic_prefix}.ops")
@@ -327,7 +327,7 @@ def read_registry(settings: Settings, timeout_s: float = 15.0) -> QueueRegistryR
     return reader
 
 
-def with_registered_queues(settings: Settings, timeout_s: float = 15.0) -> Settings:
+def with_registered_queues(settings: Settings, timeout_s: float = 5.0) -> Settings:
     """``settings`` whose queues are the merged view: static + registry (registry wins)."""
     view = read_registry(settings, timeout_s).view
     return dataclasses.replace(settings, queues=tuple(view.specs.values()))

@@ -13,12 +13,14 @@ from typing import Any
 
 import orjson
 import pytest
+from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic
 
 from dueflow.cli.main import main
 from dueflow.clients import make_admin
 from dueflow.config import QueueSpec
 from dueflow.queue_reader import read_registry
+from dueflow.queue_registry import encode_queue
 from dueflow.topic_admin import TopicAdmin
 from dueflow.topics import topic_layout
 from tests.conftest import KafkaCluster
@@ -152,3 +154,27 @@ def test_pause_accepts_a_registered_queue_and_refuses_an_unknown_one_with_the_fi
     assert code == 2
     assert "got 'billingz'" in err
     assert "dueflow queue create billingz --partitions N" in err
+
+
+def test_topics_ensure_covers_registered_queues(
+    kafka: KafkaCluster, prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A registered queue whose topics are gone (a restored cluster) gets them back."""
+    settings = kafka.settings(prefix)
+    registry = [t for t in topic_layout(settings) if t.role == "queues"]
+    assert TopicAdmin(make_admin(settings), replication_factor=1).ensure(registry).ok
+    key, value, headers = encode_queue(
+        QueueSpec("restored", 2, (1_000,)), created_ms=1, created_by=""
+    )
+    producer = Producer(settings.client_config())
+    produce: Any = producer.produce  # headers: list[tuple[str, bytes]]
+    produce(f"{prefix}.queues", value, key, headers=headers)
+    assert producer.flush(10) == 0
+    report = _json(kafka, prefix, capsys, "topics", "ensure", "--queues", "default:1")
+    assert {
+        f"{prefix}.exec.restored",
+        f"{prefix}.retry.restored.1s",
+        f"{prefix}.dlq.restored",
+        f"{prefix}.idempotency.restored",
+    } <= set(report["created"])
+    assert _partitions(kafka, prefix)[f"{prefix}.exec.restored"] == 2
