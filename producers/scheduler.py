@@ -165,6 +165,14 @@ class Scheduler:
         watcher.start(self.registry_timeout_s)
         self._queues = watcher
         self._planner.set_queues(watcher.view.names)
+        try:
+            self._make_producers(limit)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _make_producers(self, limit: int) -> None:
         conf = {
             "message.timeout.ms": int(self.delivery_timeout_s * 1000),
             **producer_settings(limit),
@@ -173,14 +181,14 @@ class Scheduler:
         self._producer_conf = conf
         self._producer = make_producer(self.settings, **conf)
         self._bulk_producer = make_producer(self.settings, **{**BULK_PRODUCER, **conf})
+        planner = self.planner
         self._schedules = ScheduleStore(
             self.settings,
             write=self.write_record,
             clock=self.clock,
-            route=self._planner.rules.router.queue_for,
-            check_queue=self._planner.check_queue,
+            route=planner.rules.router.queue_for,
+            check_queue=planner.check_queue,
         )
-        return self
 
     def _on_queues(self, view: QueueView, changed: set[str]) -> None:
         """The registry changed (on the watcher's thread)."""

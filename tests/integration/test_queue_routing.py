@@ -12,6 +12,7 @@ quarantined once and changes nothing.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -31,6 +32,7 @@ from dueflow.config import QueueSpec, Settings
 from dueflow.consumers import TaskContext, TaskRegistry, task
 from dueflow.errors import UnknownQueue
 from dueflow.ops.queues import topics_of
+from dueflow.producers import AsyncScheduler
 from dueflow.producers.scheduler import Scheduler
 from dueflow.queue_registry import QueueConflict, encode_queue
 from dueflow.schemas import codec
@@ -241,7 +243,15 @@ def test_a_registry_record_any_client_writes_is_picked_up_and_a_malformed_one_qu
         assert scheduler.queues.get("shipping") == QueueSpec("shipping", 1, (500,))
         job = scheduler.schedule("ship")
         assert job.queue == "shipping"
-        wait_for("the job to run", lambda: ledger.effects() == {job.job_id: 1}, 60)
+
+        async def from_asyncio() -> str:
+            async with AsyncScheduler(settings, app=registry) as aio:
+                with pytest.raises(UnknownQueue):
+                    await aio.schedule("ship", queue="shipping-typo")
+                return (await aio.schedule("ship")).job_id
+
+        second = asyncio.run(from_asyncio())
+        wait_for("the jobs to run", lambda: ledger.effects() == {job.job_id: 1, second: 1}, 60)
 
         def quarantined() -> list[dict[str, Any]]:
             return [q for q in _quarantined(settings) if q["source_topic"] == f"{prefix}.queues"]

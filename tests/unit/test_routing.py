@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 
 from dueflow.config import load_settings
+from dueflow.consumers import TaskRegistry, task
+from dueflow.consumers.worker import select_queues
 from dueflow.errors import ConfigError, UnknownQueue
 from dueflow.job_request import JobRequest, JobRules
 from dueflow.producers.core import JobIds, PlannedTimer, TimerPlanner
@@ -55,6 +57,21 @@ def test_precedence_explicit_routes_task_default(
     if explicit is None:
         assert router.queue_for(task) == expected.queue
         assert router.queue_for(task) == expected.queue  # memoized: the same answer
+
+
+def test_a_worker_selects_what_was_asked_else_where_its_tasks_route() -> None:
+    @task("send", queue="mail")
+    def send(_p: object, _c: object) -> None: ...
+
+    @task("report.daily")
+    def report(_p: object, _c: object) -> None: ...
+
+    registry = TaskRegistry([send, report])
+    routed = load_settings(env={}, overrides={"routes": {"report.*": "reports"}})
+    assert select_queues(routed, registry, None) == ["mail", "reports"]
+    assert select_queues(load_settings(env={}), registry, None) == ["mail", "default"]
+    assert select_queues(routed, registry, ["x", "x", "y"]) == ["x", "y"]
+    assert select_queues(routed, TaskRegistry(), None) == ["default"]  # the static ones
 
 
 def test_workers_serve_the_queues_their_tasks_route_to() -> None:
