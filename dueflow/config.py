@@ -495,7 +495,8 @@ def _coerce(tp: Any, value: Any, name: str) -> Any:
         return tuple(_coerce(args[0], v, f"{name}[{i}]") for i, v in enumerate(items))
     if origin in (Mapping, dict) or tp is Mapping:
         if not isinstance(value, Mapping):
-            raise ConfigError(name, value, "a table of key = value strings")
+            # `kafka` holds passwords: name it, never show what was given.
+            raise ConfigError(name, value, "a table of key = value strings", secret=True)
         return {str(k): str(v) for k, v in value.items()}
     if tp is bool:
         if isinstance(value, bool):

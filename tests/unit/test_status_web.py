@@ -11,7 +11,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from dueflow.cli.status_cmd import render_job, render_status, status_from_cluster
-from dueflow.config import Settings
+from dueflow.config import Settings, load_settings
 from dueflow.errors import ConfigError
 from dueflow.metrics import Metrics
 from dueflow.streams.status.credentials import credentials, faust_broker_options
@@ -149,6 +149,20 @@ def test_credentials_mapping() -> None:
         credentials({"security.protocol": "KERBEROS"})
     opts = faust_broker_options(Settings(bootstrap="a:1,b:2"))
     assert opts["broker"] == ["kafka://a:1", "kafka://b:2"]
+
+
+def test_credentials_name_the_setting_they_refuse_never_its_value() -> None:
+    """Issue 16: the check echoed the value it refused, and kafka.* values are secrets."""
+    with pytest.raises(ConfigError) as err:
+        credentials({"sasl.oauthbearer.client.secret": "hunter2-very-secret"})
+    assert "kafka.sasl.oauthbearer.client.secret" in str(err.value)
+    assert "hunter2-very-secret" not in str(err.value)
+    assert "hunter2-very-secret" not in repr(err.value.args)
+    assert err.value.value is None
+    with pytest.raises(ConfigError) as err:
+        load_settings(overrides={"kafka": "sasl.password=hunter2-very-secret"})
+    assert "'kafka'" in str(err.value)
+    assert "hunter2-very-secret" not in str(err.value)
 
 
 def test_cli_rendering() -> None:
