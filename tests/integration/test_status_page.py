@@ -4,10 +4,16 @@ over a real pipeline: the SDK schedules jobs (with ``scheduled`` outcomes on),
 processes. The page must show the job, follow its state from ``scheduled`` to
 ``succeeded`` without a reload, show a dead-lettered job in the DLQ table,
 and say "unknown / pending" for a job id it has no outcome for.
+
+The redrive button needs the view's token (none is configured: the view makes
+one and prints the page URL with it): without it the API refuses and the page
+says why; with the token typed into the page, or from the printed URL, the
+redrive runs and the dead job runs again.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -159,7 +165,40 @@ def test_page_follows_a_real_job_to_succeeded_without_reloading(
     wait.until(lambda d: _queue_row(d)[8:10] == ["0", "1"])
     timers = "return [...document.querySelectorAll('#timers td.num')].map((td) => td.textContent)"
     wait.until(lambda d: d.execute_script(timers) == ["0", "0", "0", "0"])
+    printed, token = view.printed_url()
+
+    # Without the token: the API refuses, the page says why and asks for it.
     wait.until(_click_redrive)
-    # The server's answer (whatever the operations commands make of it) is shown.
-    wait.until(lambda d: d.find_element(By.ID, "message").text.startswith(f"redrive of {QUEUE}"))
+    wait.until(lambda d: "refused (401)" in _message(d))
+    assert "token" in _message(browser), _message(browser)
+    assert browser.find_element(By.ID, "token-form").is_displayed()
+    assert _queue_row(browser)[9] == "1", "nothing was redriven"
+
+    # The token typed into the page: the redrive runs; the job runs again and,
+    # doomed, is dead-lettered a second time.
+    browser.find_element(By.ID, "token-input").send_keys(token)
+    browser.find_element(By.CSS_SELECTOR, "#token-form button").click()
+    wait.until(lambda d: _message(d).startswith("token kept"))
+    assert not browser.find_element(By.ID, "token-form").is_displayed()
+    wait.until(_click_redrive)
+    wait.until(lambda d: _message(d) == f"redrive of {QUEUE}: 1 redriven, 0 not redriven")
+    wait.until(lambda d: _queue_row(d)[9] == "2")
+    assert browser.execute_script("return window.__sameDocument") == "yes", "page was reloaded"
+
+    # A new tab's way: the URL the view printed. The page keeps the token for the tab,
+    # takes it out of the address bar, and the button works at once.
+    browser.execute_script("sessionStorage.clear()")
+    browser.get(printed)
+    assert "token=" not in browser.current_url
+    stored = browser.execute_script("return sessionStorage.getItem('dueflow-status-token')")
+    assert stored == token
+    wait.until(_click_redrive)
+    answered = re.compile(rf"redrive of {QUEUE}: \d+ redriven, \d+ not redriven")
+    wait.until(lambda d: answered.fullmatch(_message(d)))
+    assert not browser.find_element(By.ID, "token-form").is_displayed()
     browser.save_screenshot(str(tmp_path / "status-page.png"))
+
+
+def _message(driver: WebDriver) -> str:
+    text: str = driver.execute_script("return document.getElementById('message').textContent")
+    return text
