@@ -49,6 +49,7 @@ from typing import Any
 import faust
 
 from dueflow import headers as hdr
+from dueflow import reasons
 from dueflow.clients import make_admin
 from dueflow.cluster_view import ClusterView, compute_view
 from dueflow.config import Settings
@@ -190,7 +191,7 @@ class StatusView:
                     key=key if isinstance(key, bytes) else None,
                     value=value if isinstance(value, bytes) else None,
                     headers=_header_pairs(headers),
-                    reason=f"undecodable outcome: {exc}",
+                    reason=reasons.with_detail(reasons.UNDECODABLE_OUTCOME, exc),
                 )
             event(
                 log,
