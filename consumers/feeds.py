@@ -16,6 +16,7 @@ from dueflow.consumers.offsets import OffsetTracker
 from dueflow.consumers.registry import RegisteredTask, TaskRegistry
 from dueflow.consumers.store import KeyStore
 from dueflow.errors import UndecodableRecord
+from dueflow.reasons import UNDECODABLE, UNKNOWN_TASK
 from dueflow.schemas.fast import (
     F_CONTENT_TYPE,
     F_DUE_MS,
@@ -159,7 +160,7 @@ def prepare(d: Delivery, registry: TaskRegistry) -> None:
         fields = decode_job_fields(msg.value() or b"", hmap.get(hdr.SCHEMA))
     except UndecodableRecord as exc:
         d.key = key or b""
-        d.bad = ("undecodable", permanent("UndecodableRecord", str(exc)))
+        d.bad = (UNDECODABLE, permanent("UndecodableRecord", str(exc)))
         d.not_before = int_or(due, 0)
         return
     d.fields = fields
@@ -169,7 +170,7 @@ def prepare(d: Delivery, registry: TaskRegistry) -> None:
     if task is None:
         known = sorted(t.spec.name for t in registry)[:20]
         d.bad = (
-            "unknown_task",
+            UNKNOWN_TASK,
             permanent(
                 "UnknownTask",
                 f"no handler for task {fields[F_TASK]!r} in this worker (known: {known})",
@@ -183,12 +184,12 @@ def prepare(d: Delivery, registry: TaskRegistry) -> None:
         try:
             d.payload = orjson.loads(payload)
         except orjson.JSONDecodeError as exc:
-            d.bad = ("undecodable", permanent("UndecodablePayload", f"JSON payload: {exc}"))
+            d.bad = (UNDECODABLE, permanent("UndecodablePayload", f"JSON payload: {exc}"))
     elif content_type.startswith("text/"):
         try:
             d.payload = payload.decode()
         except UnicodeDecodeError as exc:
-            d.bad = ("undecodable", permanent("UndecodablePayload", f"text payload: {exc}"))
+            d.bad = (UNDECODABLE, permanent("UndecodablePayload", f"text payload: {exc}"))
     else:
         d.payload = payload
 

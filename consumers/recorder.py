@@ -43,6 +43,7 @@ from dueflow.consumers.outputs import (
 from dueflow.consumers.store import CANCELLED, DEAD, DONE
 from dueflow.logs import JOB_DEAD_LETTER, JOB_FAILED, JOB_RETRY, JOB_SUCCEEDED, job_event
 from dueflow.metrics import Metrics, observe_many
+from dueflow.reasons import EXHAUSTED, PERMANENT_ERROR, TIMEOUT
 from dueflow.schemas.fast import (
     F_BACKOFF,
     F_DUE_MS,
@@ -172,10 +173,10 @@ class BatchRecorder:
             permanent=failure.permanent,
         )
         if failure.permanent:
-            self.dead(d, "permanent_error", failure, now_ms, started=True, seconds=seconds)
+            self.dead(d, PERMANENT_ERROR, failure, now_ms, started=True, seconds=seconds)
             return
         if d.attempt >= d.max_attempts:
-            reason = "timeout" if failure.timed_out else "exhausted"
+            reason = TIMEOUT if failure.timed_out else EXHAUSTED
             self.dead(d, reason, failure, now_ms, started=True, seconds=seconds)
             return
         feed = d.feed

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dueflow import headers as hdr
+from dueflow import reasons
 from dueflow.wheel import NEAR_LEVEL, WheelGeometry
 
 # (due_ms, partition, offset): a total order every emitter computes alike.
@@ -245,23 +246,25 @@ def classify_timer(
             elif name == _KIND:
                 kind_raw = value
     if due_raw is None:
-        return "missing df-due header"
+        return reasons.MISSING_DUE
     try:
         due = int(due_raw)
     except ValueError:
-        return f"df-due is not an integer: {due_raw[:40]!r}"
+        return reasons.with_detail(reasons.BAD_DUE, repr(due_raw[:40]))
     if queue_raw is None:
-        return "missing df-queue header"
+        return reasons.MISSING_QUEUE
     topic = exec_topics.get(queue_raw)
     if topic is None:
-        return f"unknown queue {queue_raw[:100].decode('utf-8', 'replace')!r}"
+        return reasons.with_detail(
+            reasons.UNKNOWN_QUEUE, repr(queue_raw[:100].decode("utf-8", "replace"))
+        )
     if not key:
-        return "missing key (the idempotency key)"
+        return reasons.MISSING_TIMER_KEY
     if kind_raw is None or kind_raw == _JOB:
         return due, topic, False
     if kind_raw == _CRON:
         return due, topic, True
-    return f"unknown df-kind {kind_raw[:40]!r}"
+    return reasons.with_detail(reasons.UNKNOWN_KIND, repr(kind_raw[:40]))
 
 
 # ---------------------------------------------------------------- checkpoints

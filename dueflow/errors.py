@@ -25,10 +25,12 @@ class DueflowError(Exception):
 class ConfigError(DueflowError):
     """A setting is missing or has a value that is not accepted."""
 
-    def __init__(self, setting: str, value: object, accepted: str) -> None:
-        super().__init__(f"setting {setting!r}: got {value!r}; accepted: {accepted}")
+    def __init__(self, setting: str, value: object, accepted: str, *, secret: bool = False) -> None:
+        # A secret (a password, a token) is named, never shown: messages reach logs.
+        got = "a value that is not shown (a secret)" if secret else repr(value)
+        super().__init__(f"setting {setting!r}: got {got}; accepted: {accepted}")
         self.setting = setting
-        self.value = value
+        self.value = None if secret else value
         self.accepted = accepted
 
 

@@ -29,9 +29,10 @@ from dueflow.ops.purge import plan_purge, purge
 from dueflow.ops.reading import ops_consumer
 from dueflow.ops.redrive import Redriver
 from dueflow.producers.core import wall_ms
+from dueflow.reasons import DEAD_LETTER_REASONS
 from dueflow.timeutil import format_utc
 
-REASONS = ("exhausted", "permanent_error", "unknown_task", "undecodable", "timeout", "conflict")
+REASONS = DEAD_LETTER_REASONS
 
 
 def register(sub: Any) -> None:

@@ -48,7 +48,14 @@ def register(sub: Any) -> None:
     )
     job.set_defaults(func=_job)
 
-    view = sub.add_parser("status-view", help="run the status view (faust app + HTTP + page)")
+    view = sub.add_parser(
+        "status-view",
+        help="run the status view (faust app + HTTP + page)",
+        description="Run the status view. State-changing calls (the redrive button) need "
+        "its token: observability.status_token (DUEFLOW_OBSERVABILITY_STATUS_TOKEN), or one "
+        "made at start and printed once in the page URL. Binding beyond loopback needs a "
+        "configured token.",
+    )
     add_global_options(view)
     view.add_argument("--port", type=int, help="HTTP port (observability.status_port; 0: any)")
     view.add_argument("--bind", help="HTTP address (observability.status_bind, 127.0.0.1)")

@@ -51,7 +51,8 @@ from dueflow.drain import (
 from dueflow.due_queue import DueQueue
 from dueflow.logs import event
 from dueflow.metrics import Metrics, observe_ages
-from dueflow.streams.emitter.quarantine import quarantine_record, reason_label
+from dueflow.reasons import reason_label
+from dueflow.streams.emitter.quarantine import quarantine_record
 from dueflow.topics import names
 from dueflow.tracing import JobTracer
 from dueflow.wheel import NEAR_LEVEL, place_timer

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
 from dueflow import headers as hdr
+from dueflow import reasons
 from dueflow.clients import make_consumer
 from dueflow.config import Settings
 from dueflow.cron import CronSchedule
@@ -143,10 +144,10 @@ class ScheduleTable:
         try:
             schedule_id = (key or b"").decode("utf-8")
         except UnicodeDecodeError:
-            self._remember(m, headers, "key is not UTF-8")
+            self._remember(m, headers, reasons.SCHEDULE_KEY_NOT_UTF8)
             return
         if not schedule_id:
-            self._remember(m, headers, "missing key (the schedule id)")
+            self._remember(m, headers, reasons.MISSING_SCHEDULE_KEY)
             return
         value = m.value()
         if value is None:
@@ -161,13 +162,16 @@ class ScheduleTable:
                 codec.decode("schedule", value, writer_version=version)
             )
         except DueflowError as exc:
-            self._remember(m, headers, f"undecodable schedule: {exc}")
+            self._remember(m, headers, reasons.with_detail(reasons.UNDECODABLE_SCHEDULE, exc))
             return
         if schedule.schedule_id != schedule_id:
-            self._remember(m, headers, f"key {schedule_id!r} is not the schedule id")
+            detail = f"key {schedule_id!r}, schedule id {schedule.schedule_id!r}"
+            self._remember(m, headers, reasons.with_detail(reasons.SCHEDULE_KEY_MISMATCH, detail))
             return
         if schedule.queue not in self._queues:
-            self._remember(m, headers, f"unknown queue {schedule.queue!r}")
+            self._remember(
+                m, headers, reasons.with_detail(reasons.UNKNOWN_QUEUE, repr(schedule.queue))
+            )
             return
         current = self._schedules.get(schedule_id)
         if current is not None and current.version >= schedule.version:

@@ -193,13 +193,13 @@ def test_next_drain(
             "df-due is not an integer: b'soon'",
         ),
         ([("df-due", b"1")], b"k", "missing df-queue header"),
-        ([("df-due", b"1"), ("df-queue", b"nope")], b"k", "unknown queue 'nope'"),
+        ([("df-due", b"1"), ("df-queue", b"nope")], b"k", "unknown queue: 'nope'"),
         ([("df-due", b"1"), ("df-queue", b"default")], None, "missing key (the idempotency key)"),
         ([("df-due", b"1"), ("df-queue", b"default")], b"", "missing key (the idempotency key)"),
         (
             [("df-due", b"1"), ("df-queue", b"default"), ("df-kind", b"x")],
             b"k",
-            "unknown df-kind b'x'",
+            "unknown df-kind: b'x'",
         ),
     ],
 )
