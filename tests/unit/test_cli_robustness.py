@@ -255,3 +255,20 @@ def test_no_scope_no_change() -> None:
 
     settings = load_settings(env={}, overrides={"bootstrap": UNREACHABLE})
     assert "logger" not in _scoped(settings, {"bootstrap.servers": UNREACHABLE})
+
+
+def test_the_readme_shows_what_the_command_prints(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## The command line", 1)[1].split("\n## ", 1)[0]
+    example = section.split("```", 2)[1].strip().splitlines()
+    command, printed, _, code = example
+    env, *argv = command.removeprefix("$ ").split()
+    name, _, value = env.partition("=")
+    monkeypatch.setenv(name, value)
+    assert argv[0] == "dueflow"
+    assert cli.main(argv[1:]) == int(code)
+    assert capfd.readouterr().err.strip() == printed
+    rows = [line.split("|")[1].strip() for line in section.splitlines() if line.startswith("| ")]
+    assert rows[1:] == ["0", "1", "2", "3", "4", "130"]
