@@ -1,9 +1,10 @@
 """One attempt of a handler, in this process, with a hard timeout (I/O edge).
 
-As in the worker (:mod:`dueflow.consumers.execution`): a sync handler runs
-on a thread of its own; one that overruns its timeout is reported as timed
-out at once and its thread is left to finish by itself (Python cannot kill a
-thread), its late result discarded. An async handler runs on one event loop
+As in the worker (:mod:`dueflow.consumers.execution`, whose thread pool this
+uses): a sync handler runs on a pool thread; one that overruns its timeout
+is reported as timed out at once and its thread is left to finish by itself
+(Python cannot kill a thread), its late result discarded, while a new thread
+serves the next jobs. An async handler runs on one event loop
 kept for the pipeline's life (on a thread, so a test that is itself async
 can call the pipeline); at its deadline it is cancelled. Timeouts are in real
 seconds: the fake clock does not move while a handler runs.
@@ -24,6 +25,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from dueflow.consumers.context import TaskContext
+from dueflow.consumers.execution import HandlerThreads
 from dueflow.consumers.failures import Failure, failure_of, timeout_failure
 from dueflow.consumers.isolation import _resolve
 from dueflow.consumers.registry import RegisteredTask
@@ -34,12 +36,15 @@ _STUCK_LOOP_S = 1.0
 
 
 class HandlerLoop:
-    """The event loop async handlers run on, on a daemon thread, started on first use."""
+    """The event loop async handlers run on, on a daemon thread, started on first use;
+    and the worker's pool of daemon threads for sync handlers (one, plus one for
+    each handler still running after its timeout)."""
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self.threads = HandlerThreads(1, name="dueflow-testing-handler")
 
     def loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
@@ -53,6 +58,7 @@ class HandlerLoop:
             return self._loop
 
     def close(self) -> None:
+        self.threads.close()
         with self._lock:
             loop, thread = self._loop, self._thread
             self._loop = self._thread = None
@@ -74,7 +80,7 @@ def run_attempt(
             return refused, 0.0
     if task.is_async:
         return _run_async(task, payload, ctx, timeout_s, loop)
-    return _run_thread(task, payload, ctx, timeout_s)
+    return _run_thread(task, payload, ctx, timeout_s, loop.threads)
 
 
 def _child_would_refuse(task: RegisteredTask, payload: Any, ctx: TaskContext) -> Failure | None:
@@ -97,24 +103,36 @@ def _child_would_refuse(task: RegisteredTask, payload: Any, ctx: TaskContext) ->
 
 
 def _run_thread(
-    task: RegisteredTask, payload: Any, ctx: TaskContext, timeout_s: float
+    task: RegisteredTask, payload: Any, ctx: TaskContext, timeout_s: float, threads: HandlerThreads
 ) -> tuple[Failure | None, float]:
     result: list[Failure | None] = []
+    done = threading.Event()
+    lock = threading.Lock()
+    given_up = False
     started = time.perf_counter()
 
     def work() -> None:
         try:
             task.fn(payload, ctx)
         except BaseException as exc:  # reported, like the worker's threads do
-            result.append(failure_of(exc))
+            failure: Failure | None = failure_of(exc)
         else:
-            result.append(None)
+            failure = None
+        with lock:
+            result.append(failure)
+            late = given_up
+        done.set()
+        if late:  # the thread serves again
+            threads.returned()
 
-    thread = threading.Thread(target=work, name=f"dueflow-handler-{ctx.task}", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
+    threads.submit(work)
+    finished = done.wait(timeout_s)
+    with lock:
+        if not finished and not result:  # still running: given up, its result discarded
+            given_up = True
     seconds = time.perf_counter() - started
-    if not result:  # still running: given up, its late result is discarded
+    if given_up:
+        threads.orphaned()
         return timeout_failure(timeout_s), seconds
     return result[0], seconds
 

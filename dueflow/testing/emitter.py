@@ -58,7 +58,9 @@ class MemoryEmitter:
     def __init__(self, settings: Settings, log: MemoryLog, *, metrics: Metrics) -> None:
         self._log = log
         self._metrics = metrics
-        self._heap: list[tuple[int, int, PendingTimer]] = []
+        # one-shot jobs and cron occurrences apart: "is a job left" is a peek
+        self._jobs: list[tuple[int, int, PendingTimer]] = []
+        self._cron: list[tuple[int, int, PendingTimer]] = []
         self._seq = itertools.count()
         self._read: dict[str, int] = {}  # topic -> records read
         self._lock = threading.RLock()  # a handler's thread may write a schedule
@@ -115,7 +117,7 @@ class MemoryEmitter:
             return
         due, topic, cron = found
         timer = PendingTimer(due, record, topic, cron)
-        heapq.heappush(self._heap, (due, next(self._seq), timer))
+        heapq.heappush(self._cron if cron else self._jobs, (due, next(self._seq), timer))
 
     def _quarantine(self, record: MemoryRecord, reason: str, now_ms: int) -> None:
         value, headers = quarantine_record(
@@ -136,46 +138,38 @@ class MemoryEmitter:
     # ------------------------------------------------------------ firing
     def pending(self) -> list[PendingTimer]:
         """Timers not fired yet, by due time."""
-        return [t for _, _, t in sorted(self._heap)]
+        return [t for _, _, t in sorted(self._jobs + self._cron)]
 
     def next_due(self, *, jobs_only: bool = False) -> int | None:
         """The earliest due time of a pending timer (``jobs_only``: not counting cron
         occurrences), or None."""
-        dues = [d for d, _, t in self._heap if not (jobs_only and t.cron)]
-        return min(dues) if dues else None
+        heads = [h[0][0] for h in ((self._jobs,) if jobs_only else (self._jobs, self._cron)) if h]
+        return min(heads) if heads else None
 
-    def fire_due(
-        self, now_ms: int, *, ignore_due: Callable[[PendingTimer], bool] | None = None
-    ) -> int:
-        """Fire every timer due at ``now_ms`` in due order (and those ``ignore_due`` picks,
-        whatever their due time: eager mode); return how many fired."""
+    def fire_due(self, now_ms: int, *, eager: bool = False) -> int:
+        """Fire every timer due at ``now_ms`` in due order (``eager``: every one-shot
+        job too, whatever its due time); return how many fired."""
         fired = 0
         while True:
             self.poll(now_ms)
             with self._lock:
-                timer = self._pop_due(now_ms, ignore_due)
+                timer = self._pop_due(now_ms, eager)
                 if timer is None:
                     return fired
                 self._fire(timer, now_ms)
             fired += 1
 
-    def _pop_due(
-        self, now_ms: int, ignore_due: Callable[[PendingTimer], bool] | None
-    ) -> PendingTimer | None:
-        if self._heap and self._heap[0][0] <= now_ms:
-            return heapq.heappop(self._heap)[2]
-        if ignore_due is not None:
-            for entry in sorted(self._heap):
-                if ignore_due(entry[2]):
-                    self._heap.remove(entry)
-                    heapq.heapify(self._heap)
-                    return entry[2]
+    def _pop_due(self, now_ms: int, eager: bool) -> PendingTimer | None:
+        due = [h for h in (self._jobs, self._cron) if h and h[0][0] <= now_ms]
+        if due:
+            return heapq.heappop(min(due, key=lambda h: h[0][:2]))[2]
+        if eager and self._jobs:
+            return heapq.heappop(self._jobs)[2]
         return None
 
     def _fire(self, timer: PendingTimer, now_ms: int) -> None:
         record = timer.record
         headers = record.headers()
-        source = (hdr.SOURCE, f"{self._names.timers}:{record.partition()}:{record.offset()}")
         if timer.cron:
             self._keeper.fire_occurrence(
                 as_message(record),
@@ -187,7 +181,9 @@ class MemoryEmitter:
             )
             return
         headers.append((hdr.FIRED, str(now_ms).encode()))
-        headers.append((source[0], source[1].encode()))
+        headers.append(
+            (hdr.SOURCE, f"{record.topic()}:{record.partition()}:{record.offset()}".encode())
+        )
         self._log.append(timer.exec_topic, record.key(), record.value(), headers)
 
     def _emit(

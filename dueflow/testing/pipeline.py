@@ -222,8 +222,8 @@ class InMemoryPipeline:
         try:
             while True:
                 now = self.clock()
-                self.emitter.fire_due(now, ignore_due=_one_shot if eager else None)
-                self.worker.poll()
+                self.emitter.fire_due(now, eager=eager)
+                self.worker.poll(now)
                 run = self.worker.run_next(now, ignore_due=eager)
                 if run is None:
                     return out
@@ -257,7 +257,7 @@ class InMemoryPipeline:
         retries not due (``retry``), by due time; with ``consumed=False`` those in a
         queue no worker of this pipeline reads."""
         self.emitter.poll(self.clock())
-        self.worker.poll()
+        self.worker.poll(self.clock())
         consumed = set(self.worker.queues)
         out = [_pending_timer(t, consumed) for t in self.emitter.pending()]
         out += self.worker.pending()
@@ -342,10 +342,6 @@ def _register(registry: TaskRegistry, tasks: Iterable[Handler | str]) -> None:
                 registry.add(entry.fn, entry.spec)
         else:
             registry.add(item)
-
-
-def _one_shot(timer: PendingTimer) -> bool:
-    return not timer.cron
 
 
 def _pending_timer(timer: PendingTimer, consumed: set[str]) -> PendingJob:

@@ -126,9 +126,13 @@ class InMemoryWorker:
         self._loop.close()
 
     # ------------------------------------------------------------ reading
-    def poll(self) -> None:
-        """Read what was written since the last poll: key states, then deliveries."""
+    def poll(self, now_ms: int) -> None:
+        """Read what was written since the last poll: key states, then deliveries.
+        Keys older than their queue's ``idempotency_retention_ms`` are forgotten, as
+        the worker's stores (and the topic's retention) forget them."""
         n = self._names
+        for store in self._stores.values():
+            store.expire(now_ms)
         for name, queue in self._queues.items():
             for record in self._new(n.idempotency(name)):
                 self._apply_key(record)

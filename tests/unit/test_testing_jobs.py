@@ -71,6 +71,18 @@ def test_a_key_is_final_once_done_or_dead_not_while_it_retries(
         assert [(r.job_id, r.outcome) for r in p.history] == outcomes
 
 
+def test_a_key_is_forgotten_after_the_queues_idempotency_retention() -> None:
+    calls: list[Any] = []
+    settings = Settings(queues=(QueueSpec("default", idempotency_retention_ms=3_600_000),))
+    with InMemoryPipeline([recording("t", calls)], settings=settings) as p:
+        p.scheduler.schedule("t", "first", idempotency_key="k")
+        p.scheduler.schedule("t", "within", idempotency_key="k", delay="59m")
+        p.scheduler.schedule("t", "after", idempotency_key="k", delay="2h")
+        p.run_until_idle()
+        assert [c[2] for c in calls] == ["first", "after"]
+        assert [r.outcome for r in p.history] == ["succeeded", "duplicate", "succeeded"]
+
+
 def test_the_same_job_id_and_content_is_scheduled_once_other_content_conflicts() -> None:
     calls: list[Any] = []
     with InMemoryPipeline([recording("t", calls)]) as p:
