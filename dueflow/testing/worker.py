@@ -94,13 +94,30 @@ class InMemoryWorker:
         return list(self._queues)
 
     def configure(self, settings: Settings, registry: TaskRegistry) -> None:
-        """Take the settings and registry as they are now (queues may be added)."""
+        """Take the settings and registry as they are now: consume the queues
+        ``dueflow worker`` would consume with them (a queue left is read again from
+        its start if it comes back, as a partition assigned anew)."""
+        selected = select_queues(settings, registry, self._asked)
         self._settings = settings
         self._registry = registry
         self._names = names(settings)
-        for name in select_queues(settings, registry, self._asked):
+        for name in [q for q in self._queues if q not in selected]:
+            self._drop_queue(name)
+        for name in selected:
             if name not in self._queues:
                 self._add_queue(settings.queue(name))
+
+    def _drop_queue(self, name: str) -> None:
+        queue = self._queues.pop(name)
+        topics = {self._names.exec(name), self._names.idempotency(name), *queue.tiers}
+        self._heap = [e for e in self._heap if e[2].feed.topic not in topics]
+        heapq.heapify(self._heap)
+        for topic in topics:
+            self._read.pop(topic, None)
+        for key in [k for k in self._feeds if k[0] in topics]:
+            del self._feeds[key]
+        for key in [k for k in self._stores if k[0] == name]:
+            del self._stores[key]
 
     def _add_queue(self, spec: QueueSpec) -> None:
         n = self._names

@@ -423,3 +423,40 @@ def test_the_scheduler_works_as_a_context_manager_and_after_a_restart() -> None:
         s.schedule("t", 2)
         p.run_due()
         assert [c[2] for c in calls] == [1, 2]
+
+
+def test_given_settings_must_configure_the_queues_of_the_tasks() -> None:
+    from dueflow.errors import ConfigError
+
+    settings = Settings(queues=(QueueSpec("default"),))
+    with InMemoryPipeline(settings=settings) as p:
+        with pytest.raises(ConfigError, match="'billing'"):
+            p.register(recording("invoice", [], queue="billing"))
+        with pytest.raises(InvalidInput, match="queue"):
+            p.scheduler.schedule("invoice", queue="billing")
+
+
+def test_tasks_registered_later_add_their_queues_and_get_what_waits_there() -> None:
+    calls: list[Any] = []
+    with InMemoryPipeline([recording("a", calls)]) as p:
+        p.register(recording("b", calls, queue="late"))
+        job = p.scheduler.schedule("b", queue="late", delay="1m")
+        p.run_until_idle()
+        assert [c[0] for c in calls] == [job.job_id]
+
+
+def test_the_worker_consumes_the_queues_of_the_tasks_registered_so_far() -> None:
+    """As ``dueflow worker`` with those tasks: without tasks every configured queue;
+    with tasks, their queues only (a job sent elsewhere waits, unconsumed)."""
+    calls: list[Any] = []
+    with InMemoryPipeline() as p:
+        assert p.worker.queues == ["default"]
+        p.register(recording("invoice", calls, queue="billing"))
+        assert p.worker.queues == ["billing"]
+        stuck = p.scheduler.schedule("invoice")  # to "default": nobody reads it
+        p.run_until_idle()
+        assert calls == []
+        assert [j.consumed for j in p.pending(stuck.job_id)] == [False]
+        p.register(recording("other", calls))  # a task on "default": now it is read
+        p.run_until_idle()
+        assert [c[0] for c in calls] == [stuck.job_id]
