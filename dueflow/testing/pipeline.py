@@ -196,7 +196,7 @@ class InMemoryPipeline:
             out += self._run(eager=False, budget=self.max_runs - len(out))
 
     def _next_due(self, *, jobs_only: bool) -> int | None:
-        dues = [d for d in (self.emitter.next_due(jobs_only=jobs_only), self.worker.next_due())]
+        dues = (self.emitter.next_due(jobs_only=jobs_only), self.worker.next_due())
         found = [d for d in dues if d is not None]
         return min(found) if found else None
 

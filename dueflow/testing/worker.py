@@ -224,6 +224,8 @@ class InMemoryWorker:
         queue = self._queues[self._queue_of(d.feed.topic)]
         recorder = queue.recorder
         prepare(d, self._registry)
+        if d.task is not None and d.fields is not None:  # also for a delivery that is skipped
+            d.max_attempts = attempt_limits(d.task, d.fields, self._settings.worker)[0]
         key = d.key
         if key:
             state = d.feed.keys.get(key)
