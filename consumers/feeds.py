@@ -11,6 +11,7 @@ import orjson
 from confluent_kafka import TopicPartition
 
 from dueflow import headers as hdr
+from dueflow.config import WorkerSettings
 from dueflow.consumers.failures import Failure, permanent
 from dueflow.consumers.offsets import OffsetTracker
 from dueflow.consumers.registry import RegisteredTask, TaskRegistry
@@ -22,9 +23,12 @@ from dueflow.schemas.fast import (
     F_DUE_MS,
     F_JOB_ID,
     F_KEY,
+    F_MAX_ATTEMPTS,
     F_PAYLOAD,
     F_TASK,
+    F_TIMEOUT_MS,
     F_TRACE,
+    JobFields,
     decode_job_fields,
 )
 
@@ -192,6 +196,24 @@ def prepare(d: Delivery, registry: TaskRegistry) -> None:
             d.bad = (UNDECODABLE, permanent("UndecodablePayload", f"text payload: {exc}"))
     else:
         d.payload = payload
+
+
+def attempt_limits(
+    task: RegisteredTask, fields: JobFields, ws: WorkerSettings
+) -> tuple[int, float]:
+    """``(max_attempts, timeout_s)`` of a job's attempt: the task's settings first, then
+    the job record's, then the worker's defaults."""
+    spec = task.spec
+    max_attempts = spec.max_attempts or fields[F_MAX_ATTEMPTS]
+    if max_attempts < 1:
+        max_attempts = ws.default_max_attempts
+    if spec.timeout_s is not None:
+        timeout_s = spec.timeout_s
+    elif fields[F_TIMEOUT_MS]:
+        timeout_s = fields[F_TIMEOUT_MS] / 1000
+    else:
+        timeout_s = ws.default_timeout_s
+    return max_attempts, timeout_s
 
 
 def int_or(raw: bytes | None, default: int) -> int:

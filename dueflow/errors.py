@@ -59,6 +59,17 @@ class KafkaOperationError(DueflowError):
     retriable = True
 
 
+class ClusterUnreachable(KafkaOperationError):
+    """No broker of the bootstrap list answered (refused, not resolved, TLS/SASL
+    failure, or silence until the deadline); ``reason`` is librdkafka's."""
+
+    def __init__(self, bootstrap: str, reason: str, *, waited_s: float = 0.0) -> None:
+        super().__init__(f"cannot reach the Kafka cluster at {bootstrap}: {reason}")
+        self.bootstrap = bootstrap
+        self.reason = reason
+        self.waited_s = waited_s
+
+
 class TopicMismatch(DueflowError):
     """An existing topic differs from the layout dueflow needs."""
 

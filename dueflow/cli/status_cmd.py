@@ -19,6 +19,7 @@ from typing import Any
 
 from dueflow.cli.common import (
     add_global_options,
+    check_cluster,
     configure_logging,
     format_table,
     print_json,
@@ -278,6 +279,7 @@ def render_job(view: dict[str, Any]) -> str:
 
 def _status_view(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
+    check_cluster(settings)  # faust's client retries forever: ask first
     obs = settings.observability
     configure_logging(settings)
     from dueflow.metrics import Metrics

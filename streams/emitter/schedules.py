@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
@@ -117,11 +118,17 @@ class ScheduleTable:
         """Read what arrived; return the ids of schedules that changed (or went away)."""
         if self._consumer is None:
             return set()
-        changed: set[str] = set()
         first = self._consumer.poll(timeout_s)
         if first is None:
-            return changed
-        for m in [first, *self._consumer.consume(500, 0)]:
+            return set()
+        return self.apply([first, *self._consumer.consume(500, 0)])
+
+    def apply(self, messages: Iterable[Message]) -> set[str]:
+        """Apply records of the schedules (or cron state) topic read by any reader;
+        return the ids of schedules that changed. ``poll`` feeds its consumer's here;
+        the in-memory pipeline of :mod:`dueflow.testing` feeds its log's."""
+        changed: set[str] = set()
+        for m in messages:
             self._apply(m, changed)
         return changed
 
