@@ -221,7 +221,7 @@ def test_a_timer_for_an_unknown_queue_is_quarantined() -> None:
         p.log.append("dueflow.timers", b"k", b"x", [(hdr.DUE, b"0"), (hdr.QUEUE, b"nope")])
         assert p.run_due() == []
         (bad,) = p.quarantined
-        assert bad.reason == "unknown queue 'nope'"
+        assert bad.reason == "unknown queue: 'nope'"
 
 
 def test_schedule_many_reports_bad_jobs_and_runs_the_others() -> None:
