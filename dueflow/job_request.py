@@ -255,10 +255,15 @@ def check_finite(payload: Any) -> None:
     if found is not None:
         steps, value = found
         path = "payload" + "".join(
-            f".{s[1:]}" if isinstance(s, str) and s.startswith(".") else f"[{s!r}]"
-            for s in reversed(steps)
+            f".{s}" if isinstance(s, _Attribute) else f"[{s!r}]" for s in reversed(steps)
         )
         raise InvalidInput(path, value, NON_FINITE_ACCEPTED)
+
+
+class _Attribute(str):
+    """A step into a dataclass field (shown ``.name``; a dict key is ``['name']``)."""
+
+    __slots__ = ()
 
 
 def _non_finite(value: Any) -> tuple[list[object], float] | None:
@@ -271,7 +276,7 @@ def _non_finite(value: Any) -> tuple[list[object], float] | None:
     elif isinstance(value, list | tuple):
         items = enumerate(value)
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        items = ((f".{f.name}", getattr(value, f.name)) for f in dataclasses.fields(value))
+        items = ((_Attribute(f.name), getattr(value, f.name)) for f in dataclasses.fields(value))
     elif isinstance(value, Enum):
         return _non_finite(value.value)
     else:

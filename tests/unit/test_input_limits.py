@@ -184,6 +184,7 @@ class Level(enum.Enum):
         ([{"x": None}, {"y": {"z": (0, float("inf"))}}], "payload[1]['y']['z'][1]"),
         ({"r": Reading("s1", float("nan"))}, "payload['r'].value"),
         ({"level": Level.UNKNOWN}, "payload['level']"),
+        ({".value": [float("nan")]}, "payload['.value'][0]"),  # a key, not an attribute
     ],
 )
 def test_a_nan_or_infinite_payload_is_refused_naming_its_path(payload: Any, path: str) -> None:
