@@ -42,6 +42,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from dueflow import headers as hdr
+from dueflow.backoff import WHEEL
 from dueflow.blocking import ClientWedged, DaemonThreadExecutor
 from dueflow.clients import make_admin, make_consumer
 from dueflow.clock_probe import ClockProbe
@@ -181,6 +182,7 @@ class QueueRuntime:
         metrics.duplicates_skipped.labels(queue.name)
         for tier in queue.retry_tiers_ms:
             metrics.retries.labels(queue.name, tier_label(tier))
+        metrics.retries.labels(queue.name, WHEEL)  # retries longer than the top tier
         metrics.in_flight.labels(queue.name).set(0)
         # Back pressure: a partition whose backlog reaches _high stops fetching until _low.
         self._high = max(2 * self._ws.fetch_batch, 2 * self._ws.concurrency)

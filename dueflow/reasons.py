@@ -41,6 +41,7 @@ MISSING_QUEUE = "missing df-queue header"
 UNKNOWN_QUEUE = "unknown queue"  # also a schedule whose queue is not configured
 MISSING_TIMER_KEY = "missing key (the idempotency key)"
 UNKNOWN_KIND = "unknown df-kind"
+BAD_PARTITION = "bad df-partition"  # not a partition of the queue's exec topic
 # emitter, schedules topic
 SCHEDULE_KEY_NOT_UTF8 = "key is not UTF-8"
 MISSING_SCHEDULE_KEY = "missing key (the schedule id)"
@@ -60,6 +61,7 @@ QUARANTINE_REASONS = (
     UNKNOWN_QUEUE,
     MISSING_TIMER_KEY,
     UNKNOWN_KIND,
+    BAD_PARTITION,
     SCHEDULE_KEY_NOT_UTF8,
     MISSING_SCHEDULE_KEY,
     UNDECODABLE_SCHEDULE,
