@@ -43,7 +43,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-unit: $(STAMP)
+unit: $(STAMP) promtool
 	$(PY) -m pytest tests/unit
 
 integration: $(STAMP) jars browser-deps
@@ -94,9 +94,20 @@ compose-plugin:
 
 ## promtool (checks the alert rules): taken out of Debian's prometheus package
 ## without installing the server (no daemon is started), into the virtualenv.
+## Fails loudly when it cannot: the alert-rule test fails without promtool.
 promtool: $(STAMP)
-	@if [ ! -x $(BIN)/promtool ]; then \
-	  d=$$(mktemp -d); chmod 755 $$d; (cd $$d && apt-get download -q prometheus >/dev/null 2>&1 && \
-	  dpkg-deb -x prometheus_*.deb x) && cp $$d/x/usr/bin/promtool $(BIN)/promtool; \
-	  rm -rf $$d; fi
-	@$(BIN)/promtool --version | head -1
+	@set -e; \
+	if [ ! -x $(BIN)/promtool ]; then \
+	  d=$$(mktemp -d); trap 'rm -rf "$$d"' EXIT; chmod 755 "$$d"; \
+	  echo "promtool: taking it from Debian's prometheus package (apt-get download prometheus)"; \
+	  if ! (cd "$$d" && apt-get download -q prometheus); then \
+	    echo "promtool: 'apt-get download prometheus' failed (no apt here, or stale package lists: run 'sudo apt-get update' and retry)" >&2; \
+	    exit 1; \
+	  fi; \
+	  dpkg-deb -x "$$d"/prometheus_*.deb "$$d/x"; \
+	  install -m 755 "$$d/x/usr/bin/promtool" $(BIN)/promtool; \
+	fi; \
+	if ! v=$$($(BIN)/promtool --version 2>&1); then \
+	  echo "promtool: $(BIN)/promtool does not run: $$v" >&2; exit 1; \
+	fi; \
+	echo "$$v" | head -1

@@ -7,6 +7,7 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from dueflow import headers as hdr
+from dueflow.errors import InvalidInput
 from dueflow.model import Job
 from dueflow.schemas.fast import (
     F_DUE_MS,
@@ -62,6 +63,63 @@ class TaskContext:
         #: the OpenTelemetry context of this run's span (``None`` when tracing is off)
         self.otel_context = otel_context
         self._logger: logging.LoggerAdapter[logging.Logger] | None = None
+
+    @classmethod
+    def for_test(
+        cls,
+        task: str = "test-task",
+        payload: Any = None,
+        *,
+        attempt: int = 1,
+        max_attempts: int = 4,
+        job_id: str = "test-job",
+        queue: str = "default",
+        idempotency_key: str | None = None,
+        due_ms: int = 0,
+        schedule_id: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        traceparent: str | None = None,
+    ) -> TaskContext:
+        """A context for calling a handler directly in a unit test::
+
+            ctx = TaskContext.for_test("send-invoice", {"id": 7}, attempt=2, max_attempts=3)
+            send_invoice({"id": 7}, ctx)
+
+        The job is built the way a worker sees it: ``payload`` is encoded as the
+        scheduling client would (JSON, or bytes as they are; a value JSON cannot
+        hold raises :class:`~dueflow.errors.InvalidInput`), the record goes
+        through the Avro encoding and back. ``source`` names no real record
+        (``("test", 0, 0)``). For whole jobs (retries, timeouts, the DLQ) use
+        :class:`dueflow.testing.InMemoryPipeline`.
+        """
+        from dueflow.job_request import content_hash, encode_payload
+        from dueflow.schemas import codec
+        from dueflow.schemas.fast import decode_job_fields
+
+        for name, value in (("attempt", attempt), ("max_attempts", max_attempts)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidInput(name, value, "an integer >= 1")
+        if attempt > max_attempts:
+            raise InvalidInput("attempt", attempt, f"at most max_attempts ({max_attempts})")
+        body, content_type = encode_payload(payload)
+        job = Job(
+            job_id=job_id,
+            queue=queue,
+            task=task,
+            payload=body,
+            content_type=content_type,
+            due_ms=due_ms,
+            idempotency_key=job_id if idempotency_key is None else idempotency_key,
+            created_ms=due_ms,
+            max_attempts=max_attempts,
+            trace={} if traceparent is None else {hdr.TRACEPARENT: traceparent},
+            schedule_id=schedule_id,
+            content_hash=content_hash(task, body, content_type),
+            labels=dict(labels or {}),
+        )
+        fields = decode_job_fields(codec.encode("job", job.to_record()))
+        headers = {hdr.ATTEMPT: str(attempt).encode()}
+        return cls(fields, attempt, max_attempts, headers, ("test", 0, 0))
 
     @property
     def job(self) -> Job:

@@ -19,6 +19,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
+from dueflow import reasons
 from dueflow.clients import make_consumer
 from dueflow.config import Settings
 from dueflow.consumers.polling import ConsumerThread
@@ -108,7 +109,7 @@ class ControlTail:
             try:
                 control = decode_control(msg.key(), msg.value())
             except UndecodableRecord as exc:
-                self._quarantine.put(msg, f"bad control record: {exc}")
+                self._quarantine.put(msg, reasons.with_detail(reasons.BAD_CONTROL, exc))
                 continue
             if control is not None:
                 self._set(control)

@@ -11,19 +11,24 @@ import orjson
 from confluent_kafka import TopicPartition
 
 from dueflow import headers as hdr
+from dueflow.config import WorkerSettings
 from dueflow.consumers.failures import Failure, permanent
 from dueflow.consumers.offsets import OffsetTracker
 from dueflow.consumers.registry import RegisteredTask, TaskRegistry
 from dueflow.consumers.store import KeyStore
 from dueflow.errors import UndecodableRecord
+from dueflow.reasons import UNDECODABLE, UNKNOWN_TASK
 from dueflow.schemas.fast import (
     F_CONTENT_TYPE,
     F_DUE_MS,
     F_JOB_ID,
     F_KEY,
+    F_MAX_ATTEMPTS,
     F_PAYLOAD,
     F_TASK,
+    F_TIMEOUT_MS,
     F_TRACE,
+    JobFields,
     decode_job_fields,
 )
 
@@ -159,7 +164,7 @@ def prepare(d: Delivery, registry: TaskRegistry) -> None:
         fields = decode_job_fields(msg.value() or b"", hmap.get(hdr.SCHEMA))
     except UndecodableRecord as exc:
         d.key = key or b""
-        d.bad = ("undecodable", permanent("UndecodableRecord", str(exc)))
+        d.bad = (UNDECODABLE, permanent("UndecodableRecord", str(exc)))
         d.not_before = int_or(due, 0)
         return
     d.fields = fields
@@ -169,7 +174,7 @@ def prepare(d: Delivery, registry: TaskRegistry) -> None:
     if task is None:
         known = sorted(t.spec.name for t in registry)[:20]
         d.bad = (
-            "unknown_task",
+            UNKNOWN_TASK,
             permanent(
                 "UnknownTask",
                 f"no handler for task {fields[F_TASK]!r} in this worker (known: {known})",
@@ -183,14 +188,32 @@ def prepare(d: Delivery, registry: TaskRegistry) -> None:
         try:
             d.payload = orjson.loads(payload)
         except orjson.JSONDecodeError as exc:
-            d.bad = ("undecodable", permanent("UndecodablePayload", f"JSON payload: {exc}"))
+            d.bad = (UNDECODABLE, permanent("UndecodablePayload", f"JSON payload: {exc}"))
     elif content_type.startswith("text/"):
         try:
             d.payload = payload.decode()
         except UnicodeDecodeError as exc:
-            d.bad = ("undecodable", permanent("UndecodablePayload", f"text payload: {exc}"))
+            d.bad = (UNDECODABLE, permanent("UndecodablePayload", f"text payload: {exc}"))
     else:
         d.payload = payload
+
+
+def attempt_limits(
+    task: RegisteredTask, fields: JobFields, ws: WorkerSettings
+) -> tuple[int, float]:
+    """``(max_attempts, timeout_s)`` of a job's attempt: the task's settings first, then
+    the job record's, then the worker's defaults."""
+    spec = task.spec
+    max_attempts = spec.max_attempts or fields[F_MAX_ATTEMPTS]
+    if max_attempts < 1:
+        max_attempts = ws.default_max_attempts
+    if spec.timeout_s is not None:
+        timeout_s = spec.timeout_s
+    elif fields[F_TIMEOUT_MS]:
+        timeout_s = fields[F_TIMEOUT_MS] / 1000
+    else:
+        timeout_s = ws.default_timeout_s
+    return max_attempts, timeout_s
 
 
 def int_or(raw: bytes | None, default: int) -> int:

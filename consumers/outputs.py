@@ -6,22 +6,13 @@ from collections.abc import Mapping, Sequence
 
 from dueflow import headers as hdr
 from dueflow.consumers.failures import Failure
+from dueflow.reasons import DEAD_LETTER_REASONS, OTHER
 from dueflow.schemas import codec
 from dueflow.schemas.fast import IDEMPOTENCY_V1, OUTCOME_V1
 
 KEY_HEADERS = [(hdr.SCHEMA, IDEMPOTENCY_V1)]
 OUTCOME_HEADERS = [(hdr.SCHEMA, OUTCOME_V1)]
 DEAD_LETTER_SCHEMA = codec.schema_header("dead_letter")
-
-DEAD_REASONS = (
-    "exhausted",
-    "permanent_error",
-    "unknown_task",
-    "undecodable",
-    "timeout",
-    "conflict",
-    "other",
-)
 
 
 def retry_headers(
@@ -98,7 +89,7 @@ def dead_letter_value(
             "queue": queue,
             "task": task,
             "idempotency_key": idempotency_key,
-            "reason": reason if reason in DEAD_REASONS else "other",
+            "reason": reason if reason in DEAD_LETTER_REASONS else OTHER,
             "error_type": failure.error_type,
             "error_message": failure.message,
             "traceback": failure.traceback,

@@ -12,6 +12,7 @@ from dueflow.clients import make_producer
 from dueflow.config import Settings
 from dueflow.logs import event
 from dueflow.metrics import Metrics
+from dueflow.reasons import reason_label
 from dueflow.schemas import codec
 from dueflow.topics import names
 
@@ -29,7 +30,10 @@ class Quarantine:
         self._producer: Producer | None = None
 
     def put(self, msg: Any, reason: str) -> None:
-        """Quarantine confluent-kafka message ``msg`` with ``reason`` (never raises)."""
+        """Quarantine confluent-kafka message ``msg`` with ``reason`` (never raises).
+
+        ``reason``: one of :data:`dueflow.reasons.QUARANTINE_REASONS`, with a detail
+        (:func:`dueflow.reasons.with_detail`) or not."""
         self.put_raw(
             topic=msg.topic(),
             partition=msg.partition(),
@@ -52,7 +56,7 @@ class Quarantine:
         reason: str,
     ) -> None:
         """Quarantine a record given by its parts (never raises)."""
-        self._metrics.quarantined.labels(self._component, _label(reason)).inc()
+        self._metrics.quarantined.labels(self._component, reason_label(reason)).inc()
         event(
             _LOG,
             "record quarantined",
@@ -94,8 +98,3 @@ class Quarantine:
         if self._producer is not None:
             self._producer.flush(5.0)
             self._producer = None
-
-
-def _label(reason: str) -> str:
-    """Low-cardinality metric label of a reason: the text before its first detail."""
-    return reason.partition(":")[0].strip()[:60] or "unknown"

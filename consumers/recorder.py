@@ -6,7 +6,9 @@ a :class:`~dueflow.consumers.committer.Batch` every commit interval:
 - success: idempotency ``done`` (explicit partition p) + outcome ``succeeded``
 - retriable failure: the record again in its retry tier (partition p, the
   value unchanged, headers with the next attempt and its due time) +
-  outcome ``retrying``
+  outcome ``retrying``; a delay longer than the top tier goes back through
+  the timer wheel instead (a timer record that fires into exec partition p at
+  the due time, see :func:`dueflow.backoff.retry_route`)
 - permanent failure, exhausted attempts, unknown task, undecodable record:
   DLQ record (partition p) + idempotency ``dead`` + outcome ``dead``
 - skipped (key final already): outcome ``duplicate`` or ``cancelled``
@@ -27,7 +29,7 @@ from typing import Any
 from confluent_kafka import TopicPartition
 
 from dueflow import headers as hdr
-from dueflow.backoff import choose_tier, compute_backoff
+from dueflow.backoff import WHEEL, compute_backoff, retry_route
 from dueflow.config import QueueSpec, Settings
 from dueflow.consumers.committer import Batch
 from dueflow.consumers.failures import Failure
@@ -43,6 +45,7 @@ from dueflow.consumers.outputs import (
 from dueflow.consumers.store import CANCELLED, DEAD, DONE
 from dueflow.logs import JOB_DEAD_LETTER, JOB_FAILED, JOB_RETRY, JOB_SUCCEEDED, job_event
 from dueflow.metrics import Metrics, observe_many
+from dueflow.reasons import EXHAUSTED, PERMANENT_ERROR, TIMEOUT
 from dueflow.schemas.fast import (
     F_BACKOFF,
     F_DUE_MS,
@@ -54,6 +57,7 @@ from dueflow.schemas.fast import (
     encode_outcome,
     encode_success,
 )
+from dueflow.timer_record import TimerPlacer, retry_timer
 from dueflow.topics import names, tier_label
 from dueflow.tracing import JobTracer
 
@@ -82,6 +86,8 @@ class BatchRecorder:
         self._name = queue.name
         self._tiers = queue.retry_tiers_ms
         self._tier_topics = {tier: n.retry(queue.name, tier) for tier in queue.retry_tiers_ms}
+        self._timers_topic = n.timers
+        self._placer = TimerPlacer(settings.wheel)
         self._idem_topic = n.idempotency(queue.name)
         self._dlq_topic = n.dlq(queue.name)
         self._outcomes_topic = n.outcomes
@@ -172,10 +178,10 @@ class BatchRecorder:
             permanent=failure.permanent,
         )
         if failure.permanent:
-            self.dead(d, "permanent_error", failure, now_ms, started=True, seconds=seconds)
+            self.dead(d, PERMANENT_ERROR, failure, now_ms, started=True, seconds=seconds)
             return
         if d.attempt >= d.max_attempts:
-            reason = "timeout" if failure.timed_out else "exhausted"
+            reason = TIMEOUT if failure.timed_out else EXHAUSTED
             self.dead(d, reason, failure, now_ms, started=True, seconds=seconds)
             return
         feed = d.feed
@@ -183,13 +189,14 @@ class BatchRecorder:
         delay = compute_backoff(
             attempt=d.attempt, policy=policy, tiers_ms=self._tiers, rand=self._rng.random()
         )
-        tier = choose_tier(delay, self._tiers)
+        route = retry_route(delay, self._tiers)
         hmap = d.hmap
         origin = hmap.get(hdr.ORIGIN)
+        due_ms = now_ms + delay
         headers = retry_headers(
             d.msg.headers(),
             attempt=d.attempt + 1,
-            due_ms=now_ms + delay,
+            due_ms=due_ms,
             first_failure_ms=int_or(hmap.get(hdr.FIRST_FAILURE), now_ms),
             failed_ms=now_ms,
             failure=failure,
@@ -197,18 +204,33 @@ class BatchRecorder:
             trace=d.span.headers if d.span is not None else (),
         )
         key = d.msg.key()
-        self.records.append(
-            (
-                feed,
-                self._tier_topics[tier],
-                feed.partition,
-                key if key is not None else d.key,
-                d.msg.value(),
-                headers,
+        if key is None:
+            key = d.key
+        value = d.msg.value()
+        if route == WHEEL and key:
+            rec = retry_timer(
+                key=key,
+                value=value or b"",
+                headers=headers,
+                queue=self._name,
+                exec_partition=feed.partition,
+                due_ms=due_ms,
+                now_ms=now_ms,
+                placer=self._placer,
             )
-        )
+            self.records.append(
+                (feed, self._timers_topic, rec.partition, rec.key, rec.value, rec.headers)
+            )
+            label = WHEEL
+        else:
+            # (a record without a key cannot be a timer: it waits in the top tier)
+            tier = self._tiers[-1] if route == WHEEL else int(route)
+            self.records.append(
+                (feed, self._tier_topics[tier], feed.partition, key, value, headers)
+            )
+            label = tier_label(tier)
         self._outcome(d, "retrying", now_ms, failure=failure, seconds=seconds)
-        self._metrics.retries.labels(self._name, tier_label(tier)).inc()
+        self._metrics.retries.labels(self._name, label).inc()
         self._tally[(task, "retrying")] += 1
         job_event(
             _LOG,
@@ -221,7 +243,7 @@ class BatchRecorder:
             outcome="retrying",
             trace_id=trace_id(d),
             retry_in_ms=delay,
-            tier=tier_label(tier),
+            tier=label,
             error=failure.summary,
         )
 

@@ -32,9 +32,9 @@ from typing import Any, Literal, TypeVar, overload
 
 from dueflow.errors import InvalidInput
 from dueflow.model import Backoff
+from dueflow.task_name import check_task_name
 
 ATTRIBUTE = "__dueflow_task__"
-_TASK_NAME_RE = re.compile(r"^[A-Za-z0-9_.:/-]{1,200}$")
 _QUEUE_RE = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
 
 Isolation = Literal["thread", "process"]
@@ -54,8 +54,7 @@ class TaskSpec:
     isolation: Isolation = "thread"
 
     def validate(self) -> TaskSpec:
-        if not isinstance(self.name, str) or not _TASK_NAME_RE.match(self.name):
-            raise InvalidInput("task.name", self.name, "1-200 of [A-Za-z0-9_.:/-]")
+        check_task_name(self.name, field="task.name")  # the rule the SDK checks too
         if not isinstance(self.queue, str) or not _QUEUE_RE.match(self.queue):
             raise InvalidInput("task.queue", self.queue, "1-100 of [A-Za-z0-9_-]")
         if self.timeout_s is not None and not (

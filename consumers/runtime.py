@@ -42,6 +42,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from dueflow import headers as hdr
+from dueflow.backoff import WHEEL
 from dueflow.blocking import ClientWedged, DaemonThreadExecutor
 from dueflow.clients import make_admin, make_consumer
 from dueflow.clock_probe import ClockProbe
@@ -50,7 +51,7 @@ from dueflow.consumers.committer import CommitFailed, TransactionalCommitter
 from dueflow.consumers.context import TaskContext
 from dueflow.consumers.execution import JobExecutor
 from dueflow.consumers.failures import Failure
-from dueflow.consumers.feeds import Delivery, PartitionFeed, prepare, trace_id
+from dueflow.consumers.feeds import Delivery, PartitionFeed, attempt_limits, prepare, trace_id
 from dueflow.consumers.polling import GroupPoller
 from dueflow.consumers.quarantine import Quarantine
 from dueflow.consumers.ratelimit import QueueRates
@@ -68,7 +69,7 @@ from dueflow.group_config import (
 )
 from dueflow.logs import JOB_STARTED, event, job_event
 from dueflow.metrics import Metrics
-from dueflow.schemas.fast import F_JOB_ID, F_MAX_ATTEMPTS, F_TASK, F_TIMEOUT_MS
+from dueflow.schemas.fast import F_JOB_ID, F_TASK
 from dueflow.topics import names, tier_label
 from dueflow.tracing import JobTracer
 
@@ -181,6 +182,7 @@ class QueueRuntime:
         metrics.duplicates_skipped.labels(queue.name)
         for tier in queue.retry_tiers_ms:
             metrics.retries.labels(queue.name, tier_label(tier))
+        metrics.retries.labels(queue.name, WHEEL)  # retries longer than the top tier
         metrics.in_flight.labels(queue.name).set(0)
         # Back pressure: a partition whose backlog reaches _high stops fetching until _low.
         self._high = max(2 * self._ws.fetch_batch, 2 * self._ws.concurrency)
@@ -794,17 +796,7 @@ class QueueRuntime:
         self._slots.free -= 1
         feed.inflight += 1
         self._running[d.key] = d
-        spec = task.spec
-        ws = self._ws
-        # Precedence: the task's settings, then the job's, then the worker's defaults.
-        max_attempts = spec.max_attempts or fields[F_MAX_ATTEMPTS]
-        d.max_attempts = max_attempts if max_attempts >= 1 else ws.default_max_attempts
-        if spec.timeout_s is not None:
-            timeout_s = spec.timeout_s
-        elif fields[F_TIMEOUT_MS]:
-            timeout_s = fields[F_TIMEOUT_MS] / 1000
-        else:
-            timeout_s = ws.default_timeout_s
+        d.max_attempts, timeout_s = attempt_limits(task, fields, self._ws)
         otel = None
         if self._tracing:
             d.span, otel = start_attempt(

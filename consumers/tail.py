@@ -26,6 +26,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
 from dueflow import headers as hdr
+from dueflow import reasons
 from dueflow.clients import make_consumer
 from dueflow.config import Settings
 from dueflow.consumers.polling import ConsumerThread
@@ -172,7 +173,7 @@ class KeyTail:
             positions[partition] = max(positions.get(partition, -1), msg.offset() + 1)
             key = msg.key()
             if key is None:
-                self._quarantine.put(msg, "idempotency record without a key")
+                self._quarantine.put(msg, reasons.IDEMPOTENCY_WITHOUT_KEY)
                 continue
             value = msg.value()
             records = by_partition.setdefault(partition, [])
@@ -188,7 +189,7 @@ class KeyTail:
             try:
                 state, at_ms = decode_key_state(value, _schema(msg))
             except UndecodableRecord as exc:
-                self._quarantine.put(msg, f"undecodable idempotency record: {exc}")
+                self._quarantine.put(msg, reasons.with_detail(reasons.UNDECODABLE_IDEMPOTENCY, exc))
                 continue
             records.append((key, STATE_OF[state], at_ms))
         for partition, position in positions.items():

@@ -4,6 +4,11 @@ The emitter fires a timer by writing its value bytes unchanged to
 ``<prefix>.exec.<queue>``, keyed by the idempotency key (the murmur2
 partitioner picks the partition) with the timer's headers plus ``df-fired``
 and ``df-src``. :class:`ExecWriter` writes the same records without a wheel.
+
+These helpers need a broker: they are for dueflow's own integration tests,
+benchmarks and demo. To test your own handlers without Kafka, use
+:mod:`dueflow.testing` (the pipeline in memory), which neither re-exports nor
+replaces this module.
 """
 
 from __future__ import annotations

@@ -6,9 +6,30 @@ and has no side effects.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:  # what type checkers see of the lazy names below ("X as X": exported)
+    from dueflow.config import QueueSpec as QueueSpec
+    from dueflow.config import Settings as Settings
+    from dueflow.config import load_settings as load_settings
+    from dueflow.consumers import TaskContext as TaskContext
+    from dueflow.consumers import TaskRegistry as TaskRegistry
+    from dueflow.consumers import task as task
+    from dueflow.cron import CronSchedule as CronSchedule
+    from dueflow.cron import MisfirePolicy as MisfirePolicy
+    from dueflow.errors import ConflictError as ConflictError
+    from dueflow.errors import DueflowError as DueflowError
+    from dueflow.errors import InvalidInput as InvalidInput
+    from dueflow.errors import JobError as JobError
+    from dueflow.errors import PermanentJobError as PermanentJobError
+    from dueflow.model import Backoff as Backoff
+    from dueflow.producers import AsyncScheduler as AsyncScheduler
+    from dueflow.producers import JobRequest as JobRequest
+    from dueflow.producers import Scheduler as Scheduler
+    from dueflow.wheel import WheelGeometry as WheelGeometry
+    from dueflow.wheel import WheelLevel as WheelLevel
 
 _EXPORTS = {
     "Settings": "dueflow.config",

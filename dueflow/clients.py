@@ -3,17 +3,33 @@
 Every client dueflow creates goes through here, so security settings from
 :class:`~dueflow.config.Settings` reach all of them and defaults live in one
 place.
+
+A command-line run wraps its work in :func:`client_scope`: every client made
+inside it sends librdkafka's log lines to a :class:`ClientLog` (each distinct
+line once, instead of a ``%3|...|FAIL|...`` line per reconnect attempt), and
+the cluster is probed once (:func:`probe_cluster`) before the first client
+connects, so an unreachable bootstrap fails in about a second with one clear
+error instead of after the first operation's 15-60 s timeout. Outside a scope
+(library use, long-running processes) clients are made as before.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from dueflow.config import Settings
-from dueflow.errors import KafkaOperationError
+from dueflow.errors import ClusterUnreachable, KafkaOperationError
 
 # The exec partition of a job is chosen by its key. murmur2 is the hash of
 # Java's default partitioner, so every Kafka client agrees on it.
@@ -36,14 +52,15 @@ def producer_config(settings: Settings, **extra: Any) -> dict[str, Any]:
 
 def make_producer(settings: Settings, **extra: Any) -> Producer:
     """An idempotent producer (acks=all)."""
-    return Producer(producer_config(settings, **extra))
+    return Producer(_scoped(settings, producer_config(settings, **extra)))
 
 
 def make_transactional_producer(
     settings: Settings, transactional_id: str, **extra: Any
 ) -> Producer:
     """A transactional producer; the caller runs ``init_transactions``."""
-    return Producer(producer_config(settings, **{"transactional.id": transactional_id, **extra}))
+    conf = producer_config(settings, **{"transactional.id": transactional_id, **extra})
+    return Producer(_scoped(settings, conf))
 
 
 def consumer_config(settings: Settings, group_id: str, **extra: Any) -> dict[str, Any]:
@@ -64,11 +81,11 @@ def consumer_config(settings: Settings, group_id: str, **extra: Any) -> dict[str
 
 def make_consumer(settings: Settings, group_id: str, **extra: Any) -> Consumer:
     """A read_committed consumer with manual commits and range assignment."""
-    return Consumer(consumer_config(settings, group_id, **extra))
+    return Consumer(_scoped(settings, consumer_config(settings, group_id, **extra)))
 
 
 def make_admin(settings: Settings, **extra: Any) -> AdminClient:
-    return AdminClient(settings.client_config(**extra))
+    return AdminClient(_scoped(settings, settings.client_config(**extra)))
 
 
 def kafka_error(what: str, exc: BaseException) -> KafkaOperationError:
@@ -77,3 +94,182 @@ def kafka_error(what: str, exc: BaseException) -> KafkaOperationError:
     if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
         err.retriable = bool(exc.args[0].retriable())
     return err
+
+
+# ----------------------------------------------------------------- client logs
+
+# What varies between two reports of the same problem: the client's name
+# (rdkafka#producer-3), durations ("after 12ms"), counts of suppressed lines.
+_VARYING = re.compile(
+    r"\s*\(after \d+ms in state \w+(, \d+ identical error\(s\) suppressed)?\)"
+    r"|rdkafka#\w+-\d+|\d+ms"
+)
+
+
+def log_line_key(fac: str, message: str) -> tuple[str, str]:
+    """What makes two librdkafka log lines "the same": facility and message, with the
+    parts that change from one attempt to the next removed (pure)."""
+    return fac, _VARYING.sub("", message).strip()
+
+
+class ClientLog:
+    """A librdkafka ``logger``: each distinct line once, or every line when ``verbose``.
+
+    librdkafka writes a line per failed connection attempt, several a second
+    per client while a broker is down; this keeps the first of each kind (a
+    real error, such as a failed TLS handshake, still shows) and counts the
+    rest. ``emit(level, text)`` receives what is kept (default: the
+    ``dueflow.kafka`` logger). librdkafka calls :meth:`log` from the thread
+    that polls the client, so it is thread-safe.
+    """
+
+    def __init__(
+        self,
+        *,
+        verbose: bool = False,
+        emit: Callable[[int, str], None] | None = None,
+    ) -> None:
+        self.verbose = verbose
+        self._emit = emit or logging.getLogger("dueflow.kafka").log
+        self._seen: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+
+    def log(self, level: int, fmt: str, *args: Any) -> None:
+        """Called by librdkafka as ``log(level, "%s [%s] %s", fac, client, message)``."""
+        fac, client, message = (str(a) for a in (*args, "", "", "")[:3])
+        key = log_line_key(fac, message)
+        with self._lock:
+            count = self._seen.get(key, 0)
+            self._seen[key] = count + 1
+        if count == 0 or self.verbose:
+            self._emit(level, f"{fac} [{client}] {message}")
+
+    @property
+    def suppressed(self) -> int:
+        """Lines not emitted (repeats of one already shown)."""
+        with self._lock:
+            return sum(n - 1 for n in self._seen.values())
+
+    def distinct(self) -> list[tuple[str, str]]:
+        """Each kind of line seen, as :func:`log_line_key` gives it, in order."""
+        with self._lock:
+            return list(self._seen)
+
+
+# ----------------------------------------------------------------- the probe
+
+# librdkafka reports these when no broker of the bootstrap list can be reached.
+_UNREACHABLE = frozenset({KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._RESOLVE})
+_BROKER_PREFIX = re.compile(r"^\S+/(bootstrap|\d+): ")
+_ATTEMPT_SUFFIX = re.compile(r"\s*\(after \d+ms in state \w+\)$")
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """True for a client error that means the cluster could not be reached at all."""
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    return isinstance(err, KafkaError) and err.code() in _UNREACHABLE
+
+
+def probe_cluster(
+    settings: Settings,
+    *,
+    timeout_s: float = 4.0,
+    settle_s: float = 0.5,
+    log: ClientLog | None = None,
+) -> None:
+    """Check that the cluster at ``settings.bootstrap`` answers a metadata request.
+
+    Raises :class:`~dueflow.errors.ClusterUnreachable` with librdkafka's reason
+    (connection refused, name not resolved, TLS or SASL failure, ...) when it
+    does not answer within ``timeout_s``, or sooner: once every bootstrap
+    server has been reported down and ``settle_s`` have passed (a refused
+    connection does not get better by waiting). Its log lines go to ``log``
+    (default: nowhere; the error carries the reason).
+    """
+    errors: list[KafkaError] = []
+    admin = AdminClient(
+        settings.client_config(
+            logger=log or ClientLog(emit=lambda level, text: None),
+            error_cb=errors.append,
+            **{"socket.connection.setup.timeout.ms": max(1000, int(timeout_s * 1000))},
+        )
+    )
+    started = time.monotonic()
+    deadline = started + timeout_s
+    last: KafkaException | None = None
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            admin.list_topics(timeout=max(0.05, min(0.25, left)))
+            return
+        except KafkaException as exc:
+            last = exc
+        admin.poll(0)  # serves error_cb (and the log lines)
+        now = time.monotonic()
+        down = any(e.code() == KafkaError._ALL_BROKERS_DOWN for e in errors)
+        if now >= deadline or (down and now - started >= settle_s):
+            raise ClusterUnreachable(
+                settings.bootstrap, _reason(errors, last, timeout_s), waited_s=now - started
+            )
+
+
+def _reason(errors: list[KafkaError], last: KafkaException | None, timeout_s: float) -> str:
+    """The most telling of the errors seen: a broker's own (refused, TLS, SASL) first."""
+    for err in errors:
+        if err.code() != KafkaError._ALL_BROKERS_DOWN:
+            text = _ATTEMPT_SUFFIX.sub("", _BROKER_PREFIX.sub("", err.str()))
+            if text:
+                return text
+    if last is not None and last.args and isinstance(last.args[0], KafkaError):
+        if last.args[0].code() == KafkaError._TIMED_OUT:
+            return f"no answer within {timeout_s:g} s"
+        return str(last.args[0].str())
+    return f"no answer within {timeout_s:g} s"
+
+
+# ----------------------------------------------------------------- the scope
+
+
+@dataclass
+class ClientScope:
+    """What every client made inside :func:`client_scope` gets."""
+
+    log: ClientLog
+    probe: Callable[[Settings], None] | None = None
+    probed: set[str] = field(default_factory=set)
+
+
+_SCOPE: ContextVar[ClientScope | None] = ContextVar("dueflow_client_scope", default=None)
+
+
+@contextlib.contextmanager
+def client_scope(
+    log: ClientLog, *, probe: Callable[[Settings], None] | None = probe_cluster
+) -> Iterator[ClientScope]:
+    """Clients made in this block (this thread and tasks started from it) log through
+    ``log``, and ``probe(settings)`` runs once per bootstrap list before the first of
+    them is made (it raises to stop the command). The CLI runs each command in one."""
+    scope = ClientScope(log, probe)
+    token = _SCOPE.set(scope)
+    try:
+        yield scope
+    finally:
+        _SCOPE.reset(token)
+
+
+def check_cluster(settings: Settings) -> None:
+    """Run the scope's probe now (once per bootstrap list), if a scope is active:
+    for commands that start processes rather than clients (worker, emitter)."""
+    scope = _SCOPE.get()
+    if scope is not None and scope.probe is not None and settings.bootstrap not in scope.probed:
+        scope.probe(settings)
+        scope.probed.add(settings.bootstrap)
+
+
+def _scoped(settings: Settings, conf: dict[str, Any]) -> dict[str, Any]:
+    scope = _SCOPE.get()
+    if scope is None:
+        return conf
+    check_cluster(settings)
+    conf.setdefault("logger", scope.log)
+    return conf

@@ -39,6 +39,9 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
 _ENV_PREFIX = "DUEFLOW_"
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+# host, host:port, [v6], [v6]:port (lower or upper case; compared lower-cased)
+_ALLOWED_HOST_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(:\d{1,5})?$")
+STATUS_TOKEN_MIN = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +153,14 @@ class ObservabilitySettings:
     status_bind: str = "127.0.0.1"
     status_port: int = 6066
     status_url: str | None = None  # where `dueflow status`/`job` ask; default from bind/port
+    # Bearer token of the status view's state-changing calls (the redrive button).
+    # Unset: the view makes one at start and prints the page URL with it once.
+    # Required to bind beyond loopback. Never shown in repr, errors or logs.
+    status_token: str | None = field(default=None, repr=False)
+    # Host names (``name`` or ``name:port``) the status view answers to besides
+    # the address a request arrived at (and ``localhost`` on loopback): names
+    # that are not listed are refused (a DNS-rebinding defence).
+    status_allowed_hosts: tuple[str, ...] = ()
     status_data_dir: str = ".dueflow/status"
     status_retention_ms: int = 7 * 24 * 3_600_000  # finished jobs leave the table after this
     cluster_refresh_ms: int = 2_000  # how often the view re-reads offsets from Kafka
@@ -317,6 +328,22 @@ class Settings:
             raise ConfigError(
                 "observability.status_port", self.observability.status_port, "0-65535"
             )
+        token = self.observability.status_token
+        if token is not None and (len(token) < STATUS_TOKEN_MIN or token != token.strip()):
+            raise ConfigError(
+                "observability.status_token",
+                token,
+                f"at least {STATUS_TOKEN_MIN} characters without surrounding spaces, or unset "
+                "(a generated one: `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)",
+                secret=True,
+            )
+        for i, host in enumerate(self.observability.status_allowed_hosts):
+            if not _ALLOWED_HOST_RE.match(host):
+                raise ConfigError(
+                    f"observability.status_allowed_hosts[{i}]",
+                    host,
+                    "a host name or address, optionally with :port (no scheme, no path)",
+                )
         for name in ("status_retention_ms", "cluster_refresh_ms"):
             _positive(f"observability.{name}", getattr(self.observability, name))
         if self.observability.log_level.upper() not in _LOG_LEVELS:
@@ -354,6 +381,7 @@ def _positive(name: str, value: int) -> None:
 # --------------------------------------------------------------------------- loading
 
 _SECTIONS = ("wheel", "emitter", "worker", "observability")
+_SECRET_SETTINGS = frozenset({"observability.status_token"})
 
 
 def load_settings(
@@ -560,7 +588,8 @@ def _coerce(tp: Any, value: Any, name: str) -> Any:
         return tuple(_coerce(args[0], v, f"{name}[{i}]") for i, v in enumerate(items))
     if origin in (Mapping, dict) or tp is Mapping:
         if not isinstance(value, Mapping):
-            raise ConfigError(name, value, "a table of key = value strings")
+            # `kafka` holds passwords: name it, never show what was given.
+            raise ConfigError(name, value, "a table of key = value strings", secret=True)
         return {str(k): str(v) for k, v in value.items()}
     if tp is bool:
         if isinstance(value, bool):
@@ -585,7 +614,7 @@ def _coerce(tp: Any, value: Any, name: str) -> Any:
             raise ConfigError(name, value, "a number") from exc
     if tp is str:
         if not isinstance(value, str | int | float):
-            raise ConfigError(name, value, "a string")
+            raise ConfigError(name, value, "a string", secret=name in _SECRET_SETTINGS)
         return str(value)
     return value
 

@@ -30,7 +30,7 @@ The full rules with worked examples are in docs/cron.md.
 from __future__ import annotations
 
 from dueflow.cron_expr import MACROS, CronExpr, parse_cron
-from dueflow.cron_schedule import CronSchedule, MisfirePolicy, next_occurrence
+from dueflow.cron_schedule import CronSchedule, MisfirePolicy, fire_time_ms, next_occurrence
 from dueflow.cron_time import next_fire, occurrences, zone
 from dueflow.jitter import deterministic_jitter_ms, occurrence_jitter_ms
 from dueflow.misfire import MisfirePlan, misfire_plan
@@ -42,6 +42,7 @@ __all__ = [
     "MisfirePlan",
     "MisfirePolicy",
     "deterministic_jitter_ms",
+    "fire_time_ms",
     "misfire_plan",
     "next_fire",
     "next_occurrence",

@@ -22,6 +22,7 @@ from zoneinfo import ZoneInfo
 from dueflow.cron_expr import CronExpr, parse_cron
 from dueflow.cron_time import MAX_MS, next_fire, zone
 from dueflow.errors import InvalidInput
+from dueflow.jitter import occurrence_jitter_ms
 from dueflow.model import Backoff
 
 
@@ -178,4 +179,14 @@ def next_occurrence(schedule: CronSchedule, *, after_ms: int) -> int | None:
     return found
 
 
-__all__ = ["CronSchedule", "MisfirePolicy", "next_occurrence"]
+def fire_time_ms(schedule: CronSchedule, occurrence_ms: int) -> int:
+    """When occurrence ``occurrence_ms`` of ``schedule`` is meant to fire: the
+    occurrence plus its deterministic jitter (:func:`~dueflow.jitter.occurrence_jitter_ms`)."""
+    if not schedule.jitter_ms:
+        return occurrence_ms
+    return occurrence_ms + occurrence_jitter_ms(
+        schedule.schedule_id, occurrence_ms, schedule.jitter_ms
+    )
+
+
+__all__ = ["CronSchedule", "MisfirePolicy", "fire_time_ms", "next_occurrence"]

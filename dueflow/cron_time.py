@@ -35,6 +35,7 @@ apart and move the clock by at most a day: true of every zone in tzdata since
 
 from __future__ import annotations
 
+import difflib
 import re
 from datetime import datetime, timedelta
 from functools import lru_cache
@@ -61,11 +62,49 @@ def _known_zones() -> frozenset[str]:
 @lru_cache(maxsize=1024)
 def _zone(name: str) -> ZoneInfo:
     if len(name) > 64 or not _ZONE_NAME.fullmatch(name) or name not in _known_zones():
-        raise InvalidInput("timezone", name, _ZONE_ACCEPTED)
+        raise InvalidInput("timezone", name, _ZONE_ACCEPTED + zone_hint(name))
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):
         raise InvalidInput("timezone", name, _ZONE_ACCEPTED) from None
+
+
+_FIXED_OFFSET = re.compile(r"(?:UTC|GMT)([+-])(\d{1,2})", re.IGNORECASE)
+
+
+def zone_suggestions(name: str, *, limit: int = 1) -> list[str]:
+    """Zone names close to ``name`` (a typo, another case, spaces for underscores, a
+    city alone), best first: ``Europe/Berln`` -> ``["Europe/Berlin"]``. ``UTC+2`` ->
+    ``["Etc/GMT-2"]`` (tzdata's Etc zones have POSIX signs: inverted)."""
+    if not isinstance(name, str) or not name.strip() or len(name) > 64:
+        return []
+    if name in _known_zones():
+        return []
+    known = sorted(_known_zones())
+    wanted = name.strip().replace(" ", "_")
+    by_lower = {z.lower(): z for z in known}
+    exact = by_lower.get(wanted.lower())
+    if exact is not None and exact != name:
+        return [exact]
+    offset = _FIXED_OFFSET.fullmatch(wanted)
+    if offset is not None:
+        etc = f"Etc/GMT{'-' if offset.group(1) == '+' else '+'}{int(offset.group(2))}"
+        return [etc] if etc in _known_zones() else []
+    close = difflib.get_close_matches(wanted.lower(), list(by_lower), n=limit, cutoff=0.75)
+    if not close and "/" not in wanted:  # "Paris" -> the zones of that city
+        close = [z for z in by_lower if z.rsplit("/", 1)[-1] == wanted.lower()][:limit]
+    return [by_lower[z] for z in close]
+
+
+def zone_hint(name: str) -> str:
+    """``"; did you mean 'Europe/Berlin'?"`` for a near miss, else ``""``."""
+    found = zone_suggestions(name)
+    if not found:
+        return ""
+    note = ""
+    if found[0].startswith("Etc/GMT"):
+        note = f" ({name.strip()}: the signs of tzdata's Etc zones are inverted)"
+    return "; did you mean " + " or ".join(repr(z) for z in found) + note + "?"
 
 
 def zone(name: str) -> ZoneInfo:

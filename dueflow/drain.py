@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dueflow import headers as hdr
+from dueflow import reasons
 from dueflow.wheel import NEAR_LEVEL, WheelGeometry
 
 # (due_ms, partition, offset): a total order every emitter computes alike.
@@ -50,6 +51,7 @@ _QUEUE = hdr.QUEUE
 _KIND = hdr.KIND
 _CRON = hdr.KIND_CRON.encode()
 _JOB = hdr.KIND_JOB.encode()
+_PARTITION = hdr.PARTITION
 
 
 # ------------------------------------------------------------------ geometry
@@ -222,24 +224,24 @@ BACKLOG_AGE_MAX_MS = 250
 # ------------------------------------------------------------------- records
 
 
-# The reason classify_timer gives for a queue it does not know starts with this.
-UNKNOWN_QUEUE = "unknown queue"
-
-
 def classify_timer(
     headers: Any,
     key: bytes | None,
     exec_topics: Mapping[bytes, str],
-) -> tuple[int, str, bool] | str:
-    """``(due_ms, exec topic, is_cron)`` of a timer record, or why it is malformed.
+    exec_partitions: Mapping[bytes, int] | None = None,
+) -> tuple[int, str, bool, int] | str:
+    """``(due_ms, exec topic, is_cron, exec partition)`` of a timer record, or why it
+    is malformed.
 
     ``headers`` is a record's header list of ``(name, value)`` pairs (or None;
     a repeated name: the last one counts). Reads headers only (the value is
     never decoded). ``exec_topics`` maps the ``df-queue`` value of every
-    configured queue to its exec topic.
+    configured queue to its exec topic, ``exec_partitions`` to its partition
+    count. The exec partition is ``df-partition`` (a job timer only: a retry a
+    worker sent through the wheel keeps its partition), else -1: by the key.
     """
     # One pass over the pairs, no dict: this runs for every timer the emitter reads.
-    due_raw = queue_raw = kind_raw = None
+    due_raw = queue_raw = kind_raw = part_raw = None
     if headers:
         for name, value in headers:
             if name == _DUE:
@@ -248,24 +250,39 @@ def classify_timer(
                 queue_raw = value
             elif name == _KIND:
                 kind_raw = value
+            elif name == _PARTITION:
+                part_raw = value
     if due_raw is None:
-        return "missing df-due header"
+        return reasons.MISSING_DUE
     try:
         due = int(due_raw)
     except ValueError:
-        return f"df-due is not an integer: {due_raw[:40]!r}"
+        return reasons.with_detail(reasons.BAD_DUE, repr(due_raw[:40]))
     if queue_raw is None:
-        return "missing df-queue header"
+        return reasons.MISSING_QUEUE
     topic = exec_topics.get(queue_raw)
     if topic is None:
-        return f"{UNKNOWN_QUEUE} {queue_raw[:100].decode('utf-8', 'replace')!r}"
+        return reasons.with_detail(
+            reasons.UNKNOWN_QUEUE, repr(queue_raw[:100].decode("utf-8", "replace"))
+        )
     if not key:
-        return "missing key (the idempotency key)"
+        return reasons.MISSING_TIMER_KEY
     if kind_raw is None or kind_raw == _JOB:
-        return due, topic, False
+        if part_raw is None:
+            return due, topic, False, -1
+        partitions = exec_partitions.get(queue_raw) if exec_partitions is not None else None
+        try:
+            partition = int(part_raw) if part_raw.isdigit() else -1
+        except ValueError:
+            partition = -1
+        if partition < 0 or (partitions is not None and partition >= partitions):
+            return reasons.with_detail(
+                reasons.BAD_PARTITION, f"not a partition of {topic}: {part_raw[:40]!r}"
+            )
+        return due, topic, False, partition
     if kind_raw == _CRON:
-        return due, topic, True
-    return f"unknown df-kind {kind_raw[:40]!r}"
+        return due, topic, True, -1
+    return reasons.with_detail(reasons.UNKNOWN_KIND, repr(kind_raw[:40]))
 
 
 # ---------------------------------------------------------------- checkpoints

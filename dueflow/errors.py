@@ -27,10 +27,12 @@ class DueflowError(Exception):
 class ConfigError(DueflowError):
     """A setting is missing or has a value that is not accepted."""
 
-    def __init__(self, setting: str, value: object, accepted: str) -> None:
-        super().__init__(f"setting {setting!r}: got {value!r}; accepted: {accepted}")
+    def __init__(self, setting: str, value: object, accepted: str, *, secret: bool = False) -> None:
+        # A secret (a password, a token) is named, never shown: messages reach logs.
+        got = "a value that is not shown (a secret)" if secret else repr(value)
+        super().__init__(f"setting {setting!r}: got {got}; accepted: {accepted}")
         self.setting = setting
-        self.value = value
+        self.value = None if secret else value
         self.accepted = accepted
 
 
@@ -75,6 +77,17 @@ class KafkaOperationError(DueflowError):
     """A Kafka client call failed; ``cause`` holds the client's error."""
 
     retriable = True
+
+
+class ClusterUnreachable(KafkaOperationError):
+    """No broker of the bootstrap list answered (refused, not resolved, TLS/SASL
+    failure, or silence until the deadline); ``reason`` is librdkafka's."""
+
+    def __init__(self, bootstrap: str, reason: str, *, waited_s: float = 0.0) -> None:
+        super().__init__(f"cannot reach the Kafka cluster at {bootstrap}: {reason}")
+        self.bootstrap = bootstrap
+        self.reason = reason
+        self.waited_s = waited_s
 
 
 class TopicMismatch(DueflowError):

@@ -19,6 +19,10 @@ header                    meaning
 ``df-schedule``  cron     schedule id of an occurrence
 ``df-sv``        cron     schedule version the occurrence was computed from
 ``df-occurrence``  cron   the occurrence's nominal instant (ms, before jitter)
+``df-partition``          optional: the exec partition a job fires into
+                          (default: by key); workers set it on a retry they
+                          send back through the wheel (the job keeps its
+                          partition)
 ``df-schema``  optional   value schema, e.g. ``dueflow.Job/1``
 ``traceparent``           W3C trace context (``tracestate`` too)
 ``df-trace-link``         W3C ``traceparent`` of the job's previous step, when
@@ -83,6 +87,7 @@ TASK = "df-task"
 SCHEDULE = "df-schedule"
 SCHEDULE_VERSION = "df-sv"
 OCCURRENCE = "df-occurrence"
+PARTITION = "df-partition"
 SCHEMA = "df-schema"
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"

@@ -191,3 +191,40 @@ def record_size(
     for name, raw in headers:
         size += HEADER_OVERHEAD + len(name) + len(raw)
     return size
+
+
+def retry_timer(
+    *,
+    key: bytes,
+    value: bytes,
+    headers: Sequence[tuple[str, bytes | None]] | None,
+    queue: str,
+    exec_partition: int,
+    due_ms: int,
+    now_ms: int,
+    placer: TimerPlacer,
+) -> TimerRecord:
+    """A retry that waits in the timer wheel instead of a retry tier (see
+    :func:`dueflow.backoff.retry_route`): the retry record's value bytes and
+    headers (``df-attempt``, ``df-due`` = its not-before, failure, origin and
+    trace headers), as a job timer of ``queue`` that the emitter fires into
+    partition ``exec_partition`` of the exec topic (``df-partition``), so the
+    job keeps its partition. ``df-kind`` is ``job`` (a cron occurrence's retry
+    is not an occurrence to plan again); the first fire's ``df-fired`` and
+    ``df-src`` are dropped, the emitter sets them again.
+    """
+    out = hdr.replace(
+        headers,
+        [
+            (hdr.DUE, due_ms),
+            (hdr.QUEUE, queue),
+            (hdr.KIND, hdr.KIND_JOB),
+            (hdr.PARTITION, exec_partition),
+            (hdr.FIRED, None),
+            (hdr.SOURCE, None),
+        ],
+    )
+    partition = placer.partition(due_ms=due_ms, now_ms=now_ms, spread=zlib.crc32(key))
+    return _new_tuple(
+        TimerRecord, (partition, key, value or b"", out, record_size(key, value, out))
+    )

@@ -24,8 +24,8 @@ from dueflow.config import Settings
 from dueflow.errors import ConflictError, InvalidInput, KafkaOperationError, TopicMismatch
 from dueflow.ids import TAIL_BYTES, uuid7_head, uuid7_tails
 from dueflow.job_request import (
+    MAX_DUE_MS,
     MAX_INT32,
-    MAX_NAME_CHARS,
     NO_STRINGS,
     OCTET_STREAM,
     JobRequest,
@@ -33,8 +33,11 @@ from dueflow.job_request import (
     PreparedJob,
     bad_attempts,
     bad_name,
+    bad_task,
     content_hash,
+    due_too_late,
     encode_payload,
+    is_name,
     prepare_job,
     unknown_queue,
 )
@@ -42,6 +45,7 @@ from dueflow.metrics import Metrics
 from dueflow.producers.recent import RecentJobs
 from dueflow.producers.results import Scheduled
 from dueflow.schemas.job_binary import encode_plain_job
+from dueflow.task_name import is_task_name
 from dueflow.timer_record import TimerPlacer, TimerRecord, record_of, timer_record
 from dueflow.timeutil import parse_duration
 from dueflow.topics import names
@@ -187,7 +191,7 @@ class TimerPlanner:
     ) -> PlannedTimer | Scheduled:
         """:meth:`plan` for any request: :func:`prepare_job`, then :func:`timer_record`."""
         try:
-            if type(req.task) is str and 0 < len(req.task) <= MAX_NAME_CHARS:
+            if is_task_name(req.task):
                 queue = self.rules.queue_of(req)
                 self.check_queue(queue)  # before prepare_job, which knows no registry
                 if req.queue is None:
@@ -231,8 +235,8 @@ class TimerPlanner:
         ``schedule_many`` at 100k jobs/s."""
         try:
             task = req.task
-            if type(task) is not str or not 0 < len(task) <= MAX_NAME_CHARS:
-                raise bad_name("task", task)
+            if not is_task_name(task):
+                raise bad_task(task)
             queue = req.queue
             if queue is None:
                 queue = self.rules.router.queue_for(task)
@@ -246,20 +250,23 @@ class TimerPlanner:
             job_id = req.job_id
             if job_id is None:
                 job_id = self.ids.new(now_ms)
-            elif type(job_id) is not str or not 0 < len(job_id) <= MAX_NAME_CHARS:
+            elif not is_name(job_id):
                 raise bad_name("job_id", job_id)
             key = req.idempotency_key
             if key is None:
                 key = job_id
-            elif type(key) is not str or not 0 < len(key) <= MAX_NAME_CHARS:
+            elif not is_name(key):
                 raise bad_name("idempotency_key", key)
             delay = req.delay
             if delay is None:
                 due_ms = now_ms
-            elif type(delay) is int and delay >= 0:
-                due_ms = now_ms + delay * 1000
             else:
-                due_ms = now_ms + parse_duration(delay, field="delay")
+                if type(delay) is int and delay >= 0:
+                    due_ms = now_ms + delay * 1000
+                else:
+                    due_ms = now_ms + parse_duration(delay, field="delay")
+                if due_ms > MAX_DUE_MS:
+                    raise due_too_late("delay", delay, now_ms=now_ms)
             attempts = req.max_attempts
             if attempts is None:
                 attempts = self.rules.default_max_attempts

@@ -63,7 +63,7 @@ from dueflow.producers.recent import DEFAULT_CAPACITY, RecentJobs
 from dueflow.producers.results import BulkResult, Cancelled, Scheduled
 from dueflow.producers.schedules import ScheduleStore
 from dueflow.queue_reader import QueueWatcher
-from dueflow.queue_registry import QueueView
+from dueflow.queue_registry import QueueView, merge_queues
 from dueflow.topics import names
 from dueflow.tracing import JobTracer
 
@@ -198,10 +198,13 @@ class Scheduler:
 
     @property
     def queues(self) -> QueueView:
-        """The queues this client knows now: static and registered, merged."""
-        if self._queues is None:
+        """The queues this client knows now: static and registered, merged (a
+        client without a registry, as the in-memory one: the static queues)."""
+        if self._queues is not None:
+            return self._queues.view
+        if self._planner is None:
             raise DueflowError("the scheduler is not started: use start() or `with`")
-        return self._queues.view
+        return merge_queues(self.settings.queues, {})
 
     def close(self) -> None:
         """Wait for outstanding records (up to the delivery timeout), then drop the producer."""

@@ -31,6 +31,7 @@ from dueflow import headers as hdr
 from dueflow.clients import kafka_error, make_consumer
 from dueflow.config import Settings
 from dueflow.cron import CronSchedule, MisfirePolicy, parse_cron, zone
+from dueflow.cron_time import MAX_MS
 from dueflow.errors import (
     ConflictError,
     DueflowError,
@@ -44,12 +45,14 @@ from dueflow.job_request import (
     Duration,
     encode_payload,
     parse_backoff,
+    parse_timeout,
 )
 from dueflow.logs import event
 from dueflow.model import Backoff
 from dueflow.producers.cancel import OutgoingRecord
 from dueflow.routing import DEFAULT_QUEUE
 from dueflow.schemas import codec
+from dueflow.task_name import check_task_name
 from dueflow.timeutil import parse_duration, to_utc_ms
 from dueflow.topics import names
 
@@ -422,8 +425,7 @@ def schedule_fields(
     _check_id(schedule_id)
     parse_cron(cron)
     zone(timezone)
-    if not isinstance(task, str) or not task or len(task) > MAX_NAME_CHARS:
-        raise InvalidInput("task", task, f"a non-empty string of at most {MAX_NAME_CHARS}")
+    check_task_name(task)
     if queue is None:
         queue = DEFAULT_QUEUE
     if check_queue is not None:
@@ -442,9 +444,10 @@ def schedule_fields(
     attempts = settings.worker.default_max_attempts if max_attempts is None else max_attempts
     if type(attempts) is not int or not 1 <= attempts <= MAX_INT32:
         raise InvalidInput("max_attempts", max_attempts, f"an integer from 1 to {MAX_INT32}")
-    timeout_ms = None if timeout is None else parse_duration(timeout, field="timeout")
-    if timeout_ms is not None and timeout_ms < 1:
-        raise InvalidInput("timeout", timeout, "a duration of at least 1 ms, or None")
+    timeout_ms = parse_timeout(timeout)
+    jitter_ms = 0 if jitter is None else parse_duration(jitter, field="jitter")
+    if jitter_ms > MAX_MS:
+        raise InvalidInput("jitter", jitter, f"a duration of at most {MAX_MS} ms")
     if labels is not None and not (
         isinstance(labels, Mapping)
         and all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items())
@@ -458,7 +461,7 @@ def schedule_fields(
         "task": task,
         "payload": body,
         "content_type": content_type,
-        "jitter_ms": 0 if jitter is None else parse_duration(jitter, field="jitter"),
+        "jitter_ms": jitter_ms,
         "misfire": policy,
         "start_ms": start_ms,
         "end_ms": end_ms,

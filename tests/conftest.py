@@ -21,6 +21,9 @@ from dueflow.broker.local import LocalBroker
 from dueflow.broker.ports import free_port_pair
 from dueflow.config import Settings, load_settings
 
+# The in-memory pipeline's fixtures (dueflow_pipeline, ...), as users enable them.
+pytest_plugins = ["dueflow.testing.pytest_plugin"]
+
 
 @dataclass
 class KafkaCluster:

@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
-from collections.abc import Sequence
+import tomllib
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
 
-from dueflow import logs
+from dueflow import clients, logs
 from dueflow.config import Settings, load_settings
+
+# How long a command waits for the cluster to answer before it gives up (exit 3).
+CONNECT_TIMEOUT_S = 4.0
 
 
 def add_global_options(parser: argparse.ArgumentParser) -> None:
-    """Options every command accepts (they override DUEFLOW_* and the TOML file)."""
+    """Options every command that talks to Kafka accepts (they override DUEFLOW_* and
+    the TOML file). Taking them marks the command as one that talks to Kafka: ``main``
+    checks that the cluster answers before its first client connects."""
+    parser.set_defaults(kafka_command=True)
     g = parser.add_argument_group("cluster")
     g.add_argument("--bootstrap", help="Kafka bootstrap servers (env DUEFLOW_BOOTSTRAP)")
     g.add_argument("--config", help="TOML settings file (env DUEFLOW_CONFIG)")
@@ -29,6 +37,20 @@ def add_global_options(parser: argparse.ArgumentParser) -> None:
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
         type=str.upper,
         help="least severe log level written (env DUEFLOW_OBSERVABILITY_LOG_LEVEL)",
+    )
+    g.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=CONNECT_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"give up (exit 3) when the cluster does not answer this long "
+        f"(default {CONNECT_TIMEOUT_S:g}; sooner when it refuses)",
+    )
+    g.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="every Kafka client log line (default: each distinct one once) and tracebacks",
     )
 
 
@@ -46,6 +68,27 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return load_settings(
         config_file=getattr(args, "config", None), env=os.environ, overrides=overrides
     )
+
+
+def bootstrap_source(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> str:
+    """Where the bootstrap servers of this run came from, for error messages."""
+    env = os.environ if env is None else env
+    if getattr(args, "bootstrap", None):
+        return "--bootstrap"
+    if env.get("DUEFLOW_BOOTSTRAP"):
+        return "DUEFLOW_BOOTSTRAP"
+    config = getattr(args, "config", None) or env.get("DUEFLOW_CONFIG")
+    if config:
+        with contextlib.suppress(OSError, tomllib.TOMLDecodeError), open(config, "rb") as fh:
+            if "bootstrap" in tomllib.load(fh):
+                return f"`bootstrap` in {config}"
+    return "the default; set --bootstrap or DUEFLOW_BOOTSTRAP"
+
+
+def check_cluster(settings: Settings) -> None:
+    """Stop with exit code 3 now if the cluster does not answer: for commands that start
+    long-running processes, before they set anything up."""
+    clients.check_cluster(settings)
 
 
 def configure_logging(settings: Settings) -> None:

@@ -31,9 +31,10 @@ from dueflow.ops.reading import ops_consumer
 from dueflow.ops.redrive import Redriver
 from dueflow.producers.core import wall_ms
 from dueflow.queue_reader import with_registered_queues
+from dueflow.reasons import DEAD_LETTER_REASONS
 from dueflow.timeutil import format_utc
 
-REASONS = ("exhausted", "permanent_error", "unknown_task", "undecodable", "timeout", "conflict")
+REASONS = DEAD_LETTER_REASONS
 
 
 def register(sub: Any) -> None:
@@ -133,8 +134,8 @@ def build_filter(args: argparse.Namespace, *, now_ms: int) -> DlqFilter:
 
 
 def _list(args: argparse.Namespace) -> int:
+    where = build_filter(args, now_ms=wall_ms())  # input first: before connecting
     settings = _queue_settings(args)
-    where = build_filter(args, now_ms=wall_ms())
     consumer = ops_consumer(settings)
     try:
         entries = read_dead_letters(settings, consumer, args.queue, where=where)
@@ -167,8 +168,8 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    settings = _queue_settings(args)
     partition, offset = parse_ref(args.ref)
+    settings = _queue_settings(args)
     consumer = ops_consumer(settings)
     try:
         found = read_dead_letters(
@@ -209,12 +210,12 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _redrive(args: argparse.Namespace) -> int:
-    settings = _queue_settings(args)
     where = build_filter(args, now_ms=wall_ms())
     if where == type(where)() and not args.all:
         raise InvalidInput(
             "redrive", "no filter", "a filter (--task, --reason, --since, --ref, ...) or --all"
         )
+    settings = _queue_settings(args)
     redriver = Redriver(settings, by=args.by or operator_name(), rate_per_s=args.rate)
     with progress_bar(f"redriving {args.queue}", enabled=not args.json) as update:
         report = redriver.run(
@@ -237,9 +238,9 @@ def _redrive(args: argparse.Namespace) -> int:
 
 
 def _purge(args: argparse.Namespace) -> int:
-    settings = _queue_settings(args)
     before = parse_time(args.before, field="before", now_ms=wall_ms()) if args.before else None
     through = parse_ref(args.through) if args.through else None
+    settings = _queue_settings(args)
     consumer = ops_consumer(settings)
     try:
         cuts = plan_purge(

@@ -11,7 +11,7 @@ from types import FrameType
 from typing import Any
 
 from dueflow import logs
-from dueflow.cli.common import add_global_options, settings_from_args
+from dueflow.cli.common import add_global_options, check_cluster, settings_from_args
 from dueflow.metrics import Metrics, serve
 from dueflow.streams.emitter.process import EmitterProcess
 from dueflow.tracing import JobTracer
@@ -33,6 +33,7 @@ def register(sub: Any) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
+    check_cluster(settings)  # before signal handlers, metrics, the GC freeze
     obs = settings.observability
     logs.configure(obs.log_format, obs.log_level)
     metrics = Metrics()

@@ -19,6 +19,7 @@ from typing import Any
 
 from dueflow.cli.common import (
     add_global_options,
+    check_cluster,
     configure_logging,
     format_table,
     print_json,
@@ -49,7 +50,14 @@ def register(sub: Any) -> None:
     )
     job.set_defaults(func=_job)
 
-    view = sub.add_parser("status-view", help="run the status view (faust app + HTTP + page)")
+    view = sub.add_parser(
+        "status-view",
+        help="run the status view (faust app + HTTP + page)",
+        description="Run the status view. State-changing calls (the redrive button) need "
+        "its token: observability.status_token (DUEFLOW_OBSERVABILITY_STATUS_TOKEN), or one "
+        "made at start and printed once in the page URL. Binding beyond loopback needs a "
+        "configured token.",
+    )
     add_global_options(view)
     view.add_argument("--port", type=int, help="HTTP port (observability.status_port; 0: any)")
     view.add_argument("--bind", help="HTTP address (observability.status_bind, 127.0.0.1)")
@@ -273,6 +281,7 @@ def render_job(view: dict[str, Any]) -> str:
 
 def _status_view(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
+    check_cluster(settings)  # faust's client retries forever: ask first
     obs = settings.observability
     configure_logging(settings)
     from dueflow.metrics import Metrics

@@ -22,7 +22,7 @@ import tempfile
 from typing import Any
 
 from dueflow import logs
-from dueflow.cli.common import add_global_options, settings_from_args
+from dueflow.cli.common import add_global_options, check_cluster, settings_from_args
 from dueflow.config import QueueSpec, Settings
 from dueflow.errors import InvalidInput
 
@@ -112,6 +112,7 @@ def worker_settings(args: argparse.Namespace) -> tuple[Settings, list[str] | Non
 def _run(args: argparse.Namespace) -> int:
     settings, queues = worker_settings(args)
     app = [m.strip() for item in args.app for m in item.split(",") if m.strip()]
+    check_cluster(settings)  # before logging, metrics, processes are set up
     obs = settings.observability
     logs.configure(obs.log_format, obs.log_level)
     from dueflow.metrics import Metrics, enable_multiprocess, serve

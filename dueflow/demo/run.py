@@ -343,7 +343,7 @@ def _show(
         else:
             parts.append(f"{em.name} {'active' if em is first_leader else 'standby'}")
     if stack.view is not None:
-        parts.append(f"status page http://127.0.0.1:{stack.view.port}/")
+        parts.append(f"status page {stack.status_page_url()}")
     view.update(bars, notes, " | ".join(parts))
 
 

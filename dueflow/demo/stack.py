@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import time
 import uuid
@@ -87,6 +88,7 @@ class DemoStack:
     view: Child | None = None
     env: dict[str, str] = field(default_factory=dict)
     broker_pid: int | None = None
+    status_token: str = field(default="", repr=False)
 
     @property
     def ledger_dir(self) -> Path:
@@ -191,10 +193,13 @@ class DemoStack:
             port,
         ).start()
         if self.status_view:
+            # The view's token for the redrive button: only the view gets it; the
+            # demo shows the page URL with it, as the view itself would.
+            self.status_token = secrets.token_urlsafe(32)
             self.view = Child(
                 "status-view",
                 ["status-view", "--port", str(status_port)],
-                self.env,
+                {**self.env, "DUEFLOW_OBSERVABILITY_STATUS_TOKEN": self.status_token},
                 self.logs_dir / "status-view.log",
                 status_port,
             ).start()
@@ -246,8 +251,13 @@ class DemoStack:
             for c in [*self.emitters, *([self.workers] if self.workers else [])]
         }
         if self.view is not None:
-            out["status page"] = f"http://127.0.0.1:{self.view.port}/"
+            out["status page"] = self.status_page_url()
         return out
+
+    def status_page_url(self) -> str:
+        """The page with the view's token (the page keeps it and drops it from the URL)."""
+        assert self.view is not None
+        return f"http://127.0.0.1:{self.view.port}/?token={self.status_token}"
 
     # ------------------------------------------------------------ stop
     def stop_children(self) -> dict[str, int | None]:

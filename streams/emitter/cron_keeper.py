@@ -32,9 +32,10 @@ from dueflow.cron_occurrence import (
 )
 from dueflow.logs import event
 from dueflow.metrics import Metrics
+from dueflow.reasons import reason_label
 from dueflow.schemas import codec
 from dueflow.streams.emitter.drainer import Sender
-from dueflow.streams.emitter.quarantine import quarantine_record, reason_label
+from dueflow.streams.emitter.quarantine import quarantine_record
 from dueflow.streams.emitter.schedules import ScheduleTable
 from dueflow.topics import names
 

@@ -33,12 +33,3 @@ def quarantine_record(
     }
     value_bytes = codec.encode("quarantined", record)
     return value_bytes, [(hdr.SCHEMA, codec.schema_header("quarantined"))]
-
-
-def reason_label(reason: str) -> str:
-    """Low-cardinality metric label of a reason (the text up to its first detail)."""
-    for cut in (":", " '", " b'"):
-        head, sep, _ = reason.partition(cut)
-        if sep:
-            reason = head
-    return reason.strip()

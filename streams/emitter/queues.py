@@ -23,7 +23,8 @@ from typing import Any
 
 from confluent_kafka import TopicPartition
 
-from dueflow.config import Settings
+from dueflow import reasons
+from dueflow.config import QueueSpec, Settings
 from dueflow.logs import event
 from dueflow.metrics import Metrics
 from dueflow.queue_reader import BadQueueRecord, QueueRegistryReader
@@ -40,22 +41,26 @@ CATCH_UP_S = 2.0
 
 
 class QueueTopics:
-    """``df-queue`` value -> exec topic, and exec topic -> queue (updated in place)."""
+    """``df-queue`` value -> exec topic and its partition count, and exec topic ->
+    queue (updated in place)."""
 
     def __init__(self, settings: Settings) -> None:
         self._names = names(settings)
         self.exec_topics: dict[bytes, str] = {}
+        self.exec_partitions: dict[bytes, int] = {}
         self.queue_of_topic: dict[str, str] = {}
-        self.update(settings.queue_names)
+        self.update(settings.queues)
 
-    def update(self, queues: Iterable[str]) -> None:
+    def update(self, queues: Iterable[QueueSpec]) -> None:
         """Make the maps those of ``queues``."""
-        wanted = {q.encode(): self._names.exec(q) for q in queues}
-        for raw in [r for r in self.exec_topics if r not in wanted]:
+        specs = {q.name.encode(): q for q in queues}
+        for raw in [r for r in self.exec_topics if r not in specs]:
             del self.exec_topics[raw]
-        self.exec_topics.update(wanted)
+            self.exec_partitions.pop(raw, None)
+        self.exec_topics.update({raw: self._names.exec(q.name) for raw, q in specs.items()})
+        self.exec_partitions.update({raw: q.partitions for raw, q in specs.items()})
         self.queue_of_topic.clear()
-        self.queue_of_topic.update({t: q.decode() for q, t in wanted.items()})
+        self.queue_of_topic.update({t: q.decode() for q, t in self.exec_topics.items()})
 
     def learn(self, queue: bytes, appended_ms: int) -> bool:
         """Static queues only: a queue not known is not known."""
@@ -90,7 +95,7 @@ class RegistryQuarantine:
             if b.offset < self._to:
                 continue  # an earlier emitter quarantined it
             value, headers = quarantine_record(
-                reason=f"bad queue registry record: {b.reason}",
+                reason=reasons.with_detail(reasons.BAD_QUEUE_RECORD, b.reason),
                 topic=self._topic,
                 partition=b.partition,
                 offset=b.offset,
@@ -100,7 +105,7 @@ class RegistryQuarantine:
                 at_ms=now_ms,
             )
             self._send(self._quarantine_topic, value, b.key, headers)
-            self._metrics.quarantined.labels("emitter", "bad queue registry record").inc()
+            self._metrics.quarantined.labels("emitter", reasons.BAD_QUEUE_RECORD).inc()
             event(log, "queue registry record quarantined", logging.WARNING, offset=b.offset)
             self._to = b.offset + 1
             self._dirty = True
@@ -179,7 +184,7 @@ class EmitterQueues(QueueTopics):
 
     def _sync(self) -> None:
         before = set(self.exec_topics)
-        self.update(self.view.names)
+        self.update(self.view.specs.values())
         self.reader.take_changes()
         added = sorted(r.decode() for r in set(self.exec_topics) - before)
         if added:

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
 from dueflow import headers as hdr
+from dueflow import reasons
 from dueflow.clients import make_consumer
 from dueflow.config import Settings
 from dueflow.cron import CronSchedule
@@ -121,11 +122,17 @@ class ScheduleTable:
         """Read what arrived; return the ids of schedules that changed (or went away)."""
         if self._consumer is None:
             return set()
-        changed: set[str] = set()
         first = self._consumer.poll(timeout_s)
         if first is None:
-            return changed
-        for m in [first, *self._consumer.consume(500, 0)]:
+            return set()
+        return self.apply([first, *self._consumer.consume(500, 0)])
+
+    def apply(self, messages: Iterable[Message]) -> set[str]:
+        """Apply records of the schedules (or cron state) topic read by any reader;
+        return the ids of schedules that changed. ``poll`` feeds its consumer's here;
+        the in-memory pipeline of :mod:`dueflow.testing` feeds its log's."""
+        changed: set[str] = set()
+        for m in messages:
             self._apply(m, changed)
         return changed
 
@@ -148,10 +155,10 @@ class ScheduleTable:
         try:
             schedule_id = (key or b"").decode("utf-8")
         except UnicodeDecodeError:
-            self._remember(m, headers, "key is not UTF-8")
+            self._remember(m, headers, reasons.SCHEDULE_KEY_NOT_UTF8)
             return
         if not schedule_id:
-            self._remember(m, headers, "missing key (the schedule id)")
+            self._remember(m, headers, reasons.MISSING_SCHEDULE_KEY)
             return
         value = m.value()
         if value is None:
@@ -166,13 +173,16 @@ class ScheduleTable:
                 codec.decode("schedule", value, writer_version=version)
             )
         except DueflowError as exc:
-            self._remember(m, headers, f"undecodable schedule: {exc}")
+            self._remember(m, headers, reasons.with_detail(reasons.UNDECODABLE_SCHEDULE, exc))
             return
         if schedule.schedule_id != schedule_id:
-            self._remember(m, headers, f"key {schedule_id!r} is not the schedule id")
+            detail = f"key {schedule_id!r}, schedule id {schedule.schedule_id!r}"
+            self._remember(m, headers, reasons.with_detail(reasons.SCHEDULE_KEY_MISMATCH, detail))
             return
         if not self._known_queue(schedule.queue):
-            self._remember(m, headers, f"unknown queue {schedule.queue!r}")
+            self._remember(
+                m, headers, reasons.with_detail(reasons.UNKNOWN_QUEUE, repr(schedule.queue))
+            )
             return
         current = self._schedules.get(schedule_id)
         if current is not None and current.version >= schedule.version:

@@ -26,6 +26,11 @@ Finished jobs leave the table ``status_retention_ms`` after their last change
 tombstone in the changelog), so memory is bounded by the jobs of that window.
 A background thread re-reads the cluster view (lag, DLQ, timers, emitter)
 every ``cluster_refresh_ms``; requests never wait for Kafka.
+
+State-changing HTTP calls need the view's token (:mod:`.access`): the
+configured ``observability.status_token``, or one made at start and printed
+once to stderr inside the page URL (``/?token=...``), as Jupyter does. The
+view refuses to start bound beyond loopback without a configured token.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
+import secrets
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -42,6 +49,7 @@ from typing import Any
 import faust
 
 from dueflow import headers as hdr
+from dueflow import reasons
 from dueflow.clients import make_admin
 from dueflow.cluster_view import ClusterView, compute_view
 from dueflow.config import Settings
@@ -52,6 +60,7 @@ from dueflow.metrics import Metrics
 from dueflow.ops.redrive import Redriver
 from dueflow.schemas import codec
 from dueflow.streams.status import faust_transport, state
+from dueflow.streams.status.access import StatusAccess, require_token_beyond_loopback
 from dueflow.streams.status.cluster_reader import ClusterReader
 from dueflow.streams.status.credentials import faust_broker_options
 from dueflow.streams.status.web import WebServer, build_web_app
@@ -84,6 +93,12 @@ class StatusView:
         reader_factory: Callable[[Settings], ClusterReader] = ClusterReader,
     ) -> None:
         obs = settings.observability
+        require_token_beyond_loopback(settings)  # before anything connects or binds
+        self.access = StatusAccess(
+            token=obs.status_token or secrets.token_urlsafe(32),
+            allowed_hosts=obs.status_allowed_hosts,
+            generated=obs.status_token is None,
+        )
         self.settings = settings
         self.metrics = metrics
         self.port = obs.status_port if port is None else port
@@ -176,7 +191,7 @@ class StatusView:
                     key=key if isinstance(key, bytes) else None,
                     value=value if isinstance(value, bytes) else None,
                     headers=_header_pairs(headers),
-                    reason=f"undecodable outcome: {exc}",
+                    reason=reasons.with_detail(reasons.UNDECODABLE_OUTCOME, exc),
                 )
             event(
                 log,
@@ -224,14 +239,17 @@ class StatusView:
     async def _serve(self) -> None:
         """Open HTTP once tables are recovered (faust runs tasks after recovery)."""
         self._seed_after_recovery()
+        obs = self.settings.observability
         server = WebServer(
-            build_web_app(self, self.metrics, redrive_call=self.redrive),
-            bind=self.settings.observability.status_bind,
+            build_web_app(self, self.metrics, access=self.access, redrive_call=self.redrive),
+            bind=obs.status_bind,
             port=self.port,
         )
         port = await server.start()
         self._server = server
-        event(log, "status.serving", url=f"http://{self.settings.observability.status_bind}:{port}")
+        event(log, "status.serving", url=f"http://{obs.status_bind}:{port}")
+        sys.stderr.write(page_banner(self.access, bind=obs.status_bind, port=port))
+        sys.stderr.flush()
         try:
             await asyncio.Event().wait()  # until the app stops and cancels this task
         finally:
@@ -424,6 +442,25 @@ class StatusView:
                 self._reader.close()
             if self.quarantine is not None:
                 self.quarantine.close()
+
+
+def page_banner(access: StatusAccess, *, bind: str, port: int) -> str:
+    """What the view prints once at start: the page URL, with the token when it was
+    generated (never a configured one: its owner has it, and logs keep stderr)."""
+    host = "127.0.0.1" if bind in ("0.0.0.0", "", "::") else bind
+    host = f"[{host}]" if ":" in host else host
+    url = f"http://{host}:{port}/"
+    if access.generated:
+        return (
+            f"dueflow status view: open {url}?token={access.token}\n"
+            "  (a token made for this run: the redrive button and every other "
+            "state-changing call need it; set observability.status_token or "
+            "DUEFLOW_OBSERVABILITY_STATUS_TOKEN to choose one)\n"
+        )
+    return (
+        f"dueflow status view: open {url}?token=<observability.status_token>\n"
+        "  (state-changing calls need that token; read-only pages need none)\n"
+    )
 
 
 def _header_pairs(headers: Any) -> list[tuple[str, bytes | None]]:

@@ -3,7 +3,8 @@
 dueflow's settings hold librdkafka keys (``DUEFLOW_KAFKA_*``); faust talks to
 Kafka through aiokafka, which takes the same information in another shape.
 Only the common cases are mapped; anything else is refused with a clear error
-rather than silently connecting without security.
+rather than silently connecting without security. Errors name the setting,
+never its value: any ``kafka.*`` value may be a password.
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ def credentials(conf: Mapping[str, str]) -> Any:
         if key not in _MAPPED and not key.startswith(_IGNORED_PREFIXES):
             raise ConfigError(
                 f"kafka.{key}",
-                conf[key],
+                None,
                 "a setting the status view can pass to aiokafka: " + ", ".join(sorted(_MAPPED)),
+                secret=True,
             )
     protocol = conf.get("security.protocol", "PLAINTEXT").upper()
     if protocol == "PLAINTEXT":

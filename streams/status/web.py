@@ -14,12 +14,17 @@ Routes:
                                default 100, at most 1000 per call; one call at a
                                time: 409 while one runs); 501 without a redriver
 =============================  ===============================================
+
+Every request passes the checks of :mod:`.access` first (a middleware, so a
+route added later is covered too): a ``Host`` of this view (403), and for
+every method but GET/HEAD/OPTIONS a same-site ``Origin`` (403), the bearer
+token (401) and a JSON body (415). Errors are JSON ``{"error": message}``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any, Protocol
 
@@ -28,6 +33,8 @@ from aiohttp import web
 
 from dueflow.errors import DueflowError
 from dueflow.metrics import Metrics, render
+from dueflow.streams.status import access as acc
+from dueflow.streams.status.access import StatusAccess
 
 PAGE = "page.html"
 # A job gets its first outcome when a worker finishes an attempt (or is
@@ -43,6 +50,7 @@ REDRIVE_MAX = 1000
 
 # (queue, limit, by) -> the redrive report as JSON (blocking: run on a thread)
 RedriveCall = Callable[[str, int, str], dict[str, Any]]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class StatusSource(Protocol):
@@ -75,16 +83,78 @@ def page_html() -> bytes:
     return (resources.files("dueflow.streams.status") / PAGE).read_bytes()
 
 
+# The page: no framing (clickjacking of its buttons), no Referer carrying ?token=,
+# nothing cached; scripts and styles only its own inline ones, requests only to itself.
+PAGE_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+        "connect-src 'self'; img-src 'self'; form-action 'none'; frame-ancestors 'none'; "
+        "base-uri 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+    "X-Content-Type-Options": "nosniff",
+}
+
+
+def access_middleware(access: StatusAccess) -> Any:
+    """The checks of :mod:`.access` on every request; aiohttp's own errors as JSON."""
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        refusal = await _refusal(request, access)
+        if refusal is not None:
+            resp = error(refusal.status, refusal.message)
+            if refusal.status == 401:
+                resp.headers["WWW-Authenticate"] = 'Bearer realm="dueflow status view"'
+            return resp
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:  # 404 of an unknown path, 405, ...
+            if exc.status < 400:
+                raise
+            return error(exc.status, exc.reason)
+
+    return guard
+
+
+async def _refusal(request: web.Request, access: StatusAccess) -> acc.Refusal | None:
+    sock = request.transport.get_extra_info("sockname") if request.transport else None
+    if not sock:
+        return acc.Refusal(400, "connection closed")
+    host = request.headers.get("Host")
+    found = acc.check_host(
+        host, local_addr=str(sock[0]), local_port=int(sock[1]), allowed=access.allowed_hosts
+    )
+    if found is not None or request.method in acc.SAFE_METHODS:
+        return found
+    found = acc.check_origin(request.headers.get("Origin"), host=host or "")
+    if found is None:
+        found = acc.check_token(request.headers.get("Authorization"), token=access.token)
+    if found is None:
+        media = request.headers.get("Content-Type", "").split(";")[0].strip()
+        found = acc.check_json_body(media, await request.read())
+    return found
+
+
 def build_web_app(
-    source: StatusSource, metrics: Metrics, *, redrive_call: RedriveCall | None = None
+    source: StatusSource,
+    metrics: Metrics,
+    *,
+    access: StatusAccess,
+    redrive_call: RedriveCall | None = None,
 ) -> web.Application:
-    """The aiohttp application serving ``source``; ``redrive_call`` backs the redrive
-    button (``dueflow.ops.redrive``: bounded, idempotent)."""
+    """The aiohttp application serving ``source``, behind the checks of ``access``;
+    ``redrive_call`` backs the redrive button (``dueflow.ops.redrive``: bounded,
+    idempotent)."""
     page = page_html()
     redriving = asyncio.Lock()
 
     async def index(_request: web.Request) -> web.Response:
-        return web.Response(body=page, content_type="text/html", charset="utf-8")
+        return web.Response(
+            body=page, content_type="text/html", charset="utf-8", headers=PAGE_HEADERS
+        )
 
     async def job(request: web.Request) -> web.Response:
         job_id = request.match_info["job_id"]
@@ -134,7 +204,7 @@ def build_web_app(
                 return error(503, f"redrive failed: {exc}", queue=queue)
         return json_response(report)
 
-    app = web.Application()
+    app = web.Application(middlewares=[access_middleware(access)])
     app.router.add_get("/", index)
     app.router.add_get("/jobs/{job_id}", job)
     app.router.add_get("/queues", queues)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -68,11 +69,16 @@ def write_outcomes(
     assert p.flush(10) == 0
 
 
+# The line the view prints once at start when it made its own token.
+PRINTED_URL = re.compile(r"open (http://\S+/\?token=([A-Za-z0-9_-]+))")
+
+
 @dataclass
 class ViewProcess:
     proc: subprocess.Popen[bytes]
     port: int
     log_path: Path
+    token: str | None = None  # the configured token (None: the view makes one)
 
     @property
     def url(self) -> str:
@@ -89,7 +95,11 @@ class ViewProcess:
         return status, (json.loads(body) if "json" in ctype else body.decode())
 
     def post(self, path: str) -> tuple[int, Any]:
-        req = urllib.request.Request(self.url + path, method="POST", data=b"")
+        """A state-changing call as a client sends it: token and JSON body."""
+        headers = {"Content-Type": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        req = urllib.request.Request(self.url + path, method="POST", data=b"{}", headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=5) as resp:
                 return int(resp.status), json.loads(resp.read())
@@ -108,6 +118,16 @@ class ViewProcess:
                 pass
             time.sleep(0.2)
         raise AssertionError(f"status view not ready in {timeout_s}s:\n{self.log()}")
+
+    def printed_url(self, timeout_s: float = 30.0) -> tuple[str, str]:
+        """``(page URL with ?token=, token)`` the view printed at start."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = PRINTED_URL.search(self.log())
+            if found:
+                return found.group(1), found.group(2)
+            time.sleep(0.2)
+        raise AssertionError(f"the view printed no page URL with a token:\n{self.log()}")
 
     def wait_job(self, job_id: str, state: str, timeout_s: float = 30.0) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s
@@ -132,7 +152,7 @@ class ViewProcess:
 
     def log(self) -> str:
         try:
-            return self.log_path.read_text()[-4000:]
+            return self.log_path.read_text(errors="replace")[-4000:]
         except FileNotFoundError:
             return ""
 
@@ -145,7 +165,11 @@ def start_view(
     log_path: Path,
     queues: str = "default:3",
     env: dict[str, str] | None = None,
+    bind: str = "127.0.0.1",
+    token: str | None = "status-view-token-of-the-tests",
 ) -> ViewProcess:
+    """``dueflow status-view`` as a process; ``token``: its configured token (``None``:
+    none configured, the view makes one and prints it)."""
     cmd = [
         sys.executable,
         "-m",
@@ -163,10 +187,15 @@ def start_view(
         str(data_dir),
         "--log-format",
         "json",
+        "--bind",
+        bind,
     ]
     full_env = dict(os.environ)
+    full_env.pop("DUEFLOW_OBSERVABILITY_STATUS_TOKEN", None)
     full_env["DUEFLOW_OBSERVABILITY_CLUSTER_REFRESH_MS"] = "500"
+    if token is not None:
+        full_env["DUEFLOW_OBSERVABILITY_STATUS_TOKEN"] = token
     full_env.update(env or {})
     with log_path.open("ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env)
-    return ViewProcess(proc, port, log_path)
+    return ViewProcess(proc, port, log_path, token)

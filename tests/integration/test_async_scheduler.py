@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -16,6 +17,7 @@ from dueflow.topic_admin import TopicAdmin
 from dueflow.topics import names, topic_layout
 from tests.conftest import KafkaCluster
 from tests.integration.records import read_all
+from tests.integration.test_scheduler import check_edge_result, edge_jobs
 
 WHEEL = {
     "levels": "10x1000,10x5000",
@@ -80,3 +82,14 @@ def test_async_schedule_bulk_cancel_and_cron(settings: Settings) -> None:
     assert len(read_all(settings, names(settings).timers)) == 1 + 200 + 5_000
     (idem,) = read_all(settings, names(settings).idempotency("default"))
     assert codec.decode("idempotency", idem.value() or b"")["state"] == "cancelled"
+
+
+def test_async_schedule_many_refuses_bad_jobs_at_the_limits(settings: Settings) -> None:
+    async def main() -> Any:
+        async with AsyncScheduler(settings) as s:
+            with pytest.raises(InvalidInput) as info:
+                await s.schedule("t", {"x": float("inf")})
+            assert info.value.field == "payload['x']"
+            return await s.schedule_many(edge_jobs())
+
+    check_edge_result(settings, asyncio.run(main()))

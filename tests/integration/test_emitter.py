@@ -152,7 +152,7 @@ def test_malformed_timers_are_quarantined_and_the_next_one_fires(
         assert sorted(r["key"] for r in found) == sorted(k for k, _ in bad)
         reasons = {r["key"]: r["reason"] for r in found}
         assert reasons[b"no-due"] == "missing df-due header"
-        assert reasons[b"unknown-queue"] == "unknown queue 'nope'"
+        assert reasons[b"unknown-queue"] == "unknown queue: 'nope'"
         assert all(r["component"] == "emitter" and r["source_topic"] == topic for r in found)
     finally:
         log.close()

@@ -4,18 +4,29 @@ over a real pipeline: the SDK schedules jobs (with ``scheduled`` outcomes on),
 processes. The page must show the job, follow its state from ``scheduled`` to
 ``succeeded`` without a reload, show a dead-lettered job in the DLQ table,
 and say "unknown / pending" for a job id it has no outcome for.
+
+The redrive button needs the view's token (none is configured: the view makes
+one and prints the page URL with it): without it the API refuses and the page
+says why; with the token typed into the page, or from the printed URL, the
+redrive runs and the dead job runs again.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+from selenium.common.exceptions import (
+    NoSuchElementException,
+    StaleElementReferenceException,
+    TimeoutException,
+)
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -123,13 +134,17 @@ def test_page_follows_a_real_job_to_succeeded_without_reloading(
 
     browser.get(view.url + "/")
     assert browser.title == "dueflow status"
-    wait = WebDriverWait(browser, 60, poll_frequency=0.2)
     browser.execute_script("window.__sameDocument = 'yes';")
 
     # A job id nobody wrote an outcome for: unknown / pending.
     browser.find_element(By.ID, "lookup-id").send_keys("not-scheduled-yet")
     browser.find_element(By.CSS_SELECTOR, "#lookup button").click()
-    wait.until(lambda d: d.find_element(By.ID, "lookup-result").get_attribute("data-state"))
+    until(
+        browser,
+        "the lookup answered",
+        lambda d: d.find_element(By.ID, "lookup-result").get_attribute("data-state"),
+        view,
+    )
     result = browser.find_element(By.ID, "lookup-result")
     assert result.get_attribute("data-state") == "unknown"
     assert "unknown / pending" in result.text
@@ -138,12 +153,16 @@ def test_page_follows_a_real_job_to_succeeded_without_reloading(
     with Scheduler(p.settings, scheduled_outcomes=True) as s:
         job = s.schedule("ok", {"to": "page"}, queue=QUEUE, delay=10)
         doomed = s.schedule("doomed", {}, queue=QUEUE)
-    wait.until(lambda d: _state_of(d, job.job_id) == "scheduled")
+    until(
+        browser, "the job shown scheduled", lambda d: _state_of(d, job.job_id) == "scheduled", view
+    )
     # The scheduled column: both jobs, until the doomed one (due now) moves on.
-    wait.until(lambda d: _queue_row(d)[1:2] == ["1"])
-    wait.until(lambda d: _state_of(d, job.job_id) == "succeeded")
+    until(
+        browser, "one job scheduled in the queue row", lambda d: _queue_row(d)[1:2] == ["1"], view
+    )
+    until(browser, "the job succeeded", lambda d: _state_of(d, job.job_id) == "succeeded", view)
     assert browser.execute_script("return window.__sameDocument") == "yes", "page was reloaded"
-    wait.until(lambda d: _state_of(d, doomed.job_id) == "dead")
+    until(browser, "the doomed job dead", lambda d: _state_of(d, doomed.job_id) == "dead", view)
     texts = _queue_row(browser)
     assert texts[0] == QUEUE
     assert texts[1] == "0"  # scheduled
@@ -151,15 +170,70 @@ def test_page_follows_a_real_job_to_succeeded_without_reloading(
     assert texts[6] == "1"  # dead
 
     # The dead letter shows in the DLQ table; the redrive button reaches the view.
-    wait.until(
-        lambda d: bool(d.find_elements(By.CSS_SELECTOR, f'#dlq tr[data-job-id="{doomed.job_id}"]'))
+    dead_row = f'#dlq tr[data-job-id="{doomed.job_id}"]'
+    until(
+        browser,
+        "the dead letter in the DLQ table",
+        lambda d: bool(d.find_elements(By.CSS_SELECTOR, dead_row)),
+        view,
     )
     # Counted records, not offsets (commit markers take offsets too): the idle
     # queue has no lag, one dead letter, and no timer is pending.
-    wait.until(lambda d: _queue_row(d)[8:10] == ["0", "1"])
+    until(browser, "no lag and one dead letter", lambda d: _queue_row(d)[8:10] == ["0", "1"], view)
     timers = "return [...document.querySelectorAll('#timers td.num')].map((td) => td.textContent)"
-    wait.until(lambda d: d.execute_script(timers) == ["0", "0", "0", "0"])
-    wait.until(_click_redrive)
-    # The server's answer (whatever the operations commands make of it) is shown.
-    wait.until(lambda d: d.find_element(By.ID, "message").text.startswith(f"redrive of {QUEUE}"))
+    until(
+        browser,
+        "no pending timers",
+        lambda d: d.execute_script(timers) == ["0", "0", "0", "0"],
+        view,
+    )
+    printed, token = view.printed_url()
+
+    # Without the token: the API refuses, the page says why and asks for it.
+    until(browser, "the redrive button clicked", _click_redrive, view)
+    until(browser, "a refused redrive", lambda d: "refused (401)" in _message(d), view)
+    assert "token" in _message(browser), _message(browser)
+    assert browser.find_element(By.ID, "token-form").is_displayed()
+    assert _queue_row(browser)[9] == "1", "nothing was redriven"
+
+    # The token typed into the page: the redrive runs; the job runs again and,
+    # doomed, is dead-lettered a second time.
+    browser.find_element(By.ID, "token-input").send_keys(token)
+    browser.find_element(By.CSS_SELECTOR, "#token-form button").click()
+    until(browser, "the token kept", lambda d: _message(d).startswith("token kept"), view)
+    assert not browser.find_element(By.ID, "token-form").is_displayed()
+    until(browser, "the redrive button clicked", _click_redrive, view)
+    redriven = f"redrive of {QUEUE}: 1 redriven, 0 not redriven"
+    until(browser, "one dead letter redriven", lambda d: _message(d) == redriven, view)
+    until(browser, "the job dead again", lambda d: _queue_row(d)[9] == "2", view)
+    assert browser.execute_script("return window.__sameDocument") == "yes", "page was reloaded"
+
+    # A new tab's way: the URL the view printed. The page keeps the token for the tab,
+    # takes it out of the address bar, and the button works at once.
+    browser.execute_script("sessionStorage.clear()")
+    browser.get(printed)
+    assert "token=" not in browser.current_url
+    stored = browser.execute_script("return sessionStorage.getItem('dueflow-status-token')")
+    assert stored == token
+    until(browser, "the redrive button clicked", _click_redrive, view)
+    # (The first dead letter was redriven already: the report counts it as not redriven.)
+    answered = re.compile(rf"redrive of {QUEUE}: \d+ redriven, \d+ not redriven")
+    until(browser, "the redrive answered", lambda d: answered.match(_message(d)), view)
+    assert not browser.find_element(By.ID, "token-form").is_displayed()
     browser.save_screenshot(str(tmp_path / "status-page.png"))
+
+
+def until(driver: WebDriver, what: str, check: Any, view: ViewProcess) -> None:
+    """Wait up to 60 s for ``check``; on a timeout, say what the page and the view said."""
+    try:
+        WebDriverWait(driver, 60, poll_frequency=0.2).until(check)
+    except TimeoutException:
+        raise AssertionError(
+            f"{what}: not within 60 s; message {_message(driver)!r}, queue row "
+            f"{_queue_row(driver)}\n{view.log()}"
+        ) from None
+
+
+def _message(driver: WebDriver) -> str:
+    text: str = driver.execute_script("return document.getElementById('message').textContent")
+    return text

@@ -261,3 +261,31 @@ def test_finished_jobs_leave_the_table_after_the_retention(
         assert second.get("/queues")[1]["queues"]["default"]["counts"] == {"started": 1}
     finally:
         assert second.stop() == 0
+
+
+@pytest.mark.timeout(90)
+def test_refuses_to_bind_beyond_loopback_without_a_token(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """192.0.2.1 (TEST-NET-1) is beyond loopback: without a configured token the view
+    exits at once with an error naming the setting, before it touches Kafka or binds
+    (no interface here has that address, so even a view that tried binds nothing)."""
+    view = start_view(
+        settings,
+        port=free_port(),
+        data_dir=tmp_path / "data",
+        log_path=tmp_path / "view.log",
+        bind="192.0.2.1",
+        token=None,
+    )
+    try:
+        code = view.proc.wait(60)
+    finally:
+        view.stop()
+    log = view.log()
+    assert code == 2, log
+    assert "setting 'observability.status_token'" in log
+    assert "DUEFLOW_OBSERVABILITY_STATUS_TOKEN" in log
+    assert "'192.0.2.1'" in log
+    assert "Traceback" not in log
+    assert not (tmp_path / "data").exists(), "it stopped before doing anything"

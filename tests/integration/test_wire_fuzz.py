@@ -36,6 +36,7 @@ from dueflow.ops.dlq import read_dead_letters
 from dueflow.ops.reading import ops_consumer
 from dueflow.producers.scheduler import Scheduler
 from dueflow.queue_registry import decode_queue
+from dueflow.reasons import DEAD_LETTER_REASONS, QUARANTINE_REASONS, reason_label
 from dueflow.schemas import codec
 from dueflow.schemas.fast import decode_key_state
 from dueflow.topics import names
@@ -252,7 +253,7 @@ def _quarantined(s: Settings) -> set[tuple[str, int, int]]:
             q = codec.decode("quarantined", r.value or b"")
         except UndecodableRecord:
             continue
-        assert q["reason"], q
+        assert reason_label(q["reason"]) in QUARANTINE_REASONS, q  # the documented set
         out.add((q["source_topic"], q["source_partition"], q["source_offset"]))
     return out
 
@@ -267,7 +268,7 @@ def _dead_letters(s: Settings) -> tuple[set[tuple[str, int, int]], set[str]]:
     for e in entries:
         if e.record is None:
             continue  # garbage written to the DLQ itself
-        assert e.reason, e.summary()
+        assert e.reason in DEAD_LETTER_REASONS, e.summary()
         assert e.summary()["error_message"], e.summary()
         rec = e.record
         origins.add((rec["original_topic"], rec["original_partition"], rec["original_offset"]))

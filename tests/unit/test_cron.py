@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from dueflow.cron import CronExpr, next_fire, occurrences, parse_cron, zone
+from dueflow.cron_time import zone_suggestions
 from dueflow.errors import InvalidInput
 
 
@@ -842,3 +843,32 @@ def test_occurrence_properties(data: st.DataObject, tz_name: str, seconds: bool)
 def test_next_fire_is_strictly_after(expr: str, tz_name: str, after: int) -> None:
     nxt = next_fire(parse_cron(expr), after_ms=after, tz=tz_name)
     assert nxt is None or nxt > after
+
+
+# ------------------------------------------------------------ zone suggestions
+
+
+@pytest.mark.parametrize(
+    ("typed", "suggested"),
+    [
+        ("Europe/Berln", ["Europe/Berlin"]),
+        ("europe/paris", ["Europe/Paris"]),
+        ("America/New York", ["America/New_York"]),
+        ("Asia/Tokio", ["Asia/Tokyo"]),
+        ("Paris", ["Europe/Paris"]),
+        ("UTC+2", ["Etc/GMT-2"]),  # tzdata's Etc signs are inverted
+        ("gmt-5", ["Etc/GMT+5"]),
+        ("UTC+99", []),
+        ("Mars/Olympus_Mons", []),
+        ("", []),
+        ("Europe/London", []),  # a zone needs no suggestion
+    ],
+)
+def test_zone_suggestions(typed: str, suggested: list[str]) -> None:
+    assert zone_suggestions(typed) == suggested
+
+
+def test_a_typo_in_a_zone_gets_a_suggestion_in_the_error() -> None:
+    with pytest.raises(InvalidInput, match=r"did you mean 'Europe/Berlin'\?") as info:
+        zone("Europe/Berln")
+    assert info.value.field == "timezone"

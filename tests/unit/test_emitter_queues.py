@@ -42,7 +42,7 @@ class LateTail(QueueTopics):
         self.asked.append(queue)
         if queue.decode() not in self.registered:
             return False
-        self.update({*SETTINGS.queue_names, *self.registered})
+        self.update([*SETTINGS.queues, *(QueueSpec(q) for q in self.registered)])
         return True
 
 
@@ -104,8 +104,11 @@ def test_learn_reads_the_registry_unless_a_read_began_after_the_timer_was_append
 def test_queue_topics_change_in_place_for_whoever_holds_them() -> None:
     topics = QueueTopics(SETTINGS)
     held, by_topic = topics.exec_topics, topics.queue_of_topic
-    topics.update(["default", "billing"])
+    partitions = topics.exec_partitions
+    topics.update([QueueSpec("default"), QueueSpec("billing", 3)])
     assert held == {b"default": "df.exec.default", b"billing": "df.exec.billing"}
-    topics.update(["billing"])
+    assert partitions == {b"default": 6, b"billing": 3}
+    topics.update([QueueSpec("billing", 3)])
     assert held == {b"billing": "df.exec.billing"}
+    assert partitions == {b"billing": 3}
     assert by_topic == {"df.exec.billing": "billing"}

@@ -28,3 +28,27 @@ def test_import_dueflow_is_cheap_and_side_effect_free() -> None:
     code = "import sys, dueflow; print(sorted(m for m in sys.modules if 'kafka' in m))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("package", ["dueflow", "dueflow.testing"])
+def test_type_checkers_see_every_public_name(package: str) -> None:
+    """The lazy names are imported under TYPE_CHECKING too (``from dueflow import task``
+    is typed for mypy --strict users)."""
+    import ast
+    import importlib
+    from pathlib import Path
+
+    module = importlib.import_module(package)
+    assert module.__file__ is not None
+    tree = ast.parse(Path(module.__file__).read_text())
+    seen = {
+        alias.asname
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING"
+        for stmt in node.body
+        if isinstance(stmt, ast.ImportFrom)
+        for alias in stmt.names
+    }
+    assert seen == set(module.__all__)
+    for name in module.__all__:
+        assert getattr(module, name) is not None

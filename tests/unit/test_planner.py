@@ -24,7 +24,11 @@ from dueflow.producers.results import Scheduled
 
 # Routes: a job without a queue goes by its task (to a queue that exists, or not).
 SETTINGS = load_settings(
-    env={}, overrides={"queues": "default,billing", "routes": {"t": "billing", "x*": "nope"}}
+    env={},
+    overrides={
+        "queues": "default,billing",
+        "routes": {"routed-t": "billing", "nowhere.*": "nope"},
+    },
 )
 NOW = 1_800_000_000_000
 
@@ -37,7 +41,13 @@ JSONISH = st.recursive(
 )
 PLAIN = st.builds(
     JobRequest,
-    task=st.one_of(st.text(max_size=8), st.just(""), BOUNDARY, st.integers()),
+    task=st.one_of(
+        st.text(max_size=8),
+        st.just(""),
+        BOUNDARY,
+        st.integers(),
+        st.sampled_from(["routed-t", "nowhere.x"]),  # routed when the request has no queue
+    ),
     payload=st.one_of(JSONISH, st.binary(max_size=40), st.just({1, 2}), st.just(object())),
     delay=st.one_of(
         st.none(),

@@ -11,11 +11,17 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from dueflow.cli.status_cmd import render_job, render_status, status_from_cluster
-from dueflow.config import Settings
+from dueflow.config import Settings, load_settings
 from dueflow.errors import ConfigError
 from dueflow.metrics import Metrics
+from dueflow.streams.status.access import StatusAccess
 from dueflow.streams.status.credentials import credentials, faust_broker_options
 from dueflow.streams.status.web import build_web_app
+
+TOKEN = "t0ken-for-the-unit-tests"
+ACCESS = StatusAccess(token=TOKEN)
+# What the page sends with a state-changing call.
+AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 
 JOB = {
     "job_id": "j1",
@@ -56,7 +62,8 @@ async def _requests() -> dict[str, tuple[int, Any]]:
     metrics = Metrics()
     metrics.fires.labels("q").inc()
     out: dict[str, tuple[int, Any]] = {}
-    async with TestClient(TestServer(build_web_app(FakeSource(), metrics))) as client:
+    app = build_web_app(FakeSource(), metrics, access=ACCESS)
+    async with TestClient(TestServer(app)) as client:
         for path in ("/jobs/j1", "/jobs/nope%2Fx", "/queues", "/api/overview", "/api/cluster"):
             resp = await client.get(path)
             out[path] = (resp.status, await resp.json())
@@ -64,7 +71,7 @@ async def _requests() -> dict[str, tuple[int, Any]]:
             resp = await client.get(path)
             out[path] = (resp.status, (resp.headers["Content-Type"], await resp.text()))
         for path in ("/dlq/q/redrive", "/dlq/zzz/redrive"):
-            resp = await client.post(path)
+            resp = await client.post(path, headers=AUTH, data=b"{}")
             out["POST " + path] = (resp.status, await resp.json())
     return out
 
@@ -105,17 +112,17 @@ def test_the_redrive_button_calls_the_redriver_once_at_a_time() -> None:
         return {"queue": queue, "redriven": 2, "message": "2 redriven, 0 not redriven"}
 
     async def run() -> dict[str, tuple[int, Any]]:
-        app = build_web_app(FakeSource(), Metrics(), redrive_call=redrive)
+        app = build_web_app(FakeSource(), Metrics(), access=ACCESS, redrive_call=redrive)
         out: dict[str, tuple[int, Any]] = {}
         async with TestClient(TestServer(app)) as client:
-            first = asyncio.ensure_future(client.post("/dlq/q/redrive?limit=5"))
+            first = asyncio.ensure_future(client.post("/dlq/q/redrive?limit=5", headers=AUTH))
             assert await asyncio.to_thread(started.wait, 10)
-            busy = await client.post("/dlq/q/redrive")
+            busy = await client.post("/dlq/q/redrive", headers=AUTH)
             out["busy"] = (busy.status, await busy.json())
             release.set()
             done = await first
             out["first"] = (done.status, await done.json())
-            bad = await client.post("/dlq/q/redrive?limit=0")
+            bad = await client.post("/dlq/q/redrive?limit=0", headers=AUTH)
             out["bad"] = (bad.status, await bad.json())
         return out
 
@@ -149,6 +156,20 @@ def test_credentials_mapping() -> None:
         credentials({"security.protocol": "KERBEROS"})
     opts = faust_broker_options(Settings(bootstrap="a:1,b:2"))
     assert opts["broker"] == ["kafka://a:1", "kafka://b:2"]
+
+
+def test_credentials_name_the_setting_they_refuse_never_its_value() -> None:
+    """Issue 16: the check echoed the value it refused, and kafka.* values are secrets."""
+    with pytest.raises(ConfigError) as err:
+        credentials({"sasl.oauthbearer.client.secret": "hunter2-very-secret"})
+    assert "kafka.sasl.oauthbearer.client.secret" in str(err.value)
+    assert "hunter2-very-secret" not in str(err.value)
+    assert "hunter2-very-secret" not in repr(err.value.args)
+    assert err.value.value is None
+    with pytest.raises(ConfigError) as err:
+        load_settings(overrides={"kafka": "sasl.password=hunter2-very-secret"})
+    assert "'kafka'" in str(err.value)
+    assert "hunter2-very-secret" not in str(err.value)
 
 
 def test_cli_rendering() -> None:

@@ -1,0 +1,87 @@
+"""Why a record was set aside: the stable reasons of dead letters and of quarantined records.
+
+Both sets are part of the wire contract: ``docs/wire-format.md`` lists them and
+``tests/unit/test_reasons.py`` checks that list against these tuples.
+
+- A dead letter's ``reason`` (``DeadLetter.reason``, written by the worker) is
+  exactly one of :data:`DEAD_LETTER_REASONS`.
+- A quarantined record's ``reason`` (``Quarantined.reason``) is one of
+  :data:`QUARANTINE_REASONS`, alone or followed by ``": "`` and a detail for
+  people (the bad value, the decoder's message). Match on the part before the
+  first ``": "`` (:func:`reason_label`): it is also the ``reason`` label of
+  ``dueflow_quarantined_total``.
+"""
+
+from __future__ import annotations
+
+# --------------------------------------------------------------- dead letters
+EXHAUSTED = "exhausted"  # every attempt failed (retriable failures)
+PERMANENT_ERROR = "permanent_error"  # the handler raised a permanent error
+UNKNOWN_TASK = "unknown_task"  # no handler for the task in the worker
+UNDECODABLE = "undecodable"  # the record's value (or its payload) does not decode
+TIMEOUT = "timeout"  # the last attempt ran past its timeout
+CONFLICT = "conflict"  # reserved in the schema; not written (the SDK refuses a reused id)
+OTHER = "other"  # anything else (a reason this version does not know)
+
+DEAD_LETTER_REASONS = (
+    EXHAUSTED,
+    PERMANENT_ERROR,
+    UNKNOWN_TASK,
+    UNDECODABLE,
+    TIMEOUT,
+    CONFLICT,
+    OTHER,
+)
+
+# ----------------------------------------------------------------- quarantine
+# emitter, timer topic (headers only: the emitter never decodes a timer's value)
+MISSING_DUE = "missing df-due header"
+BAD_DUE = "df-due is not an integer"
+MISSING_QUEUE = "missing df-queue header"
+UNKNOWN_QUEUE = "unknown queue"  # also a schedule whose queue is not configured
+MISSING_TIMER_KEY = "missing key (the idempotency key)"
+UNKNOWN_KIND = "unknown df-kind"
+BAD_PARTITION = "bad df-partition"  # not a partition of the queue's exec topic
+# emitter, schedules topic
+SCHEDULE_KEY_NOT_UTF8 = "key is not UTF-8"
+MISSING_SCHEDULE_KEY = "missing key (the schedule id)"
+UNDECODABLE_SCHEDULE = "undecodable schedule"
+SCHEDULE_KEY_MISMATCH = "key is not the schedule id"
+# worker: idempotency and control topics
+IDEMPOTENCY_WITHOUT_KEY = "idempotency record without a key"
+UNDECODABLE_IDEMPOTENCY = "undecodable idempotency record"
+BAD_CONTROL = "bad control record"
+# emitter (the active one): queue registry topic
+BAD_QUEUE_RECORD = "bad queue registry record"
+# status view: outcomes topic
+UNDECODABLE_OUTCOME = "undecodable outcome"
+
+QUARANTINE_REASONS = (
+    MISSING_DUE,
+    BAD_DUE,
+    MISSING_QUEUE,
+    UNKNOWN_QUEUE,
+    MISSING_TIMER_KEY,
+    UNKNOWN_KIND,
+    BAD_PARTITION,
+    SCHEDULE_KEY_NOT_UTF8,
+    MISSING_SCHEDULE_KEY,
+    UNDECODABLE_SCHEDULE,
+    SCHEDULE_KEY_MISMATCH,
+    IDEMPOTENCY_WITHOUT_KEY,
+    UNDECODABLE_IDEMPOTENCY,
+    BAD_CONTROL,
+    BAD_QUEUE_RECORD,
+    UNDECODABLE_OUTCOME,
+)
+
+
+def with_detail(reason: str, detail: object) -> str:
+    """A quarantine reason text: ``reason`` (one of :data:`QUARANTINE_REASONS`) and a
+    detail for people."""
+    return f"{reason}: {detail}"
+
+
+def reason_label(text: str) -> str:
+    """The stable reason of a quarantine reason text (the part before the first ``": "``)."""
+    return text.partition(": ")[0].strip()[:60] or "unknown"

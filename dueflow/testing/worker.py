@@ -1,0 +1,348 @@
+"""The worker over the in-memory log: the real decisions, one delivery at a time.
+
+For each exec or retry record, in order of its "not before" (``df-due``), at
+or after it, never before: the worker's own code decides, as in
+:mod:`dueflow.consumers.runtime` -- :func:`~dueflow.consumers.feeds.prepare`
+decodes the record (undecodable value or payload, unknown task: dead letter),
+the key store says whether the key is final already (``duplicate``,
+``cancelled``), :func:`~dueflow.consumers.feeds.attempt_limits` gives the
+attempts and the timeout, the handler runs, and the
+:class:`~dueflow.consumers.recorder.BatchRecorder` writes what a commit
+writes: idempotency ``done``/``dead``, the retry record in its tier with the
+next attempt's due time (the task's backoff and jitter, drawn from the
+pipeline's seeded random source), the dead letter with its reason, and the
+outcome. Those records go back into the log, where the next poll reads them.
+
+Differences from a worker on Kafka, by design: one delivery runs at a time
+(no concurrency, so no "same key running" hold); a record runs at its "not
+before" exactly, where on Kafka it may wait behind an earlier record of its
+tier partition; rate limits are not applied (time does not pass by itself);
+``isolation="process"`` runs in-process (see :mod:`dueflow.testing.attempts`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dueflow import headers as hdr
+from dueflow.config import QueueSpec, Settings
+from dueflow.consumers.context import TaskContext
+from dueflow.consumers.failures import Failure
+from dueflow.consumers.feeds import Delivery, PartitionFeed, attempt_limits, int_or, prepare
+from dueflow.consumers.recorder import BatchRecorder
+from dueflow.consumers.registry import TaskRegistry
+from dueflow.consumers.store import STATE_OF, MemoryKeyStore
+from dueflow.consumers.worker import select_queues
+from dueflow.errors import UndecodableRecord
+from dueflow.metrics import Metrics
+from dueflow.schemas import codec
+from dueflow.schemas.fast import F_DUE_MS, F_JOB_ID, F_KEY, F_SCHEDULE_ID, F_TASK, decode_key_state
+from dueflow.testing.attempts import HandlerLoop, run_attempt
+from dueflow.testing.log import MemoryLog, MemoryRecord, as_message
+from dueflow.testing.views import JobRun, PendingJob
+from dueflow.topics import names, tier_label
+from dueflow.tracing import JobTracer
+
+WORKER_ID = "in-memory"
+
+
+@dataclass
+class _Queue:
+    spec: QueueSpec
+    recorder: BatchRecorder
+    feeds: list[PartitionFeed]
+    tiers: dict[str, int]  # retry topic -> tier ms
+
+
+class InMemoryWorker:
+    """Runs the registry's handlers for its queues from the in-memory log."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        registry: TaskRegistry,
+        log: MemoryLog,
+        *,
+        clock: Callable[[], int],
+        rng: random.Random,
+        metrics: Metrics,
+        queues: Sequence[str] | None = None,
+    ) -> None:
+        self._log = log
+        self._clock = clock
+        self._rng = rng
+        self._metrics = metrics
+        self._tracer = JobTracer()
+        self._loop = HandlerLoop()
+        self._queues: dict[str, _Queue] = {}
+        self._feeds: dict[tuple[str, int], PartitionFeed] = {}
+        self._stores: dict[tuple[str, int], MemoryKeyStore] = {}
+        self._read: dict[str, int] = {}  # topic -> records read
+        self._heap: list[tuple[int, int, Delivery]] = []
+        self._seq = itertools.count()
+        self._asked = None if queues is None else list(queues)
+        self.configure(settings, registry)
+
+    @property
+    def queues(self) -> list[str]:
+        """The queues this worker consumes."""
+        return list(self._queues)
+
+    def configure(self, settings: Settings, registry: TaskRegistry) -> None:
+        """Take the settings and registry as they are now: consume the queues
+        ``dueflow worker`` would consume with them (a queue left is read again from
+        its start if it comes back, as a partition assigned anew)."""
+        selected = select_queues(settings, registry, self._asked)
+        self._settings = settings
+        self._registry = registry
+        self._names = names(settings)
+        for name in [q for q in self._queues if q not in selected]:
+            self._drop_queue(name)
+        for name in selected:
+            if name not in self._queues:
+                self._add_queue(settings.queue(name))
+
+    def _drop_queue(self, name: str) -> None:
+        queue = self._queues.pop(name)
+        topics = {self._names.exec(name), self._names.idempotency(name), *queue.tiers}
+        self._heap = [e for e in self._heap if e[2].feed.topic not in topics]
+        heapq.heapify(self._heap)
+        for topic in topics:
+            self._read.pop(topic, None)
+        for key in [k for k in self._feeds if k[0] in topics]:
+            del self._feeds[key]
+        for key in [k for k in self._stores if k[0] == name]:
+            del self._stores[key]
+
+    def _add_queue(self, spec: QueueSpec) -> None:
+        n = self._names
+        recorder = BatchRecorder(
+            self._settings,
+            spec,
+            worker_id=WORKER_ID,
+            metrics=self._metrics,
+            tracer=self._tracer,
+            rng=self._rng,
+        )
+        tiers = {n.retry(spec.name, t): t for t in spec.retry_tiers_ms}
+        feeds = []
+        for p in range(spec.partitions):
+            store = self._stores[(spec.name, p)] = MemoryKeyStore(spec.idempotency_retention_ms)
+            for topic, tier in [(n.exec(spec.name), None), *tiers.items()]:
+                feed = self._feeds[(topic, p)] = PartitionFeed(topic, p, tier, store)
+                feed.loaded = True
+                feeds.append(feed)
+        self._queues[spec.name] = _Queue(spec, recorder, feeds, tiers)
+
+    def close(self) -> None:
+        self._loop.close()
+
+    # ------------------------------------------------------------ reading
+    def poll(self, now_ms: int) -> None:
+        """Read what was written since the last poll: key states, then deliveries.
+        Keys older than their queue's ``idempotency_retention_ms`` are forgotten, as
+        the worker's stores (and the topic's retention) forget them."""
+        n = self._names
+        for store in self._stores.values():
+            store.expire(now_ms)
+        for name, queue in self._queues.items():
+            for record in self._new(n.idempotency(name)):
+                self._apply_key(record)
+            for topic in (n.exec(name), *queue.tiers):
+                for record in self._new(topic):
+                    feed = self._feeds[(topic, record.partition())]
+                    d = Delivery(feed, as_message(record), record.offset())
+                    feed.tracker.add(record.offset())
+                    due = int_or(hdr.header(record.headers(), hdr.DUE), 0)
+                    heapq.heappush(self._heap, (due, next(self._seq), d))
+
+    def _new(self, topic: str) -> list[MemoryRecord]:
+        records = self._log.read(topic, self._read.get(topic, 0))
+        self._read[topic] = self._read.get(topic, 0) + len(records)
+        return records
+
+    def _apply_key(self, record: MemoryRecord) -> None:
+        """What the key tail does with a record of the idempotency topic."""
+        store = self._stores.get((self._queue_of_idempotency(record.topic()), record.partition()))
+        key = record.key()
+        if store is None or key is None:
+            return
+        value = record.value()
+        if value is None:  # a tombstone forgets the key (a redrive clears `dead`)
+            store.apply([(key, None, 0)], None)
+            return
+        if store.get(key) is not None:
+            return  # final already (most often: this worker's own record read back)
+        try:
+            state, at_ms = decode_key_state(value, hdr.header(record.headers(), hdr.SCHEMA))
+        except UndecodableRecord:
+            return  # the real tail quarantines it
+        store.apply([(key, STATE_OF[state], at_ms)], None)
+
+    def _queue_of_idempotency(self, topic: str) -> str:
+        return topic[len(self._names.idempotency("")) :]
+
+    # ------------------------------------------------------------ running
+    def next_due(self) -> int | None:
+        """The earliest "not before" of a delivery not taken yet, or None."""
+        return self._heap[0][0] if self._heap else None
+
+    def pending(self) -> list[PendingJob]:
+        """Deliveries not taken yet, by "not before"."""
+        out = []
+        for due, _, d in sorted(self._heap, key=lambda e: (e[0], e[1])):
+            h = dict(d.msg.headers() or [])
+            out.append(
+                PendingJob(
+                    job_id=_text(h.get(hdr.JOB_ID)),
+                    task=_text(h.get(hdr.TASK)),
+                    queue=_text(h.get(hdr.QUEUE)),
+                    due_ms=due,
+                    where="exec" if d.feed.tier_ms is None else "retry",
+                    attempt=max(1, int_or(h.get(hdr.ATTEMPT), 1)),
+                    topic=d.feed.topic,
+                    cron=h.get(hdr.KIND) == hdr.KIND_CRON.encode(),
+                    schedule_id=_text(h.get(hdr.SCHEDULE)) or None,
+                )
+            )
+        return out
+
+    def run_next(self, now_ms: int, *, ignore_due: bool = False) -> JobRun | None:
+        """Decide the earliest delivery due at ``now_ms`` (any, with ``ignore_due``)."""
+        if not self._heap or (self._heap[0][0] > now_ms and not ignore_due):
+            return None
+        not_before, _, d = heapq.heappop(self._heap)
+        return self._decide(d, not_before, now_ms)
+
+    def _decide(self, d: Delivery, not_before: int, now_ms: int) -> JobRun:
+        """``QueueRuntime._dispatch`` and ``_start`` for one delivery, synchronously."""
+        queue = self._queues[self._queue_of(d.feed.topic)]
+        recorder = queue.recorder
+        prepare(d, self._registry)
+        if d.task is not None and d.fields is not None:  # also for a delivery that is skipped
+            d.max_attempts = attempt_limits(d.task, d.fields, self._settings.worker)[0]
+        key = d.key
+        if key:
+            state = d.feed.keys.get(key)
+            if state is None:
+                state = recorder.pending_final.get(key)
+            if state is not None:
+                recorder.skipped(d, state, now_ms)
+                return self._commit(queue, d, not_before, now_ms, now_ms, ran=False)
+        if d.bad is not None:
+            reason, bad = d.bad
+            recorder.dead(d, reason, bad, now_ms, started=False)
+            return self._commit(queue, d, not_before, now_ms, now_ms, ran=False, failure=bad)
+        task, fields = d.task, d.fields
+        assert task is not None
+        assert fields is not None
+        d.max_attempts, timeout_s = attempt_limits(task, fields, self._settings.worker)
+        ctx = TaskContext(
+            fields, d.attempt, d.max_attempts, d.hmap, (d.feed.topic, d.feed.partition, d.offset)
+        )
+        failure, seconds = run_attempt(task, d.payload, ctx, timeout_s, self._loop)
+        finished_ms = max(now_ms, self._clock())  # a handler may have moved the clock
+        if failure is None:
+            recorder.succeeded(d, seconds, finished_ms)
+        else:
+            recorder.failed(d, failure, seconds, finished_ms)
+        return self._commit(
+            queue, d, not_before, now_ms, finished_ms, ran=True, failure=failure, seconds=seconds
+        )
+
+    def _queue_of(self, topic: str) -> str:
+        for name, queue in self._queues.items():
+            if topic == self._names.exec(name) or topic in queue.tiers:
+                return name
+        raise KeyError(topic)
+
+    def _commit(
+        self,
+        queue: _Queue,
+        d: Delivery,
+        not_before: int,
+        at_ms: int,
+        finished_ms: int,
+        *,
+        ran: bool,
+        failure: Failure | None = None,
+        seconds: float = 0.0,
+    ) -> JobRun:
+        """What a commit does: the batch's records into the log, its keys final."""
+        d.feed.tracker.finish(d.offset)
+        recorder = queue.recorder
+        cut = recorder.cut(queue.feeds)
+        written: list[tuple[str, bytes | None, Any]] = []
+        if cut is not None:
+            batch, finals, marks = cut
+            for _feed, topic, partition, key, value, headers in batch.records:
+                self._log.append(topic, key, value, headers, partition if partition >= 0 else None)
+                written.append((topic, value, headers))
+            recorder.committed(finals, marks)
+        recorder.flush_metrics()
+        return self._run_of(
+            queue, d, not_before, at_ms, finished_ms, ran, failure, seconds, written
+        )
+
+    def _run_of(
+        self,
+        queue: _Queue,
+        d: Delivery,
+        not_before: int,
+        at_ms: int,
+        finished_ms: int,
+        ran: bool,
+        failure: Failure | None,
+        seconds: float,
+        written: list[tuple[str, bytes | None, Any]],
+    ) -> JobRun:
+        n = self._names
+        outcome: dict[str, Any] = {}
+        retry_at = tier = reason = None
+        for topic, value, headers in written:
+            if topic == n.outcomes and value is not None:
+                version = codec.parse_schema_header(
+                    hdr.header(headers, hdr.SCHEMA), expected="outcome"
+                )
+                outcome = codec.decode("outcome", value, writer_version=version)
+            elif topic in queue.tiers:
+                retry_at = int_or(hdr.header(headers, hdr.DUE), 0)
+                tier = tier_label(queue.tiers[topic])
+            elif topic == n.dlq(queue.spec.name) and value is not None:
+                version = codec.parse_schema_header(
+                    hdr.header(headers, hdr.SCHEMA), expected="dead_letter"
+                )
+                reason = codec.decode("dead_letter", value, writer_version=version)["reason"]
+        fields = d.fields
+        h = d.hmap
+        return JobRun(
+            job_id=str(fields[F_JOB_ID]) if fields else _text(h.get(hdr.JOB_ID)),
+            task=str(fields[F_TASK]) if fields else _text(h.get(hdr.TASK)),
+            queue=queue.spec.name,
+            idempotency_key=str(fields[F_KEY]) if fields else d.key.decode("utf-8", "replace"),
+            attempt=d.attempt,
+            max_attempts=d.max_attempts,
+            outcome=outcome.get("state", "dead"),
+            ran=ran,
+            due_ms=int(fields[F_DUE_MS]) if fields else None,
+            not_before_ms=not_before,
+            at_ms=at_ms,
+            finished_ms=finished_ms,
+            seconds=seconds,
+            payload=d.payload,
+            failure=failure,
+            retry_at_ms=retry_at,
+            retry_tier=tier,
+            dead_reason=reason,
+            schedule_id=fields[F_SCHEDULE_ID] if fields else None,
+            source=(d.feed.topic, d.feed.partition, d.offset),
+        )
+
+
+def _text(raw: bytes | None) -> str:
+    return "" if raw is None else raw.decode("utf-8", "replace")
