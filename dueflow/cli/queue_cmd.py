@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from typing import Any
 
 from dueflow.cli.common import add_global_options, format_table, print_json, settings_from_args
 from dueflow.config import QueueSpec, Settings, validate_queue
 from dueflow.control import QueueControl
-from dueflow.errors import ConfigError, InvalidInput, UnknownQueue
+from dueflow.errors import ConfigError, InvalidInput, TopicMismatch, UnknownQueue
 from dueflow.ops.control import operator_name, read_queue_controls, write_queue_control
 from dueflow.ops.queues import create_queue, describe_topics
 from dueflow.ops.reading import ops_consumer
@@ -223,7 +224,12 @@ def _create(args: argparse.Namespace) -> int:
     except ConfigError as exc:  # named as the option that set it
         field = exc.setting.rpartition(".")[2]
         raise InvalidInput(_OPTIONS.get(field, field), exc.value, exc.accepted) from None
-    result = create_queue(settings, spec, by=args.by or operator_name(), now_ms=wall_ms())
+    try:
+        result = create_queue(settings, spec, by=args.by or operator_name(), now_ms=wall_ms())
+    except TopicMismatch as exc:  # as `topics ensure`: reported, nothing changed, exit 1
+        print(f"dueflow: {exc}", file=sys.stderr)
+        print("dueflow did not change or delete any existing topic; fix them by hand.")
+        return 1
     if args.json:
         print_json(result.to_json())
         return 0

@@ -25,7 +25,7 @@ from dueflow.config import QueueSpec, Settings, validate_queue
 from dueflow.errors import ConflictError, KafkaOperationError, TopicMismatch
 from dueflow.queue_reader import read_registry
 from dueflow.queue_registry import QueueConflict, encode_queue, spec_conflicts
-from dueflow.topic_admin import Difference, TopicAdmin, TopicState
+from dueflow.topic_admin import Difference, TopicAdmin, TopicState, compare
 from dueflow.topics import TopicSpec, names, queue_topics, registry_topic
 
 
@@ -95,7 +95,18 @@ def create_queue(
             f"queue {spec.name!r} exists with another spec: {diffs}; a queue's spec "
             "does not change in place (docs/queues.md)"
         )
-    report = admin.ensure(topics_of(settings, spec))
+    specs = topics_of(settings, spec)
+    # Existing topics that do not fit refuse the queue before anything is created.
+    _refuse_mismatches(
+        [
+            d
+            for st, s in zip(admin.describe(specs), specs, strict=True)
+            if st.partitions is not None
+            for d in compare(s, st)
+        ],
+        f"queue {spec.name!r}",
+    )
+    report = admin.ensure(specs)
     _refuse_mismatches(report.differences, f"queue {spec.name!r}")
     result = CreatedQueue(
         spec,
@@ -116,8 +127,8 @@ def _refuse_mismatches(differences: Sequence[Difference], what: str) -> None:
     critical = [str(d) for d in differences if d.critical]
     if critical:
         raise TopicMismatch(
-            f"{what}: existing topics differ from what it needs, nothing was registered: "
-            + "; ".join(critical)
+            f"{what}: existing topics differ from what it needs, nothing was created or "
+            "registered: " + "; ".join(critical)
         )
 
 

@@ -106,11 +106,13 @@ def test_create_registers_nothing_when_an_existing_topic_does_not_fit(
     for fut in admin.create_topics([NewTopic(f"{prefix}.exec.reports", 2, 1)]).values():
         fut.result()
     code, _, err = _cli(kafka, prefix, capsys, "queue", "create", "reports", "--partitions", "4")
-    assert code == 2
+    assert code == 1  # as `topics ensure` with a mismatch
     assert f"{prefix}.exec.reports: partitions is '2', dueflow needs '4'" in err
-    assert "nothing was registered" in err
+    assert "nothing was created or registered" in err
     assert "reports" not in read_registry(kafka.settings(prefix)).view
-    assert _partitions(kafka, prefix)[f"{prefix}.exec.reports"] == 2  # left as it was
+    on_cluster = _partitions(kafka, prefix)
+    assert on_cluster[f"{prefix}.exec.reports"] == 2  # left as it was
+    assert not [t for t in on_cluster if ".reports" in t and "exec" not in t]  # none made
 
 
 def test_a_static_queue_and_its_registered_spec_merge_and_the_conflict_is_shown(
@@ -136,7 +138,7 @@ def test_a_static_queue_and_its_registered_spec_merge_and_the_conflict_is_shown(
     assert "conflict: queue 'billing': partitions is 2" in out
 
 
-def test_pause_accepts_a_registered_queue_and_refuses_an_unknown_one_with_the_fix(
+def test_pause_accepts_a_registered_queue_and_unknown_ones_are_refused_with_the_fix(
     kafka: KafkaCluster, prefix: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     settings = kafka.settings(prefix)
@@ -150,10 +152,11 @@ def test_pause_accepts_a_registered_queue_and_refuses_an_unknown_one_with_the_fi
         "default": False,
         "billing": True,
     }
-    code, _, err = _cli(kafka, prefix, capsys, "queue", "pause", "billingz")
-    assert code == 2
-    assert "got 'billingz'" in err
-    assert "dueflow queue create billingz --partitions N" in err
+    for command in (["queue", "pause", "billingz"], ["dlq", "list", "--queue", "billingz"]):
+        code, _, err = _cli(kafka, prefix, capsys, *command)
+        assert code == 2
+        assert "got 'billingz'" in err
+        assert "dueflow queue create billingz --partitions N" in err
 
 
 def test_topics_ensure_covers_registered_queues(
