@@ -385,16 +385,14 @@ class LocalCluster:
         return self.leader_of(topic, coordinator_partition(key, len(t.partitions)))
 
     def group_coordinator(self, group: str) -> int | None:
-        """The coordinator of consumer group ``group``, as the cluster names it
-        (FindCoordinator through ``describe_consumer_groups``); else the leader of the
-        group's ``__consumer_offsets`` partition."""
-        try:
-            desc = self._client().describe_consumer_groups([group], request_timeout=5)[group]
-            node = desc.result(timeout=10).coordinator
-            if node is not None and node.id >= 0:
-                return int(node.id)
-        except KafkaException:
-            pass
+        """The coordinator of consumer group ``group``: the leader of the group's
+        ``__consumer_offsets`` partition (None before any group made that topic).
+
+        Computed from metadata rather than asked with ``describe_consumer_groups``:
+        when that call times out (a paused or dead coordinator, a group being
+        created) librdkafka 2.x aborts the whole process on an assertion
+        (``rd_kafka_enq_once_del_source_return: eonce->refcnt > 0``,
+        confluentinc/librdkafka#4605)."""
         return self._coordinator_by_hash(OFFSETS_TOPIC, group)
 
     def txn_coordinator(self, txn_id: str) -> int | None:
