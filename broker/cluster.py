@@ -22,12 +22,12 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from confluent_kafka import KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ClusterMetadata
 
 from dueflow.broker.local import LocalBroker, new_cluster_id, server_properties
@@ -262,6 +262,42 @@ class LocalCluster:
             except BrokerError as exc:
                 raise BrokerError(f"node {n}: {exc}") from exc
 
+    def create_internal_topics(self, *, timeout_s: float = 120.0) -> None:
+        """Have the cluster create ``__consumer_offsets`` and ``__transaction_state`` now
+        (a committed-offsets lookup and a transactional producer's registration), and
+        wait until their coordinators answer and every partition has all replicas in
+        sync. Kafka creates them on first use, and the first clients then get
+        ``COORDINATOR_LOAD_IN_PROGRESS`` or time-outs for seconds while three replicas
+        are made."""
+        deadline = time.monotonic() + timeout_s
+        conf = {"bootstrap.servers": self.bootstrap, "log_level": 0}
+        consumer = Consumer({**conf, "group.id": "dueflow-cluster-warm-up"})
+        try:
+            _until_answered(
+                deadline,
+                lambda: consumer.committed([TopicPartition(OFFSETS_TOPIC, 0)], timeout=5),
+            )
+        finally:
+            consumer.close()
+        producer = Producer({**conf, "transactional.id": "dueflow-cluster-warm-up"})
+        _until_answered(deadline, lambda: producer.init_transactions(5))
+        while True:
+            md = self.metadata(timeout_s=max(1.0, deadline - time.monotonic()))
+            settled = [
+                md.topics.get(t) is not None
+                and bool(md.topics[t].partitions)
+                and all(
+                    p.leader >= 0 and len(p.isrs) == len(p.replicas) == self.replication_factor
+                    for p in md.topics[t].partitions.values()
+                )
+                for t in (OFFSETS_TOPIC, TRANSACTION_TOPIC)
+            ]
+            if all(settled):
+                return
+            if time.monotonic() >= deadline:
+                raise BrokerError(f"internal topics not in sync within {timeout_s:.0f}s")
+            time.sleep(0.2)
+
     def is_ready(self, timeout_s: float = 2.0) -> bool:
         """Every node runs and its metadata lists all N brokers."""
         n_all = len(self.specs)
@@ -422,3 +458,20 @@ class LocalCluster:
                 pass
             time.sleep(0.2)
         return False
+
+
+def _until_answered(deadline: float, call: Callable[[], object]) -> None:
+    """``call`` again while it fails with a retriable error, until ``deadline``."""
+    while True:
+        try:
+            call()
+            return
+        except KafkaException as exc:
+            err = exc.args[0]
+            if time.monotonic() >= deadline or not (err.retriable() or _is_timeout(err)):
+                raise BrokerError(f"the cluster did not answer: {err}") from exc
+            time.sleep(0.2)
+
+
+def _is_timeout(err: KafkaError) -> bool:
+    return bool(err.code() in (KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT))

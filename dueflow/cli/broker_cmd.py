@@ -144,6 +144,8 @@ def _fetch(args: argparse.Namespace) -> int:
 def _start_cluster(args: argparse.Namespace, cluster: LocalCluster) -> int:
     t0 = time.monotonic()
     result = cluster.start()
+    # made now, not by the first worker or emitter (which would wait for three replicas)
+    cluster.create_internal_topics()
     elapsed = time.monotonic() - t0
     nodes = [
         {"node": n, "pid": pid, "started": started, "bootstrap": cluster.broker(n).bootstrap}

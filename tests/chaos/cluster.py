@@ -162,6 +162,7 @@ class ChaosCluster:
             try:
                 if self.local_cluster is not None:
                     self.local_cluster.start(timeout_s=180)
+                    self.local_cluster.create_internal_topics()
                 else:
                     self.broker.start()
                 return

@@ -229,20 +229,11 @@ def _joined_group_coordinator(c: LocalCluster, group: str, timeout_s: float = 60
 
 
 def test_internal_topics_have_three_replicas(cluster: LocalCluster) -> None:
-    # a consumer group creates __consumer_offsets, a transactional producer
-    # __transaction_state
-    _joined_group_coordinator(cluster, f"g-{uuid.uuid4().hex[:6]}")
-    p = Producer({"bootstrap.servers": cluster.bootstrap, "transactional.id": uuid.uuid4().hex})
-    p.init_transactions(60)
-    internal = (OFFSETS_TOPIC, TRANSACTION_TOPIC)
-    deadline = time.monotonic() + 60
+    # an offsets lookup of a group creates __consumer_offsets, a transactional
+    # producer __transaction_state; both answer, all replicas in sync
+    cluster.create_internal_topics(timeout_s=120)
     md = cluster.metadata()
-    while time.monotonic() < deadline:
-        md = cluster.metadata()
-        if all(t in md.topics and len(md.topics[t].partitions) == 8 for t in internal):
-            break
-        time.sleep(0.2)
-    for topic in internal:
+    for topic in (OFFSETS_TOPIC, TRANSACTION_TOPIC):
         parts = md.topics[topic].partitions.values()
         assert len(parts) == 8, topic
         assert all(sorted(x.replicas) == [1, 2, 3] for x in parts), topic
