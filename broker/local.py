@@ -250,6 +250,8 @@ class LocalBroker:
     # ------------------------------------------------------------------ status
     def running_pid(self) -> int | None:
         """Pid of this broker if it is running; removes a stale pid file."""
+        if self._proc is not None and self._proc.poll() is not None:
+            self._proc = None  # our child exited on its own: reaped now, not left a zombie
         pid_file = self.paths.pid_file
         try:
             pid = int(pid_file.read_text().strip())
@@ -295,12 +297,7 @@ class LocalBroker:
                 f"port {self.port} or {self.controller_port} on 127.0.0.1 is in use by "
                 "another process; choose another with --port"
             )
-        jars = fetch_jars(self.cache_dir)
-        java = self.java or _java()
-        self.write_config()
-        if not self.paths.formatted_marker.exists():
-            self._format(java, jars)
-        self.paths.logs.mkdir(parents=True, exist_ok=True)
+        java, jars = self.prepare()
         log4j = resources.files(_ASSETS) / "log4j2.yaml"
         cmd = [
             java,
@@ -333,6 +330,18 @@ class LocalBroker:
         self.paths.pid_file.write_text(f"{proc.pid}\n")
         return proc.pid, True
 
+    def prepare(self) -> tuple[str, Path]:
+        """Write the settings and format the storage the first time (no process is left
+        running); ``(java, jar directory)``. Safe to run for several nodes at once, in
+        threads; :meth:`launch` is not (``preexec_fn``)."""
+        jars = fetch_jars(self.cache_dir)
+        java = self.java or _java()
+        self.write_config()
+        if not self.paths.formatted_marker.exists():
+            self._format(java, jars)
+        self.paths.logs.mkdir(parents=True, exist_ok=True)
+        return java, jars
+
     def wait_ready(self, *, timeout_s: float = 90.0, brokers: int = 1) -> None:
         """Until the broker answers a metadata request that lists at least ``brokers``
         brokers; stops it and raises :class:`BrokerError` when it exits or the
@@ -345,7 +354,8 @@ class LocalBroker:
                 self.paths.pid_file.unlink(missing_ok=True)
                 self._proc = None
                 raise BrokerError(
-                    f"broker exited with code {proc.returncode} during startup; last log lines:\n"
+                    f"broker exited with code {proc.returncode} during startup; "
+                    f"errors and signals logged:\n{self.log_errors()}\nlast log lines:\n"
                     + self.log_tail()
                 )
             if _port_busy(self.port):  # listening: now ask for metadata
@@ -432,6 +442,15 @@ class LocalBroker:
         """Stop and delete all state (data, logs)."""
         self.stop()
         shutil.rmtree(self.paths.root, ignore_errors=True)
+
+    def log_errors(self, lines: int = 10) -> str:
+        """The last ERROR / FATAL lines and signals of the server log (why it stopped)."""
+        try:
+            text = self.paths.log_file.read_text(errors="replace")
+        except OSError:
+            return ""
+        wanted = re.compile(r"\] (ERROR|FATAL) |due to signal|Exiting Kafka")
+        return "\n".join([x for x in text.splitlines() if wanted.search(x)][-lines:])
 
     def log_tail(self, lines: int = 30) -> str:
         chunks = []

@@ -112,6 +112,7 @@ class ChaosCluster:
         self._broker: LocalBroker | None = None
         self.local_cluster: LocalCluster | None = None
         self._probe: GroupProbe | None = None
+        self._attempt = 0  # start attempts: each cluster attempt gets a fresh directory
         self._use_port(free_port_run(2 * nodes) if nodes > 1 else free_port_pair())
         self.emitters: list[Child] = []
         self.workers: list[Child] = []
@@ -124,8 +125,10 @@ class ChaosCluster:
         self.port = port
         replication: dict[str, int] = {}
         if self.nodes > 1:
+            # a failed start leaves its directory (logs) behind: the next one starts afresh
+            name = "cluster" if self._attempt == 0 else f"cluster-{self._attempt + 1}"
             self.local_cluster = LocalCluster(
-                nodes=self.nodes, base_port=port, state_dir=self.root / "cluster", heap="512m"
+                nodes=self.nodes, base_port=port, state_dir=self.root / name, heap="512m"
             )
             replication = {
                 "replication_factor": self.local_cluster.replication_factor,
@@ -166,9 +169,11 @@ class ChaosCluster:
                 else:
                     self.broker.start()
                 return
-            except BrokerError:
+            except BrokerError as exc:
                 if attempt == 2:
                     raise
+                sys.stderr.write(f"[chaos] broker start failed, trying other ports: {exc}\n")
+                self._attempt += 1
                 self._use_port(
                     free_port_run(2 * self.nodes) if self.nodes > 1 else free_port_pair()
                 )
