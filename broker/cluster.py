@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, ElectionType, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ClusterMetadata
 
 from dueflow.broker.local import LocalBroker, new_cluster_id, server_properties
@@ -449,6 +449,33 @@ class LocalCluster:
             for pid, p in t.partitions.items()
             if node in p.replicas and node not in p.isrs
         )
+
+    def misled(self) -> list[tuple[str, int]]:
+        """Partitions not led by their preferred replica (the first) although it is in
+        sync: what a node started again leaves behind until leadership moves back."""
+        md = self.metadata()
+        return sorted(
+            (name, pid)
+            for name, t in md.topics.items()
+            for pid, p in t.partitions.items()
+            if p.replicas and p.replicas[0] in p.isrs and p.leader != p.replicas[0]
+        )
+
+    def restore_preferred_leaders(self, *, timeout_s: float = 60.0) -> bool:
+        """A preferred leader election on every partition now (what the controller's
+        leader rebalance does on its own every 30 s), then until each is led by its
+        preferred replica; True when it is."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if not self.misled():
+                    return True
+                # (no timeouts given: confluent-kafka 2.16's binding refuses any keyword)
+                self._client().elect_leaders(ElectionType.PREFERRED, None).result(timeout=30)
+            except (KafkaException, BrokerError, TimeoutError):
+                pass  # ELECTION_NOT_NEEDED for some, or asked too early: look again
+            time.sleep(0.3)
+        return False
 
     def wait_in_sync(self, node: int, *, timeout_s: float = 60.0) -> bool:
         """Until ``node`` is back in the ISR of every partition it replicates."""

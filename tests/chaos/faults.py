@@ -28,9 +28,10 @@ times per run):
   partition, the transaction coordinator of the active emitter's ids, or the
   group coordinator of the worker, lease or emitter offsets group
   (:mod:`tests.chaos.nodes`); the three sorts take turns. The fault ends
-  (``until_ms``) when the node answers again or is continued; the driver then
-  waits until it is back in every ISR (``in_sync_ms`` after that, None: not
-  within 90 s) before the quiet time starts.
+  (``until_ms``) when the cluster is whole again: the node answers (or is
+  continued), is back in every ISR and leads its preferred partitions again
+  (``recovered_ms``: that long after it answered or was continued; None: not
+  within 90 s).
 
 The fault log (``driver.faults``, the contract with the judge): dicts with
 ``kind``, ``at_ms`` (wall ms when the fault started), ``until_ms`` (wall ms
@@ -81,7 +82,7 @@ TAKEOVER_WAIT_S = 60.0
 AFTER_RESUME_S = 20.0
 EXCUSE_WITHIN_MS = 60_000
 JOIN_WAIT_S = 60.0
-IN_SYNC_WAIT_S = 90.0
+RECOVER_WAIT_S = 90.0
 
 
 def log(message: str) -> None:
@@ -450,11 +451,10 @@ class FaultDriver:
         down = self.rng.uniform(5.0, 15.0)
         time.sleep(down)
         nodes.start(node)
-        fault["until_ms"] = wall_ms()
-        answered = (fault["until_ms"] - fault["at_ms"]) / 1000
+        answered = (wall_ms() - fault["at_ms"]) / 1000
         fault["detail"] = (
             f"node {node} ({what}) kill -9, started again after {down:.1f} s, "
-            f"answering after {answered:.1f} s; " + self._wait_in_sync(nodes, node, fault)
+            f"answering after {answered:.1f} s; " + self._wait_recovered(nodes, node, fault)
         )
 
     def _pause_leader(self, fault: dict[str, Any]) -> None:
@@ -466,18 +466,19 @@ class FaultDriver:
         hold = self.rng.uniform(3.0, 10.0)
         time.sleep(hold)
         nodes.resume(node)
-        fault["until_ms"] = wall_ms()
-        fault["detail"] = f"node {node} ({what}) SIGSTOP {hold:.1f} s; " + self._wait_in_sync(
+        fault["detail"] = f"node {node} ({what}) SIGSTOP {hold:.1f} s; " + self._wait_recovered(
             nodes, node, fault
         )
 
-    def _wait_in_sync(self, nodes: NodeControl, node: int, fault: dict[str, Any]) -> str:
-        """Until ``node`` is back in every ISR; ``in_sync_ms`` after the fault ended."""
-        ok = nodes.wait_in_sync(node, IN_SYNC_WAIT_S)
-        fault["in_sync_ms"] = wall_ms() - fault["until_ms"] if ok else None
+    def _wait_recovered(self, nodes: NodeControl, node: int, fault: dict[str, Any]) -> str:
+        """Until ``node`` is back in every ISR and leading again; the fault ends then."""
+        began = wall_ms()
+        ok = nodes.wait_recovered(node, RECOVER_WAIT_S)
+        fault["until_ms"] = wall_ms()
+        fault["recovered_ms"] = fault["until_ms"] - began if ok else None
         if not ok:
-            return f"NOT back in every ISR within {IN_SYNC_WAIT_S:.0f} s"
-        return f"back in every ISR {fault['in_sync_ms'] / 1000:.1f} s later"
+            return f"NOT back in every ISR and leading within {RECOVER_WAIT_S:.0f} s"
+        return f"back in every ISR and leading {fault['recovered_ms'] / 1000:.1f} s later"
 
     def _node_control(self) -> NodeControl:
         if self.nodes is None:
@@ -650,7 +651,7 @@ class FaultDriver:
             "skews": {str(pid): ms for pid, ms in self.skews.items()},
             "takeover_ms": takeovers,
             "node_faults": [
-                {k: f.get(k) for k in ("kind", "node", "target", "in_sync_ms")}
+                {k: f.get(k) for k in ("kind", "node", "target", "recovered_ms")}
                 for f in self.faults
                 if "node" in f
             ],

@@ -11,6 +11,7 @@ cluster (``dueflow/broker/cluster.py``) that ``ChaosCluster(nodes=3)`` starts.
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -50,8 +51,9 @@ class NodeControl(Protocol):
 
     def group_coordinator(self, group: str) -> int | None: ...
 
-    def wait_in_sync(self, node: int, timeout_s: float) -> bool:
-        """Until ``node`` is in the ISR of every partition it replicates again."""
+    def wait_recovered(self, node: int, timeout_s: float) -> bool:
+        """Until ``node`` is in the ISR of every partition it replicates again and leads
+        the partitions it is the preferred leader of (False: not within the timeout)."""
         ...
 
 
@@ -165,5 +167,12 @@ class ClusterNodes:
         except BrokerError:
             return None
 
-    def wait_in_sync(self, node: int, timeout_s: float) -> bool:
-        return self.cluster.wait_in_sync(node, timeout_s=timeout_s)
+    def wait_recovered(self, node: int, timeout_s: float) -> bool:
+        """Back in every ISR, then a preferred leader election: leadership returns now,
+        inside the fault, rather than at the controller's next rebalance (a coordinator
+        moving back is a disturbance of its own)."""
+        deadline = time.monotonic() + timeout_s
+        if not self.cluster.wait_in_sync(node, timeout_s=timeout_s):
+            return False
+        left = max(1.0, deadline - time.monotonic())
+        return self.cluster.restore_preferred_leaders(timeout_s=left)

@@ -343,8 +343,8 @@ class FakeNodes:
     def group_coordinator(self, group: str) -> int | None:
         return None
 
-    def wait_in_sync(self, node: int, timeout_s: float) -> bool:
-        self.calls.append(("wait_in_sync", node))
+    def wait_recovered(self, node: int, timeout_s: float) -> bool:
+        self.calls.append(("wait_recovered", node))
         return True
 
 
