@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -325,8 +326,6 @@ class LocalCluster:
 
     def destroy(self) -> None:
         """Stop every node and delete all state."""
-        import shutil
-
         self.stop()
         shutil.rmtree(self.root, ignore_errors=True)
 

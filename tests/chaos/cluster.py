@@ -170,6 +170,8 @@ class ChaosCluster:
                     self.broker.start()
                 return
             except BrokerError as exc:
+                if self.local_cluster is not None:
+                    self.local_cluster.stop()  # by pid: what started before the failure
                 if attempt == 2:
                     raise
                 sys.stderr.write(f"[chaos] broker start failed, trying other ports: {exc}\n")
