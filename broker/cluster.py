@@ -387,15 +387,26 @@ class LocalCluster:
         return self._admin
 
     def metadata(self, topic: str | None = None, *, timeout_s: float = 15.0) -> ClusterMetadata:
-        """A fresh metadata answer (asked again while a paused or dead node is asked)."""
+        """A fresh metadata answer. A paused node keeps its connections up, and a
+        client may send it request after request, so when the shared client does not
+        answer, a new client asks one node alone, the nodes not paused in turn."""
         deadline = time.monotonic() + timeout_s
+        turn = 0
         while True:
             try:
                 return self._client().list_topics(topic=topic, timeout=2.0)
             except KafkaException as exc:
-                if time.monotonic() >= deadline:
-                    raise BrokerError(f"no metadata answer within {timeout_s:.0f}s: {exc}") from exc
-                time.sleep(0.1)
+                last = exc
+            candidates = [s for s in self.specs if s.node_id not in self._paused] or self.specs
+            spec = candidates[turn % len(candidates)]
+            turn += 1
+            try:
+                return _node_client(spec).list_topics(topic=topic, timeout=2.0)
+            except KafkaException as exc:
+                last = exc
+            if time.monotonic() >= deadline:
+                raise BrokerError(f"no metadata answer within {timeout_s:.0f}s: {last}") from last
+            time.sleep(0.1)
 
     def partition_state(self, topic: str, partition: int) -> PartitionState | None:
         """Leader, replicas and ISR of ``topic``/``partition``; None when it is unknown."""
@@ -487,6 +498,11 @@ class LocalCluster:
                 pass
             time.sleep(0.2)
         return False
+
+
+def _node_client(spec: NodeSpec) -> AdminClient:
+    """A client that knows one node only: its first request goes there."""
+    return AdminClient({"bootstrap.servers": spec.address, "log_level": 0})
 
 
 def _until_answered(deadline: float, call: Callable[[], object]) -> None:

@@ -22,7 +22,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from dueflow.broker.cluster import OFFSETS_TOPIC, TRANSACTION_TOPIC, LocalCluster
@@ -94,6 +102,8 @@ def _config(c: LocalCluster, topic: str, key: str) -> str:
 
 
 def _consumer(c: LocalCluster, topic: str) -> Consumer:
+    """A read_committed consumer of partition 0 from its start (assigned: no group, so
+    nothing but the partition's leader matters)."""
     consumer = Consumer(
         {
             "bootstrap.servers": c.bootstrap,
@@ -104,19 +114,31 @@ def _consumer(c: LocalCluster, topic: str) -> Consumer:
             "log_level": 0,
         }
     )
-    consumer.subscribe([topic])
+    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
     return consumer
 
 
 def _values(messages: list[Message]) -> list[int]:
+    """The records' values; errors a client rides through (a node gone, a broker whose
+    metadata lags a new topic) are skipped, others raised."""
     out = []
     for m in messages:
         err = m.error()
         if err is None:
             out.append(int(m.value() or b"-1"))
-        elif err.code() != KafkaError._PARTITION_EOF:
+        elif not (err.retriable() or err.code() in TRANSIENT):
             raise KafkaException(err)
     return out
+
+
+TRANSIENT = {
+    KafkaError._PARTITION_EOF,
+    KafkaError._TRANSPORT,
+    KafkaError._ALL_BROKERS_DOWN,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+}
 
 
 def _wait_leader_moved(c: LocalCluster, topic: str, away_from: int, timeout_s: float = 30) -> int:
