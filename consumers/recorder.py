@@ -42,7 +42,7 @@ from dueflow.consumers.outputs import (
     parse_origin,
     retry_headers,
 )
-from dueflow.consumers.store import CANCELLED, DEAD, DONE
+from dueflow.consumers.store import CANCELLED, DEAD, DONE, RETRYING, retried
 from dueflow.logs import JOB_DEAD_LETTER, JOB_FAILED, JOB_RETRY, JOB_SUCCEEDED, job_event
 from dueflow.metrics import Metrics, observe_many
 from dueflow.reasons import EXHAUSTED, PERMANENT_ERROR, TIMEOUT
@@ -229,6 +229,28 @@ class BatchRecorder:
                 (feed, self._tier_topics[tier], feed.partition, key, value, headers)
             )
             label = tier_label(tier)
+        if d.key:
+            # The attempt is handed on: a redelivery of it (read again from an
+            # offset committed behind it, after a rebalance) must not run it again.
+            self.records.append(
+                (
+                    feed,
+                    self._idem_topic,
+                    feed.partition,
+                    d.key,
+                    encode_key_state(
+                        idempotency_key=fields[F_KEY],
+                        job_id=fields[F_JOB_ID],
+                        state=RETRYING,
+                        at_ms=now_ms,
+                        attempts=d.attempt,
+                    ),
+                    KEY_HEADERS,
+                )
+            )
+            state = retried(d.attempt)
+            self.finals.append((feed, d.key, state, now_ms))
+            self.pending_final[d.key] = state
         self._outcome(d, "retrying", now_ms, failure=failure, seconds=seconds)
         self._metrics.retries.labels(self._name, label).inc()
         self._tally[(task, "retrying")] += 1

@@ -58,7 +58,7 @@ from dueflow.consumers.ratelimit import QueueRates
 from dueflow.consumers.recorder import BatchRecorder
 from dueflow.consumers.registry import TaskRegistry
 from dueflow.consumers.spans import end_attempt, start_attempt
-from dueflow.consumers.store import StoreFactory
+from dueflow.consumers.store import StoreFactory, skips
 from dueflow.consumers.tail import KeyTail
 from dueflow.errors import DueflowError
 from dueflow.group_config import (
@@ -682,10 +682,11 @@ class QueueRuntime:
                     return True
             key = d.key
             if key:
-                state = store.get(key)
+                # What this process finished and has not committed yet is newer.
+                state = pending_final.get(key)
                 if state is None:
-                    state = pending_final.get(key)
-                if state is not None:
+                    state = store.get(key)
+                if state is not None and skips(state, d.attempt):
                     if not d.rechecked and hdr.REDRIVEN_AT in d.hmap:
                         # A redrive clears the key's `dead` state in the same
                         # transaction that wrote this record: decide after the

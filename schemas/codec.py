@@ -29,7 +29,7 @@ SCHEMAS: dict[str, tuple[str, str, int]] = {
     "schedule": ("dueflow.Schedule", "schedule.avsc", 1),
     "outcome": ("dueflow.Outcome", "outcome.avsc", 1),
     "dead_letter": ("dueflow.DeadLetter", "dead_letter.avsc", 1),
-    "idempotency": ("dueflow.IdempotencyRecord", "idempotency_record.avsc", 1),
+    "idempotency": ("dueflow.IdempotencyRecord", "idempotency_record.avsc", 2),
     "quarantined": ("dueflow.Quarantined", "quarantined.avsc", 1),
     "queue": ("dueflow.Queue", "queue.avsc", 1),
 }

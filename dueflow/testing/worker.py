@@ -36,7 +36,7 @@ from dueflow.consumers.failures import Failure
 from dueflow.consumers.feeds import Delivery, PartitionFeed, attempt_limits, int_or, prepare
 from dueflow.consumers.recorder import BatchRecorder
 from dueflow.consumers.registry import TaskRegistry
-from dueflow.consumers.store import STATE_OF, MemoryKeyStore
+from dueflow.consumers.store import MemoryKeyStore, is_final, skips, state_of
 from dueflow.consumers.worker import select_queues
 from dueflow.errors import UndecodableRecord
 from dueflow.metrics import Metrics
@@ -176,13 +176,16 @@ class InMemoryWorker:
         if value is None:  # a tombstone forgets the key (a redrive clears `dead`)
             store.apply([(key, None, 0)], None)
             return
-        if store.get(key) is not None:
+        known = store.get(key)
+        if known is not None and is_final(known):
             return  # final already (most often: this worker's own record read back)
         try:
-            state, at_ms = decode_key_state(value, hdr.header(record.headers(), hdr.SCHEMA))
+            state, at_ms, attempts = decode_key_state(
+                value, hdr.header(record.headers(), hdr.SCHEMA)
+            )
         except UndecodableRecord:
             return  # the real tail quarantines it
-        store.apply([(key, STATE_OF[state], at_ms)], None)
+        store.apply([(key, state_of(state, attempts), at_ms)], None)
 
     def _queue_of_idempotency(self, topic: str) -> str:
         return topic[len(self._names.idempotency("")) :]
@@ -228,10 +231,10 @@ class InMemoryWorker:
             d.max_attempts = attempt_limits(d.task, d.fields, self._settings.worker)[0]
         key = d.key
         if key:
-            state = d.feed.keys.get(key)
+            state = recorder.pending_final.get(key)
             if state is None:
-                state = recorder.pending_final.get(key)
-            if state is not None:
+                state = d.feed.keys.get(key)
+            if state is not None and skips(state, d.attempt):
                 recorder.skipped(d, state, now_ms)
                 return self._commit(queue, d, not_before, now_ms, now_ms, ran=False)
         if d.bad is not None:

@@ -180,8 +180,14 @@ def test_an_always_failing_job_lands_in_the_dlq_with_the_full_record(
     assert dead.partition == exec_rec.partition  # co-partitioned, never re-hashed
     assert [a for _, a, _, _ in ledger.runs("k-dead")] == [1, 2, 3]
     keys = read_topic(s, n.idempotency(QUEUE))
-    assert [(k.key, k.partition) for k in keys] == [(b"k-dead", exec_rec.partition)]
-    assert codec.decode("idempotency", keys[0].value or b"")["state"] == "dead"
+    assert {(k.key, k.partition) for k in keys} == {(b"k-dead", exec_rec.partition)}
+    states = [codec.decode("idempotency", k.value or b"") for k in keys]
+    # each failed attempt handed on, then dead
+    assert [(r["state"], r["attempts"]) for r in states] == [
+        ("retrying", 1),
+        ("retrying", 2),
+        ("dead", 3),
+    ]
     outs = outcomes(s, until=lambda o: ("dead", 3) in states_of(o, "k-dead"))
     assert states_of(outs, "k-dead") == [("retrying", 1), ("retrying", 2), ("dead", 3)]
 

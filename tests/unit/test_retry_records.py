@@ -18,13 +18,23 @@ from dueflow.config import load_settings
 from dueflow.consumers import TaskRegistry, task
 from dueflow.consumers.failures import Failure
 from dueflow.consumers.feeds import Delivery, PartitionFeed, prepare
+from dueflow.consumers.outputs import KEY_HEADERS
 from dueflow.consumers.recorder import BatchRecorder
-from dueflow.consumers.store import MemoryKeyStore
+from dueflow.consumers.store import (
+    CANCELLED,
+    DEAD,
+    DONE,
+    MemoryKeyStore,
+    is_final,
+    retried,
+    skips,
+    state_of,
+)
 from dueflow.consumers.testing import exec_headers, make_job
 from dueflow.drain import classify_timer
 from dueflow.metrics import Metrics
 from dueflow.model import Backoff, BackoffKind
-from dueflow.schemas import codec
+from dueflow.schemas import codec, fast
 from dueflow.timer_record import TimerPlacer, retry_timer
 from dueflow.topics import names
 from dueflow.tracing import JobTracer
@@ -85,13 +95,33 @@ LONG = Backoff(BackoffKind.FIXED, base_ms=30_000, max_ms=60_000, jitter=False)
 
 @pytest.mark.parametrize(("backoff", "topic"), [(FIXED, N.retry("jobs", 500)), (LONG, N.timers)])
 def test_the_retry_goes_to_its_tier_or_to_the_wheel(backoff: Backoff, topic: str) -> None:
-    records = failed_once(backoff).records
-    assert [r[1] for r in records] == [topic, N.outcomes]  # one batch: one transaction
+    recorder = failed_once(backoff)
+    records = recorder.records
+    # one batch, one transaction: the retry, the key handed on, the outcome
+    assert [r[1] for r in records] == [topic, N.idempotency("jobs"), N.outcomes]
+    (_, _, partition, key, value, headers) = records[1]
+    assert (partition, key, headers) == (4, b"k1", KEY_HEADERS)
+    assert fast.decode_key_state(value, KEY_HEADERS[0][1]) == ("retrying", NOW, 1)
+    assert recorder.pending_final[b"k1"] == retried(1)  # skipped if read again meanwhile
+
+
+def test_a_handed_on_attempt_is_skipped_and_the_next_one_runs() -> None:
+    state = retried(2)
+    assert [skips(state, attempt) for attempt in (1, 2, 3, 4)] == [True, True, False, False]
+    assert all(skips(final, 99) for final in (DONE, DEAD, CANCELLED))
+    assert not is_final(state)
+    assert state_of("retrying", 2) == state
+    store = MemoryKeyStore(10**9)
+    store.apply([(b"k", state, NOW)], None)
+    assert store.get(b"k") == state
+    store.apply([(b"k", DONE, NOW + 1)], None)  # a later final state replaces it
+    assert store.get(b"k") == DONE
+    assert store.expire(NOW + 10**9 + 2) == 1
 
 
 def test_a_retry_beyond_the_top_tier_is_a_job_timer_for_the_jobs_own_partition() -> None:
     recorder = failed_once(LONG, partition=4, attempt=2)
-    (_, topic, partition, key, value, headers), _outcome = recorder.records
+    (_, topic, partition, key, value, headers), _key_state, _outcome = recorder.records
     h = dict(headers)
     due = NOW + 30_000
     assert topic == N.timers

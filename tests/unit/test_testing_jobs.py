@@ -51,9 +51,9 @@ def test_a_second_job_with_the_same_key_is_a_duplicate() -> None:
     [
         # dead is final too: a later job with the key does not run
         (1, [("a", "dead"), ("b", "duplicate")]),
-        # while the first retries, the key is not final: the second runs; the
-        # first's retry (10 s later) is then the duplicate
-        (2, [("a", "retrying"), ("b", "succeeded"), ("a", "duplicate")]),
+        # while the first retries, its key is taken: the second is a duplicate (its
+        # attempt 1 was handed on), and the first's retry goes on (and dies here)
+        (2, [("a", "retrying"), ("b", "duplicate"), ("a", "dead")]),
     ],
 )
 def test_a_key_is_final_once_done_or_dead_not_while_it_retries(
