@@ -8,5 +8,6 @@ from __future__ import annotations
 
 from dueflow.consumers.context import TaskContext
 from dueflow.consumers.registry import RegisteredTask, TaskRegistry, TaskSpec, task
+from dueflow.follow_up import FollowUp
 
-__all__ = ["RegisteredTask", "TaskContext", "TaskRegistry", "TaskSpec", "task"]
+__all__ = ["FollowUp", "RegisteredTask", "TaskContext", "TaskRegistry", "TaskSpec", "task"]

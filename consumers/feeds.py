@@ -41,6 +41,7 @@ class Delivery:
         "bad",
         "feed",
         "fields",
+        "follow_ups",
         "hmap",
         "key",
         "max_attempts",
@@ -66,6 +67,7 @@ class Delivery:
     payload: Any
     span: Any
     rechecked: bool  # the key store was brought up to date for this record
+    follow_ups: Any  # the attempt's ctx.schedule buffer (consumers.follow_ups), if any
 
     def __init__(self, feed: PartitionFeed, msg: Any, offset: int) -> None:
         self.feed = feed
@@ -155,6 +157,7 @@ def prepare(d: Delivery, registry: TaskRegistry) -> None:
     d.payload = None
     d.span = None
     d.rechecked = False
+    d.follow_ups = None
     d.max_attempts = 1
     key = msg.key()
     attempt = hmap.get(hdr.ATTEMPT)

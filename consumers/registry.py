@@ -209,6 +209,11 @@ class TaskRegistry:
         return len(self._tasks)
 
     @property
+    def declared_queues(self) -> dict[str, str]:
+        """The queue of each registered task (``@task(queue=...)``), by task name."""
+        return {name: t.spec.queue for name, t in self._tasks.items()}
+
+    @property
     def queues(self) -> list[str]:
         """Queues named by the registered tasks, in registration order."""
         return list(dict.fromkeys(t.spec.queue for t in self._tasks.values()))

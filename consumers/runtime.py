@@ -52,6 +52,7 @@ from dueflow.consumers.context import TaskContext
 from dueflow.consumers.execution import JobExecutor
 from dueflow.consumers.failures import Failure
 from dueflow.consumers.feeds import Delivery, PartitionFeed, attempt_limits, prepare, trace_id
+from dueflow.consumers.follow_ups import DEFAULT_TIMER_RECORD_BYTES, FollowUpPlanner
 from dueflow.consumers.polling import GroupPoller
 from dueflow.consumers.quarantine import Quarantine
 from dueflow.consumers.ratelimit import QueueRates
@@ -132,6 +133,7 @@ class QueueRuntime:
         tracer: JobTracer | None = None,
         rng: random.Random | None = None,
         clock: ClockProbe | None = None,
+        timer_record_bytes: int = DEFAULT_TIMER_RECORD_BYTES,
     ) -> None:
         self._settings = settings
         # "Is it due?" is asked of the broker's clock, as near as it is known.
@@ -190,6 +192,10 @@ class QueueRuntime:
         self._feeds: dict[tuple[str, int], PartitionFeed] = {}
         self._ready: deque[PartitionFeed] = deque()
         self._running: dict[bytes, Delivery] = {}  # key -> its running attempt
+        # ctx.schedule: follow-ups written with their attempt's success (follow_ups.py).
+        self._chain = FollowUpPlanner.of_runtime(
+            settings, registry, self._stamp_now, self._running, timer_record_bytes, self._tracing
+        )
         self._held: dict[bytes, list[Delivery]] = {}  # key -> replays waiting for it
         self._queue_held = False
         self._operator_paused = False  # `dueflow queue pause`: start nothing, keep the group
@@ -814,9 +820,8 @@ class QueueRuntime:
                 trace_id=trace_id(d),
                 max_attempts=d.max_attempts,
             )
-        ctx = TaskContext(
-            fields, d.attempt, d.max_attempts, d.hmap, (feed.topic, feed.partition, d.offset), otel
-        )
+        source = (feed.topic, feed.partition, d.offset)
+        ctx = TaskContext(fields, d.attempt, d.max_attempts, d.hmap, source, otel, self._chain, d)
         self._executor.run(d, task, d.payload, ctx, timeout_s, self._finished)
 
     def _finished(self, d: Delivery, failure: Failure | None, seconds: float) -> None:

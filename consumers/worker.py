@@ -26,11 +26,12 @@ from dueflow.clock_probe import ClockProbe
 from dueflow.config import Settings
 from dueflow.consumers.control import ControlTail
 from dueflow.consumers.execution import JobExecutor
+from dueflow.consumers.follow_ups import DEFAULT_TIMER_RECORD_BYTES
 from dueflow.consumers.quarantine import Quarantine
 from dueflow.consumers.registry import TaskRegistry
 from dueflow.consumers.runtime import QueueRuntime, Slots
 from dueflow.consumers.store import StoreFactory, memory_stores, sqlite_stores
-from dueflow.errors import ConfigError
+from dueflow.errors import ConfigError, DueflowError
 from dueflow.logs import event
 from dueflow.metrics import Metrics
 from dueflow.tracing import JobTracer
@@ -136,7 +137,9 @@ class Worker:
         clock.start()
         await control.caught_up()
         # Due times are compared with the broker's clock: know it before any job starts.
-        await asyncio.get_running_loop().run_in_executor(None, clock.wait_first)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, clock.wait_first)
+        timer_bytes = await loop.run_in_executor(None, self._timer_record_bytes)
         self._runtimes = [
             QueueRuntime(
                 self._settings,
@@ -150,6 +153,7 @@ class Worker:
                 worker_id=self.worker_id,
                 tracer=self._tracer,
                 clock=clock,
+                timer_record_bytes=timer_bytes,
             )
             for name in self._queues
         ]
@@ -175,6 +179,27 @@ class Worker:
             await control.close()
             clock.close()
             quarantine.close()
+
+    def _timer_record_bytes(self) -> int:
+        """The timer topic's record size limit, which follow-ups (ctx.schedule) are
+        checked against (the broker's default when the topic cannot be read)."""
+        from dueflow.clients import make_admin
+        from dueflow.producers.core import read_max_message_bytes
+        from dueflow.topics import names
+
+        topic = names(self._settings).timers
+        try:
+            return read_max_message_bytes(make_admin(self._settings), topic, timeout_s=10.0)
+        except DueflowError as exc:
+            event(
+                _LOG,
+                "timer topic not described: follow-ups are checked against the default size",
+                logging.WARNING,
+                topic=topic,
+                max_bytes=DEFAULT_TIMER_RECORD_BYTES,
+                error=str(exc),
+            )
+            return DEFAULT_TIMER_RECORD_BYTES
 
     def _on_control(self, queue: str, paused: bool) -> None:
         """An operator paused or resumed ``queue`` (on the loop)."""

@@ -14,6 +14,7 @@ if TYPE_CHECKING:  # what type checkers see of the lazy names below ("X as X": e
     from dueflow.config import QueueSpec as QueueSpec
     from dueflow.config import Settings as Settings
     from dueflow.config import load_settings as load_settings
+    from dueflow.consumers import FollowUp as FollowUp
     from dueflow.consumers import TaskContext as TaskContext
     from dueflow.consumers import TaskRegistry as TaskRegistry
     from dueflow.consumers import task as task
@@ -46,6 +47,7 @@ _EXPORTS = {
     "AsyncScheduler": "dueflow.producers",
     "JobRequest": "dueflow.producers",
     "task": "dueflow.consumers",
+    "FollowUp": "dueflow.consumers",
     "TaskContext": "dueflow.consumers",
     "TaskRegistry": "dueflow.consumers",
     "CronSchedule": "dueflow.cron",

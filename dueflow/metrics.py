@@ -222,6 +222,13 @@ class Metrics:
             ["queue", "result"],
             registry=r,
         )
+        self.follow_ups = Counter(
+            "dueflow_follow_ups_total",
+            "Follow-up jobs handlers scheduled (ctx.schedule): written with their "
+            "attempt's success, or dropped with its failure",
+            ["queue", "result"],
+            registry=r,
+        )
         self.rate_limited = Counter(
             "dueflow_rate_limit_waits_total",
             "Times a worker paused partitions for a rate limit",

@@ -9,6 +9,7 @@ runs again asks for the very same record.
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 
 from dueflow import headers as hdr
 from dueflow.config import load_settings
+from dueflow.consumers.context import TaskContext
 from dueflow.errors import DueflowError, InvalidInput
 from dueflow.follow_up import (
     follow_up_key,
@@ -25,7 +27,7 @@ from dueflow.follow_up import (
     place_follow_up,
     plan_follow_up,
 )
-from dueflow.job_request import MAX_NAME_CHARS, JobRequest, JobRules
+from dueflow.job_request import MAX_DUE_MS, MAX_NAME_CHARS, JobRequest, JobRules
 from dueflow.producers.core import JobIds, PlannedTimer, TimerPlanner
 from dueflow.producers.recent import RecentJobs
 from dueflow.schemas import codec
@@ -225,6 +227,34 @@ def test_property_a_follow_up_is_refused_as_the_sdk_refuses_it_or_is_the_sdks_re
     assert planned.follow_up.due_ms == sdk_planned.job.due_ms
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"task": "send email"}, "task"),
+        ({"payload": {"a": [1, float("nan")]}}, "payload['a'][1]"),
+        ({"queue": "nope"}, "queue"),
+        ({"run_at": "9999-12-31T23:59:59.999-00:01"}, "run_at"),
+        ({"delay": (MAX_DUE_MS - NOW) // 1000 + 1}, "delay"),
+        ({"delay": "-5s"}, "delay"),
+        ({"delay": 5, "run_at": "2030-01-01T00:00:00Z"}, "delay"),
+        ({"max_attempts": 0}, "max_attempts"),
+        ({"payload": b"x" * 2_000}, "payload"),  # beyond the record limit given below
+    ],
+)
+def test_a_bad_call_raises_invalid_input_in_the_handler_and_keeps_nothing(
+    kwargs: dict[str, Any], field: str
+) -> None:
+    ctx = TaskContext.for_test("parent", {}, job_id=PARENT_ID, now_ms=NOW, queues=["billing"])
+    ctx._chain.max_record_bytes = 1_000  # type: ignore[union-attr]
+    args = {"task": "send", **kwargs}
+    with pytest.raises(InvalidInput) as err:
+        ctx.schedule(args.pop("task"), args.pop("payload", None), **args)
+    assert err.value.field == field
+    assert ctx.follow_ups == ()
+    ok = ctx.schedule("send")  # the next call is index 0: a refused call takes none
+    assert ok.job_id == f"{PARENT_ID}/0"
+
+
 # ------------------------------------------------------------------ the record
 
 
@@ -267,3 +297,103 @@ def _iso(ms: int) -> str:
     from dueflow.timeutil import format_utc
 
     return format_utc(ms)
+
+
+# ------------------------------------------------------------------ in a handler's context
+
+
+def test_a_context_keeps_its_follow_ups_in_call_order() -> None:
+    ctx = TaskContext.for_test("parent", {}, job_id="j", idempotency_key="k", now_ms=NOW)
+    a = ctx.schedule("step-2", {"x": 1}, delay="1m")
+    b = ctx.schedule("step-3", {"x": 2})
+    assert [(f.job_id, f.task, f.due_ms, f.call_index) for f in ctx.follow_ups] == [
+        ("k/0", "step-2", NOW + 60_000, 0),
+        ("k/1", "step-3", NOW, 1),
+    ]
+    assert ctx.follow_ups == (a, b)
+    assert a.due.year == 2027
+
+
+def test_the_same_job_twice_is_one_follow_up_and_other_content_a_conflict() -> None:
+    ctx = TaskContext.for_test("parent", {}, now_ms=NOW)
+    first = ctx.schedule("send", {"x": 1}, idempotency_key="welcome:9")
+    assert ctx.schedule("send", {"x": 1}, idempotency_key="welcome:9") == first
+    with pytest.raises(DueflowError, match="other content") as err:
+        ctx.schedule("send", {"x": 2}, idempotency_key="welcome:9")
+    assert type(err.value).__name__ == "ConflictError"
+    assert ctx.follow_ups == (first,)
+
+
+def test_a_call_after_the_attempt_ended_raises_instead_of_vanishing() -> None:
+    ctx = TaskContext.for_test("parent", {}, now_ms=NOW)
+    ctx.schedule("send")
+    assert [p.follow_up.job_id for p in ctx.end_attempt()] == ["test-job/0"]
+    with pytest.raises(DueflowError, match="after the attempt ended"):
+        ctx.schedule("send", {"late": True})
+
+
+def test_a_context_without_a_planner_cannot_schedule() -> None:
+    ctx = TaskContext.for_test("parent", {})
+    bare = TaskContext(ctx._fields, 1, 1, {}, ("t", 0, 0))
+    with pytest.raises(DueflowError, match="cannot schedule follow-ups"):
+        bare.schedule("send")
+
+
+def test_the_follow_up_continues_the_parents_trace() -> None:
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    ctx = TaskContext.for_test("parent", {}, traceparent=parent, now_ms=NOW)
+    ctx.schedule("send")
+    (planned,) = ctx.end_attempt()
+    assert dict(planned.record.headers)[hdr.TRACEPARENT] == parent.encode()
+    assert codec.decode("job", planned.record.value)["trace"] == {"traceparent": parent}
+
+
+def test_a_traced_attempts_follow_up_is_a_child_of_the_attempts_span() -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from dueflow.consumers.follow_ups import Attempt, FollowUpPlanner
+    from dueflow.consumers.spans import start_attempt
+    from dueflow.tracing import JobTracer
+
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    tracer = JobTracer(TracerProvider())
+    step, otel = start_attempt(
+        tracer,
+        headers=[("traceparent", parent.encode())],
+        attempt=1,
+        job_id="j",
+        queue="q",
+        task="t",
+    )
+    base = TaskContext.for_test("parent", {}, traceparent=parent)
+    chain = FollowUpPlanner(
+        SETTINGS, declared={}, clock=lambda: NOW, running=lambda _o: True, tracing=True
+    )
+    ctx = TaskContext(
+        base._fields, 1, 1, {"traceparent": parent.encode()}, ("t", 0, 0), otel, chain, Attempt()
+    )
+    ctx.schedule("send")
+    step.end()
+    (planned,) = ctx.end_attempt()
+    traceparent = dict(planned.record.headers)[hdr.TRACEPARENT].decode()
+    _, trace_id, span_id, _ = traceparent.split("-")
+    assert trace_id == "4bf92f3577b34da6a3ce929d0e0e4736"  # the same trace
+    assert step.span is not None
+    assert span_id == format(step.span.get_span_context().span_id, "016x")  # under the attempt
+
+
+def test_a_context_in_a_child_process_schedules_with_its_own_planner() -> None:
+    """isolation="process": the context is pickled; the child's planner checks the same
+    rules and its buffer travels back with the answer."""
+    import pickle
+
+    ctx = TaskContext.for_test("parent", {}, idempotency_key="k", now_ms=NOW, queues=["billing"])
+    child = pickle.loads(pickle.dumps(ctx))
+    with pytest.raises(InvalidInput):
+        child.schedule("send", queue="nope")
+    fu = child.schedule("send", queue="billing", delay=10)
+    assert fu.job_id == "k/0"
+    assert abs(fu.due_ms - (time.time() * 1000 + 10_000)) < 60_000  # the wall clock
+    sent = pickle.loads(pickle.dumps(child.end_attempt()))
+    ctx.adopt_follow_ups(sent)
+    assert ctx.follow_ups == (fu,)

@@ -1,0 +1,327 @@
+"""``ctx.schedule``: follow-up jobs buffered per attempt, written with its success.
+
+A handler calls ``ctx.schedule(task, payload, delay=..., ...)``; the request is
+checked at once, as the scheduling client checks it
+(:func:`dueflow.follow_up.plan_follow_up`: a bad one raises
+:class:`~dueflow.errors.InvalidInput` in the handler), and its timer record
+joins the attempt's :class:`FollowUpBuffer`. Nothing is written then. When the
+attempt succeeds, the :class:`~dueflow.consumers.recorder.BatchRecorder` adds
+the records (:func:`follow_up_records`: the timer, placed for the time of
+writing, and a ``scheduled`` outcome) to the batch that commits the attempt's
+``done`` record, outcome and offset, in one transaction. When it fails (retry,
+dead letter, timeout) or is abandoned, the buffer is dropped.
+
+A call after the attempt ended (a thread or task the handler left behind)
+raises: the worker removes the attempt from its running set before it reads
+the buffer, and :meth:`FollowUpPlanner.schedule` makes the buffer visible
+before it asks whether the attempt still runs, so a call either lands in a
+buffer that is read afterwards or fails; it is never silently lost.
+
+In a child process (``isolation="process"``) the context is rebuilt with a
+planner of its own (wall clock, no tracer); the child sends the buffered
+records back with its answer, and the parent adopts them before it records
+the success.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from dueflow import headers as hdr
+from dueflow.config import Settings
+from dueflow.errors import ConflictError, DueflowError
+from dueflow.follow_up import (
+    FollowUp,
+    PlannedFollowUp,
+    follow_up_queue,
+    place_follow_up,
+    plan_follow_up,
+)
+from dueflow.job_request import JobRequest, JobRules
+from dueflow.schemas.fast import encode_outcome
+from dueflow.timer_record import TimerPlacer
+from dueflow.topics import names
+from dueflow.tracing import span_headers, trace_id_of
+from dueflow.wheel import WheelGeometry
+
+if TYPE_CHECKING:
+    from dueflow.consumers.context import TaskContext
+    from dueflow.consumers.registry import TaskRegistry
+
+# The broker's default max.message.bytes of a topic, until the timer topic is read.
+DEFAULT_TIMER_RECORD_BYTES = 1_048_588
+# librdkafka's default message.max.bytes: the most the worker's transactional
+# producer takes in one record (a larger one would fail every commit of its batch).
+PRODUCER_RECORD_BYTES = 1_000_000
+
+OutRecord = tuple[str, int, bytes | None, bytes, Sequence[tuple[str, bytes]]]
+
+
+class FollowUpBuffer:
+    """The follow-ups of one attempt, in call order; sealed when the attempt ends."""
+
+    __slots__ = ("_by_id", "_lock", "items", "sealed")
+
+    def __init__(self, items: Iterable[PlannedFollowUp] = ()) -> None:
+        self._lock = threading.Lock()
+        self.items: list[PlannedFollowUp] = list(items)
+        self._by_id = {p.follow_up.job_id: p for p in self.items}
+        self.sealed = False
+
+    def add(self, plan: Callable[[int], PlannedFollowUp]) -> FollowUp:
+        """``plan(index)`` the next follow-up and keep it. The same job again (same
+        id, same content) returns the first one; the same id with other content
+        raises :class:`~dueflow.errors.ConflictError`, as the scheduling client does."""
+        with self._lock:
+            if self.sealed:
+                raise attempt_ended()
+            planned = plan(len(self.items))
+            job_id = planned.follow_up.job_id
+            earlier = self._by_id.get(job_id)
+            if earlier is not None:
+                if earlier.same_job(planned):
+                    return earlier.follow_up
+                raise ConflictError(
+                    f"job id {job_id!r} was scheduled by this attempt already with other "
+                    "content (task, payload, due time, queue or key)"
+                )
+            self.items.append(planned)
+            self._by_id[job_id] = planned
+            return planned.follow_up
+
+    def seal(self) -> list[PlannedFollowUp]:
+        """End the attempt: what it scheduled; later calls raise."""
+        with self._lock:
+            self.sealed = True
+            return list(self.items)
+
+
+class Attempt:
+    """Holds the buffer of an attempt that has no worker delivery (a test context,
+    a child process); a delivery has the same ``follow_ups`` slot."""
+
+    __slots__ = ("follow_ups",)
+
+    def __init__(self) -> None:
+        self.follow_ups: FollowUpBuffer | None = None
+
+
+def attempt_ended() -> DueflowError:
+    return DueflowError(
+        "ctx.schedule was called after the attempt ended: follow-ups are written with "
+        "the attempt's success, so schedule them before the handler returns"
+    )
+
+
+class FollowUpPlanner:
+    """What ``ctx.schedule`` checks and builds follow-ups with, for one worker queue.
+
+    ``declared``: the queue of each task of the worker's app (a follow-up without
+    ``queue=`` goes there, else to ``default``); ``clock``: UTC epoch ms (the
+    worker's stamp of the broker's clock); ``running(owner)``: whether the
+    attempt that owns a buffer still runs; ``max_record_bytes``: the timer
+    topic's ``max.message.bytes``; ``tracing``: the worker traces attempts (a
+    follow-up's trace then continues from the attempt's span).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        declared: Mapping[str, str],
+        clock: Callable[[], int],
+        running: Callable[[Any], bool],
+        max_record_bytes: int = DEFAULT_TIMER_RECORD_BYTES,
+        tracing: bool = False,
+    ) -> None:
+        self._init(
+            JobRules.from_settings(settings),
+            settings.wheel,
+            names(settings).timers,
+            dict(declared),
+            min(max_record_bytes, PRODUCER_RECORD_BYTES),
+        )
+        self._clock = clock
+        self._running = running
+        self._tracing = tracing
+
+    @classmethod
+    def of_runtime(
+        cls,
+        settings: Settings,
+        registry: TaskRegistry,
+        clock: Callable[[], int],
+        running: Mapping[bytes, Any],
+        max_record_bytes: int,
+        tracing: bool,
+    ) -> FollowUpPlanner:
+        """The planner of a queue's runtime: ``running`` maps a key to its running
+        attempt (a delivery), which the runtime removes before recording it."""
+        return cls(
+            settings,
+            declared=registry.declared_queues,
+            clock=clock,
+            running=lambda d: running.get(d.key) is d,
+            max_record_bytes=max_record_bytes,
+            tracing=tracing,
+        )
+
+    def _init(
+        self,
+        rules: JobRules,
+        wheel: WheelGeometry,
+        topic: str,
+        declared: dict[str, str],
+        max_bytes: int,
+    ) -> None:
+        self._rules = rules
+        self._wheel = wheel
+        self.placer = TimerPlacer(wheel)
+        self.topic = topic
+        self._declared = declared
+        self.max_record_bytes = max_bytes
+        self._lock = threading.Lock()
+
+    def schedule(
+        self,
+        ctx: TaskContext,
+        owner: Any,
+        task: str,
+        payload: Any,
+        queue: str | None,
+        fields: dict[str, Any],
+    ) -> FollowUp:
+        """Check a follow-up of ``ctx``'s attempt and add it to ``owner``'s buffer."""
+        with self._lock:  # two threads of one handler: one buffer
+            buffer: FollowUpBuffer | None = owner.follow_ups
+            if buffer is None:
+                buffer = owner.follow_ups = FollowUpBuffer()
+        # Only now (the buffer visible first): see the module docstring.
+        if not self._running(owner):
+            raise attempt_ended()
+        now_ms = self._clock()
+        req = JobRequest(
+            task, payload, queue=follow_up_queue(queue, task, self._declared), **fields
+        )
+        trace = trace_headers_of(ctx, traced=self._tracing)
+        parent_job_id, parent_key = ctx.job_id, ctx.idempotency_key
+
+        def plan(index: int) -> PlannedFollowUp:
+            return plan_follow_up(
+                req,
+                parent_job_id=parent_job_id,
+                parent_key=parent_key,
+                index=index,
+                now_ms=now_ms,
+                rules=self._rules,
+                placer=self.placer,
+                max_record_bytes=self.max_record_bytes,
+                timers_topic=self.topic,
+                trace_headers=trace,
+            )
+
+        return buffer.add(plan)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A child process (isolation="process") gets the rules, not the clock,
+        # the running set or the tracer: see child_planner.
+        return (
+            child_planner,
+            (self._rules, self._wheel, self.topic, self._declared, self.max_record_bytes),
+        )
+
+
+def child_planner(
+    rules: JobRules,
+    wheel: WheelGeometry,
+    topic: str,
+    declared: dict[str, str],
+    max_bytes: int,
+) -> FollowUpPlanner:
+    """The planner of a context rebuilt in a child process: the wall clock, and an
+    attempt that runs until the child answers (it seals the buffer then)."""
+    planner = FollowUpPlanner.__new__(FollowUpPlanner)
+    planner._init(rules, wheel, topic, declared, max_bytes)
+    planner._clock = wall_ms
+    planner._running = always_running
+    planner._tracing = False
+    return planner
+
+
+def fixed_planner(settings: Settings, *, now_ms: int) -> FollowUpPlanner:
+    """A planner whose clock reads ``now_ms`` (``TaskContext.for_test``)."""
+    return FollowUpPlanner(settings, declared={}, clock=lambda: now_ms, running=always_running)
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def always_running(owner: Any) -> bool:
+    return True
+
+
+def trace_headers_of(ctx: TaskContext, *, traced: bool) -> list[tuple[str, bytes]]:
+    """The trace headers that make a follow-up continue its parent's trace: a child
+    of the attempt's span when the worker traces, else the job's own context."""
+    if traced and ctx.otel_context is not None:
+        found = span_headers(ctx.otel_context)
+        if found:
+            return found
+    parent = ctx.traceparent
+    if parent is None:
+        return []
+    out = [(hdr.TRACEPARENT, parent.encode())]
+    state = ctx.headers.get(hdr.TRACESTATE)
+    if state:
+        out.append((hdr.TRACESTATE, bytes(state)))
+    return out
+
+
+def take(owner: Any) -> list[PlannedFollowUp]:
+    """Seal ``owner``'s buffer (the attempt ended); what it holds."""
+    buffer: FollowUpBuffer | None = owner.follow_ups
+    return [] if buffer is None else buffer.seal()
+
+
+def written_follow_ups(owner: Any) -> tuple[FollowUp, ...]:
+    """The follow-ups of an attempt that ended (after :func:`take`)."""
+    buffer: FollowUpBuffer | None = owner.follow_ups
+    return () if buffer is None else tuple(p.follow_up for p in buffer.items)
+
+
+def follow_up_records(
+    planned: Sequence[PlannedFollowUp],
+    *,
+    now_ms: int,
+    placer: TimerPlacer,
+    timers_topic: str,
+    outcomes_topic: str,
+    outcome_headers: Sequence[tuple[str, bytes]],
+    worker_id: str,
+) -> list[OutRecord]:
+    """The records of a successful attempt's follow-ups written at ``now_ms``: each
+    one's timer record, placed for now, and its ``scheduled`` outcome (the status
+    view then knows the job and its due time before it fires)."""
+    out: list[OutRecord] = []
+    for p in planned:
+        fu, rec = p.follow_up, p.record
+        partition = place_follow_up(p, now_ms=now_ms, placer=placer)
+        out.append((timers_topic, partition, rec.key, rec.value, rec.headers))
+        outcome = encode_outcome(
+            job_id=fu.job_id,
+            queue=fu.queue,
+            task=fu.task,
+            idempotency_key=fu.idempotency_key,
+            state="scheduled",
+            attempt=0,
+            at_ms=now_ms,
+            due_ms=fu.due_ms,
+            worker=worker_id,
+            trace_id=trace_id_of(rec.headers),
+        )
+        out.append((outcomes_topic, -1, fu.job_id.encode(), outcome, outcome_headers))
+    return out
