@@ -53,6 +53,7 @@ from dueflow.consumers.execution import JobExecutor
 from dueflow.consumers.failures import Failure
 from dueflow.consumers.feeds import Delivery, PartitionFeed, attempt_limits, prepare, trace_id
 from dueflow.consumers.follow_ups import DEFAULT_TIMER_RECORD_BYTES, FollowUpPlanner
+from dueflow.consumers.hooks import HookRunner
 from dueflow.consumers.polling import GroupPoller
 from dueflow.consumers.quarantine import Quarantine
 from dueflow.consumers.ratelimit import QueueRates
@@ -133,6 +134,7 @@ class QueueRuntime:
         tracer: JobTracer | None = None,
         rng: random.Random | None = None,
         clock: ClockProbe | None = None,
+        hooks: HookRunner | None = None,
         timer_record_bytes: int = DEFAULT_TIMER_RECORD_BYTES,
     ) -> None:
         self._settings = settings
@@ -172,6 +174,7 @@ class QueueRuntime:
             tracer=self._tracer,
             rng=rng or random.Random(),
         )
+        self._hooks = hooks if hooks is not None and hooks.has_failure_hooks else None
         self._rates = QueueRates(
             queue.rate_limit_per_s,
             task_rates={
@@ -848,6 +851,8 @@ class QueueRuntime:
             self._batch.succeeded(d, seconds, now_ms)
         else:
             self._batch.failed(d, failure, seconds, now_ms)
+            if self._hooks is not None:
+                self._hooks.attempt_failed(d, failure)
         if d.span is not None:
             end_attempt(d.span, failure)
         feed.tracker.finish(d.offset)

@@ -10,6 +10,11 @@ key store says they are final) or run again. In a worker process
 are not left: the process exits and its partitions move after the session
 timeout, so no job runs in two places at once. A second signal exits at once;
 what was not committed is redelivered in the same way.
+
+Lifecycle hooks (:mod:`dueflow.consumers.hooks`): the startup hooks run first,
+before any Kafka client is made (a failing one raises
+:class:`~dueflow.errors.WorkerStartupFailed` and nothing starts); the shutdown
+hooks run last, after the final commits and leaving the groups.
 """
 
 from __future__ import annotations
@@ -27,11 +32,12 @@ from dueflow.config import Settings
 from dueflow.consumers.control import ControlTail
 from dueflow.consumers.execution import JobExecutor
 from dueflow.consumers.follow_ups import DEFAULT_TIMER_RECORD_BYTES
+from dueflow.consumers.hooks import HookRunner, WorkerInfo
 from dueflow.consumers.quarantine import Quarantine
 from dueflow.consumers.registry import TaskRegistry
 from dueflow.consumers.runtime import QueueRuntime, Slots
 from dueflow.consumers.store import StoreFactory, memory_stores, sqlite_stores
-from dueflow.errors import ConfigError, DueflowError
+from dueflow.errors import ConfigError, DueflowError, WorkerStartupFailed
 from dueflow.logs import event
 from dueflow.metrics import Metrics
 from dueflow.tracing import JobTracer
@@ -110,8 +116,31 @@ class Worker:
         self.stop()
 
     async def run(self, on_started: Callable[[Worker], None] | None = None) -> None:
-        """Start, run until :meth:`stop`, then shut down gracefully."""
+        """Start, run until :meth:`stop`, then shut down gracefully.
+
+        Raises :class:`~dueflow.errors.WorkerStartupFailed` when a startup hook
+        fails (nothing was started then)."""
         self._stop = asyncio.Event()
+        ws = self._settings.worker
+        hooks = HookRunner(self._registry.hooks, metrics=self._metrics, timeout_s=ws.hook_timeout_s)
+        info = WorkerInfo(
+            self.worker_id, tuple(self._queues), tuple(sorted(t.spec.name for t in self._registry))
+        )
+        try:
+            await hooks.startup(info)  # before any client: this member has joined nothing
+        except WorkerStartupFailed as exc:
+            event(_LOG, "worker startup failed", logging.ERROR, hook=exc.hook, error=str(exc))
+            hooks.close()
+            self.exit_code = 5
+            raise
+        try:
+            await self._run(hooks, on_started)
+        finally:
+            await hooks.shutdown(info)  # after the last commit
+            hooks.close()
+
+    async def _run(self, hooks: HookRunner, on_started: Callable[[Worker], None] | None) -> None:
+        assert self._stop is not None
         ws = self._settings.worker
         executor = JobExecutor(
             concurrency=ws.concurrency,
@@ -153,6 +182,7 @@ class Worker:
                 worker_id=self.worker_id,
                 tracer=self._tracer,
                 clock=clock,
+                hooks=hooks,
                 timer_record_bytes=timer_bytes,
             )
             for name in self._queues

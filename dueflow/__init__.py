@@ -17,6 +17,10 @@ if TYPE_CHECKING:  # what type checkers see of the lazy names below ("X as X": e
     from dueflow.consumers import FollowUp as FollowUp
     from dueflow.consumers import TaskContext as TaskContext
     from dueflow.consumers import TaskRegistry as TaskRegistry
+    from dueflow.consumers import WorkerInfo as WorkerInfo
+    from dueflow.consumers import on_failure as on_failure
+    from dueflow.consumers import on_shutdown as on_shutdown
+    from dueflow.consumers import on_startup as on_startup
     from dueflow.consumers import task as task
     from dueflow.cron import CronSchedule as CronSchedule
     from dueflow.cron import MisfirePolicy as MisfirePolicy
@@ -47,6 +51,10 @@ _EXPORTS = {
     "AsyncScheduler": "dueflow.producers",
     "JobRequest": "dueflow.producers",
     "task": "dueflow.consumers",
+    "on_startup": "dueflow.consumers",
+    "on_shutdown": "dueflow.consumers",
+    "on_failure": "dueflow.consumers",
+    "WorkerInfo": "dueflow.consumers",
     "FollowUp": "dueflow.consumers",
     "TaskContext": "dueflow.consumers",
     "TaskRegistry": "dueflow.consumers",

@@ -229,6 +229,12 @@ class Metrics:
             ["queue", "result"],
             registry=r,
         )
+        self.hook_calls = Counter(
+            "dueflow_worker_hook_calls_total",
+            "Worker lifecycle hook calls (startup, shutdown, failure) by result",
+            ["hook", "result"],
+            registry=r,
+        )
         self.rate_limited = Counter(
             "dueflow_rate_limit_waits_total",
             "Times a worker paused partitions for a rate limit",
