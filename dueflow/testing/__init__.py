@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # what type checkers see of the lazy names below ("X as X": e
     from dueflow.testing.clock import FakeClock as FakeClock
     from dueflow.testing.context import make_context as make_context
     from dueflow.testing.emitter import Quarantined as Quarantined
+    from dueflow.testing.hooks import HookError as HookError
     from dueflow.testing.pipeline import InMemoryPipeline as InMemoryPipeline
     from dueflow.testing.pipeline import RunawayJobs as RunawayJobs
     from dueflow.testing.scheduler import InMemoryScheduler as InMemoryScheduler
@@ -57,6 +58,7 @@ _EXPORTS = {
     "DeadLetterEntry": "dueflow.ops.dlq",
     "FakeClock": "dueflow.testing.clock",
     "Failure": "dueflow.consumers.failures",
+    "HookError": "dueflow.testing.hooks",
     "InMemoryPipeline": "dueflow.testing.pipeline",
     "InMemoryScheduler": "dueflow.testing.scheduler",
     "InMemoryWorker": "dueflow.testing.worker",
