@@ -41,7 +41,6 @@ class TaskContext:
     """
 
     __slots__ = (
-        "_chain",
         "_fields",
         "_job",
         "_logger",
@@ -61,15 +60,14 @@ class TaskContext:
         headers: Mapping[str, bytes],
         source: tuple[str, int, int],
         otel_context: Any = None,
-        chain: FollowUpPlanner | None = None,
         owner: Any = None,
     ) -> None:
         # ``fields``: the Job's fields in dataclass order (see schemas.fast);
         # the Job object itself is built only if the handler asks for it.
-        # ``chain`` checks follow-ups (None: this context cannot schedule them);
-        # ``owner`` holds the attempt's buffer of them (``owner.follow_ups``).
+        # ``owner``: the attempt (a worker's Delivery, or a follow_ups.Attempt),
+        # whose ``planner`` checks and keeps its follow-ups (None, or no planner:
+        # this context cannot schedule them).
         self._fields = fields
-        self._chain = chain
         self._owner = owner
         self._job: Job | None = None
         self.attempt = attempt
@@ -149,8 +147,8 @@ class TaskContext:
         if settings is None:
             known = dict.fromkeys(["default", queue, *queues])
             settings = _Settings(queues=tuple(QueueSpec(q) for q in known)).validate()
-        chain = fixed_planner(settings, now_ms=due_ms if now_ms is None else now_ms)
-        return cls(fields, attempt, max_attempts, headers, ("test", 0, 0), None, chain, Attempt())
+        planner = fixed_planner(settings, now_ms=due_ms if now_ms is None else now_ms)
+        return cls(fields, attempt, max_attempts, headers, ("test", 0, 0), None, Attempt(planner))
 
     @property
     def job(self) -> Job:
@@ -238,7 +236,8 @@ class TaskContext:
         the same follow-up. Call it from sync and async handlers alike (it does
         no I/O), before the handler returns.
         """
-        if self._chain is None:
+        planner = self._planner
+        if planner is None:
             raise DueflowError(
                 "this context cannot schedule follow-ups (only a running handler's can)"
             )
@@ -253,26 +252,30 @@ class TaskContext:
             "jitter": jitter,
             "labels": labels,
         }
-        return self._chain.schedule(self, self._owner, task, payload, queue, fields)
+        return planner.schedule(self, self._owner, task, payload, queue, fields)
+
+    @property
+    def _planner(self) -> FollowUpPlanner | None:
+        owner = self._owner
+        planner: FollowUpPlanner | None = None if owner is None else owner.planner
+        return planner
 
     @property
     def follow_ups(self) -> tuple[FollowUp, ...]:
         """The follow-ups this attempt scheduled so far, in call order."""
-        buffer = None if self._owner is None else self._owner.follow_ups
-        return () if buffer is None else tuple(p.follow_up for p in buffer.items)
+        planner = self._planner
+        return () if planner is None else planner.pending(self._owner)
 
     def end_attempt(self) -> list[PlannedFollowUp]:
         """The attempt ended (in a child process): seal its follow-ups, return them."""
-        from dueflow.consumers.follow_ups import take
-
-        return [] if self._owner is None else take(self._owner)
+        planner = self._planner
+        return [] if planner is None else planner.end(self._owner)
 
     def adopt_follow_ups(self, planned: list[PlannedFollowUp]) -> None:
         """Follow-ups a child process scheduled for this attempt (isolation="process")."""
-        from dueflow.consumers.follow_ups import FollowUpBuffer
-
-        if planned and self._owner is not None:
-            self._owner.follow_ups = FollowUpBuffer(planned)
+        planner = self._planner
+        if planned and planner is not None:
+            planner.adopt(self._owner, planned)
 
     @property
     def logger(self) -> logging.LoggerAdapter[logging.Logger]:
@@ -301,7 +304,7 @@ class TaskContext:
                 self.max_attempts,
                 dict(self.headers),
                 self.source,
-                self._chain,
+                self._planner,
             ),
         )
 
@@ -318,7 +321,7 @@ def _rebuild(
     max_attempts: int,
     headers: dict[str, bytes],
     source: tuple[str, int, int],
-    chain: FollowUpPlanner | None = None,
+    planner: FollowUpPlanner | None = None,
 ) -> TaskContext:
     from dueflow.consumers.follow_ups import Attempt
 
@@ -328,8 +331,7 @@ def _rebuild(
         max_attempts=max_attempts,
         headers=headers,
         source=source,
-        chain=chain,
-        owner=Attempt() if chain is not None else None,
+        owner=Attempt(planner) if planner is not None else None,
     )
 
 

@@ -41,7 +41,6 @@ class Delivery:
         "bad",
         "feed",
         "fields",
-        "follow_ups",
         "hmap",
         "key",
         "max_attempts",
@@ -67,7 +66,6 @@ class Delivery:
     payload: Any
     span: Any
     rechecked: bool  # the key store was brought up to date for this record
-    follow_ups: Any  # the attempt's ctx.schedule buffer (consumers.follow_ups), if any
 
     def __init__(self, feed: PartitionFeed, msg: Any, offset: int) -> None:
         self.feed = feed
@@ -75,6 +73,12 @@ class Delivery:
         self.offset = offset
         self.fields = None
         self.bad = None
+
+    @property
+    def planner(self) -> Any:
+        """What this attempt's ``ctx.schedule`` goes through (its queue's
+        :class:`~dueflow.consumers.follow_ups.FollowUpPlanner`)."""
+        return self.feed.planner
 
 
 class PartitionFeed:
@@ -99,6 +103,7 @@ class PartitionFeed:
         "loading",
         "partition",
         "paused",
+        "planner",
         "rate_held",
         "revoked",
         "tier_ms",
@@ -108,7 +113,14 @@ class PartitionFeed:
         "tracker",
     )
 
-    def __init__(self, topic: str, partition: int, tier_ms: int | None, keys: KeyStore) -> None:
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        tier_ms: int | None,
+        keys: KeyStore,
+        planner: Any = None,
+    ) -> None:
         self.topic = topic
         self.partition = partition
         self.tp = TopicPartition(topic, partition)
@@ -128,6 +140,7 @@ class PartitionFeed:
         self.revoked = False
         self.gone = False
         self.timer: asyncio.TimerHandle | None = None
+        self.planner = planner  # ctx.schedule's FollowUpPlanner of the queue
 
     @property
     def held(self) -> bool:
@@ -157,7 +170,6 @@ def prepare(d: Delivery, registry: TaskRegistry) -> None:
     d.payload = None
     d.span = None
     d.rechecked = False
-    d.follow_ups = None
     d.max_attempts = 1
     key = msg.key()
     attempt = hmap.get(hdr.ATTEMPT)

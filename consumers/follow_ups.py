@@ -4,18 +4,21 @@ A handler calls ``ctx.schedule(task, payload, delay=..., ...)``; the request is
 checked at once, as the scheduling client checks it
 (:func:`dueflow.follow_up.plan_follow_up`: a bad one raises
 :class:`~dueflow.errors.InvalidInput` in the handler), and its timer record
-joins the attempt's :class:`FollowUpBuffer`. Nothing is written then. When the
-attempt succeeds, the :class:`~dueflow.consumers.recorder.BatchRecorder` adds
-the records (:func:`follow_up_records`: the timer, placed for the time of
-writing, and a ``scheduled`` outcome) to the batch that commits the attempt's
-``done`` record, outcome and offset, in one transaction. When it fails (retry,
-dead letter, timeout) or is abandoned, the buffer is dropped.
+joins the attempt's :class:`FollowUpBuffer`, kept by the queue's
+:class:`FollowUpPlanner` (``buffers``, by attempt). Nothing is written then.
+When the attempt succeeds, the :class:`~dueflow.consumers.recorder.BatchRecorder`
+takes the buffer and adds the records (:func:`follow_up_records`: the timer,
+placed for the time of writing, and a ``scheduled`` outcome) to the batch that
+commits the attempt's ``done`` record, outcome and offset, in one transaction.
+When it fails (retry, dead letter, timeout) or is abandoned, the buffer is
+dropped. A job that schedules nothing costs the hot path one check of an
+empty dict: no buffer, no slot, no store.
 
 A call after the attempt ended (a thread or task the handler left behind)
-raises: the worker removes the attempt from its running set before it reads
+raises: the worker removes the attempt from its running set before it takes
 the buffer, and :meth:`FollowUpPlanner.schedule` makes the buffer visible
 before it asks whether the attempt still runs, so a call either lands in a
-buffer that is read afterwards or fails; it is never silently lost.
+buffer that is taken afterwards or fails; it is never silently lost.
 
 In a child process (``isolation="process"``) the context is rebuilt with a
 planner of its own (wall clock, no tracer); the child sends the buffered
@@ -100,13 +103,14 @@ class FollowUpBuffer:
 
 
 class Attempt:
-    """Holds the buffer of an attempt that has no worker delivery (a test context,
-    a child process); a delivery has the same ``follow_ups`` slot."""
+    """An attempt that is not a worker's delivery (a test context, a child process):
+    what a context schedules follow-ups through. A delivery has ``planner`` too."""
 
-    __slots__ = ("follow_ups",)
+    __slots__ = ("ended", "planner")
 
-    def __init__(self) -> None:
-        self.follow_ups: FollowUpBuffer | None = None
+    def __init__(self, planner: FollowUpPlanner) -> None:
+        self.planner = planner
+        self.ended = False
 
 
 def attempt_ended() -> DueflowError:
@@ -184,6 +188,15 @@ class FollowUpPlanner:
         self._declared = declared
         self.max_record_bytes = max_bytes
         self._lock = threading.Lock()
+        # attempt (a delivery or an Attempt) -> its follow-ups; empty while no
+        # running attempt has scheduled one (the recorder checks only that).
+        self.buffers: dict[Any, FollowUpBuffer] = {}
+
+    def configure(self, settings: Settings, declared: Mapping[str, str]) -> None:
+        """New settings and tasks (the in-memory pipeline's queues grow); the
+        buffers stay."""
+        self._rules = JobRules.from_settings(settings)
+        self._declared = dict(declared)
 
     def schedule(
         self,
@@ -195,12 +208,16 @@ class FollowUpPlanner:
         fields: dict[str, Any],
     ) -> FollowUp:
         """Check a follow-up of ``ctx``'s attempt and add it to ``owner``'s buffer."""
+        buffers = self.buffers
         with self._lock:  # two threads of one handler: one buffer
-            buffer: FollowUpBuffer | None = owner.follow_ups
+            buffer = buffers.get(owner)
             if buffer is None:
-                buffer = owner.follow_ups = FollowUpBuffer()
+                buffer = buffers[owner] = FollowUpBuffer()
         # Only now (the buffer visible first): see the module docstring.
         if not self._running(owner):
+            with self._lock:
+                if not buffer.items:
+                    buffers.pop(owner, None)  # nobody will take it
             raise attempt_ended()
         now_ms = self._clock()
         req = JobRequest(
@@ -225,6 +242,26 @@ class FollowUpPlanner:
 
         return buffer.add(plan)
 
+    def take(self, owner: Any) -> list[PlannedFollowUp]:
+        """The attempt ended: its follow-ups (sealed: a later call raises)."""
+        buffer = self.buffers.pop(owner, None)
+        return [] if buffer is None else buffer.seal()
+
+    def end(self, owner: Attempt) -> list[PlannedFollowUp]:
+        """An :class:`Attempt` ended (a child's handler returned): its follow-ups."""
+        owner.ended = True  # first: a call from now on raises (see the module docstring)
+        return self.take(owner)
+
+    def pending(self, owner: Any) -> tuple[FollowUp, ...]:
+        """The follow-ups a running attempt scheduled so far."""
+        buffer = self.buffers.get(owner)
+        return () if buffer is None else tuple(p.follow_up for p in buffer.items)
+
+    def adopt(self, owner: Any, planned: list[PlannedFollowUp]) -> None:
+        """Follow-ups scheduled for ``owner``'s attempt in a child process."""
+        with self._lock:
+            self.buffers[owner] = FollowUpBuffer(planned)
+
     def __reduce__(self) -> tuple[Any, ...]:
         # A child process (isolation="process") gets the rules, not the clock,
         # the running set or the tracer: see child_planner.
@@ -242,26 +279,27 @@ def child_planner(
     max_bytes: int,
 ) -> FollowUpPlanner:
     """The planner of a context rebuilt in a child process: the wall clock, and an
-    attempt that runs until the child answers (it seals the buffer then)."""
+    attempt that runs until the child answers (:meth:`FollowUpPlanner.end`)."""
     planner = FollowUpPlanner.__new__(FollowUpPlanner)
     planner._init(rules, wheel, topic, declared, max_bytes)
     planner._clock = wall_ms
-    planner._running = always_running
+    planner._running = attempt_open
     planner._tracing = False
     return planner
 
 
 def fixed_planner(settings: Settings, *, now_ms: int) -> FollowUpPlanner:
     """A planner whose clock reads ``now_ms`` (``TaskContext.for_test``)."""
-    return FollowUpPlanner(settings, declared={}, clock=lambda: now_ms, running=always_running)
+    return FollowUpPlanner(settings, declared={}, clock=lambda: now_ms, running=attempt_open)
 
 
 def wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def always_running(owner: Any) -> bool:
-    return True
+def attempt_open(owner: Attempt) -> bool:
+    """Whether an :class:`Attempt` has not ended."""
+    return not owner.ended
 
 
 def trace_headers_of(ctx: TaskContext, *, traced: bool) -> list[tuple[str, bytes]]:
@@ -279,18 +317,6 @@ def trace_headers_of(ctx: TaskContext, *, traced: bool) -> list[tuple[str, bytes
     if state:
         out.append((hdr.TRACESTATE, bytes(state)))
     return out
-
-
-def take(owner: Any) -> list[PlannedFollowUp]:
-    """Seal ``owner``'s buffer (the attempt ended); what it holds."""
-    buffer: FollowUpBuffer | None = owner.follow_ups
-    return [] if buffer is None else buffer.seal()
-
-
-def written_follow_ups(owner: Any) -> tuple[FollowUp, ...]:
-    """The follow-ups of an attempt that ended (after :func:`take`)."""
-    buffer: FollowUpBuffer | None = owner.follow_ups
-    return () if buffer is None else tuple(p.follow_up for p in buffer.items)
 
 
 def follow_up_records(

@@ -38,7 +38,7 @@ from dueflow.config import QueueSpec, Settings
 from dueflow.consumers.committer import Batch
 from dueflow.consumers.failures import Failure
 from dueflow.consumers.feeds import Delivery, PartitionFeed, identity, int_or, trace_id
-from dueflow.consumers.follow_ups import follow_up_records, take
+from dueflow.consumers.follow_ups import FollowUpPlanner, follow_up_records
 from dueflow.consumers.outputs import (
     KEY_HEADERS,
     OUTCOME_HEADERS,
@@ -84,6 +84,7 @@ class BatchRecorder:
         metrics: Metrics,
         tracer: JobTracer,
         rng: random.Random,
+        follow_ups: FollowUpPlanner | None = None,
     ) -> None:
         n = names(settings)
         self._tracer = tracer
@@ -108,6 +109,11 @@ class BatchRecorder:
         self._tally: Tally[tuple[str, str]] = Tally()
         self._succeeded: dict[str, int] = {}  # task -> successes (the hot counter)
         self._durations: list[tuple[str, float]] = []
+        # ctx.schedule: the attempts' follow-ups (an empty dict while none has any)
+        self._follow_up_planner = follow_ups
+        self._follow_up_buffers = {} if follow_ups is None else follow_ups.buffers
+        for result in ("written", "dropped"):  # its series exist from the start
+            metrics.follow_ups.labels(queue.name, result)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -141,7 +147,7 @@ class BatchRecorder:
             self.finals.append((feed, key, DONE, now_ms))
             self.pending_final[key] = DONE
         records.append((feed, self._outcomes_topic, -1, job_id.encode(), outcome, OUTCOME_HEADERS))
-        if d.follow_ups is not None:
+        if self._follow_up_buffers:
             self._follow_ups(d, now_ms)
         ok = self._succeeded
         ok[task] = ok.get(task, 0) + 1
@@ -161,7 +167,8 @@ class BatchRecorder:
 
     def _follow_ups(self, d: Delivery, now_ms: int) -> None:
         """The follow-ups of a successful attempt, in its transaction."""
-        planned = take(d)
+        assert self._follow_up_planner is not None
+        planned = self._follow_up_planner.take(d)
         feed = d.feed
         for topic, partition, key, value, headers in follow_up_records(
             planned,
@@ -176,6 +183,12 @@ class BatchRecorder:
         if planned:
             self._metrics.follow_ups.labels(self._name, "written").inc(len(planned))
 
+    def drop_follow_ups(self, d: Delivery) -> int:
+        """The attempt ended without success (or was abandoned): forget its follow-ups."""
+        if self._follow_up_planner is None or not self._follow_up_buffers:
+            return 0
+        return len(self._follow_up_planner.take(d))
+
     def failed(self, d: Delivery, failure: Failure, seconds: float, now_ms: int) -> None:
         """A handler failed: retry tier, or dead letter when it cannot be retried.
         Its follow-ups are dropped (the attempt that succeeds schedules them)."""
@@ -187,8 +200,8 @@ class BatchRecorder:
         if failure.timed_out:
             self._metrics.job_timeouts.labels(self._name, task).inc()
         extra: dict[str, Any] = {}
-        if d.follow_ups is not None:
-            dropped = len(take(d))
+        if self._follow_up_buffers:
+            dropped = self.drop_follow_ups(d)
             if dropped:
                 extra["follow_ups_dropped"] = dropped
                 self._metrics.follow_ups.labels(self._name, "dropped").inc(dropped)

@@ -166,6 +166,11 @@ class QueueRuntime:
             quarantine=quarantine,
             group=self._group,
         )
+        self._running: dict[bytes, Delivery] = {}  # key -> its running attempt
+        # ctx.schedule: follow-ups written with their attempt's success (follow_ups.py).
+        self._chain = FollowUpPlanner.of_runtime(
+            settings, registry, self._stamp_now, self._running, timer_record_bytes, self._tracing
+        )
         self._batch = BatchRecorder(
             settings,
             queue,
@@ -173,6 +178,7 @@ class QueueRuntime:
             metrics=metrics,
             tracer=self._tracer,
             rng=rng or random.Random(),
+            follow_ups=self._chain,
         )
         self._hooks = hooks if hooks is not None and hooks.has_failure_hooks else None
         self._rates = QueueRates(
@@ -194,11 +200,6 @@ class QueueRuntime:
         self._low = self._high // 2
         self._feeds: dict[tuple[str, int], PartitionFeed] = {}
         self._ready: deque[PartitionFeed] = deque()
-        self._running: dict[bytes, Delivery] = {}  # key -> its running attempt
-        # ctx.schedule: follow-ups written with their attempt's success (follow_ups.py).
-        self._chain = FollowUpPlanner.of_runtime(
-            settings, registry, self._stamp_now, self._running, timer_record_bytes, self._tracing
-        )
         self._held: dict[bytes, list[Delivery]] = {}  # key -> replays waiting for it
         self._queue_held = False
         self._operator_paused = False  # `dueflow queue pause`: start nothing, keep the group
@@ -409,7 +410,8 @@ class QueueRuntime:
             if (tp.topic, tp.partition) in self._feeds:
                 continue
             keys = self._tail.attach(tp.partition)
-            feed = PartitionFeed(tp.topic, tp.partition, self._tier_of.get(tp.topic), keys)
+            tier = self._tier_of.get(tp.topic)
+            feed = PartitionFeed(tp.topic, tp.partition, tier, keys, self._chain)
             self._feeds[(tp.topic, tp.partition)] = feed
         self._tail.drop_parked()
         self._recompute_rates()
@@ -824,7 +826,7 @@ class QueueRuntime:
                 max_attempts=d.max_attempts,
             )
         source = (feed.topic, feed.partition, d.offset)
-        ctx = TaskContext(fields, d.attempt, d.max_attempts, d.hmap, source, otel, self._chain, d)
+        ctx = TaskContext(fields, d.attempt, d.max_attempts, d.hmap, source, otel, d)
         self._executor.run(d, task, d.payload, ctx, timeout_s, self._finished)
 
     def _finished(self, d: Delivery, failure: Failure | None, seconds: float) -> None:
@@ -845,6 +847,7 @@ class QueueRuntime:
             # Abandoned (revoked after the grace period, lost, restarting):
             # nothing is written; the record is read again from the committed
             # offset by whoever owns the partition now.
+            self._batch.drop_follow_ups(d)
             return
         now_ms = self._stamp_now()  # a retry's "not before" counts from here
         if failure is None:

@@ -245,7 +245,7 @@ def test_a_bad_call_raises_invalid_input_in_the_handler_and_keeps_nothing(
     kwargs: dict[str, Any], field: str
 ) -> None:
     ctx = TaskContext.for_test("parent", {}, job_id=PARENT_ID, now_ms=NOW, queues=["billing"])
-    ctx._chain.max_record_bytes = 1_000  # type: ignore[union-attr]
+    ctx._owner.planner.max_record_bytes = 1_000
     args = {"task": "send", **kwargs}
     with pytest.raises(InvalidInput) as err:
         ctx.schedule(args.pop("task"), args.pop("payload", None), **args)
@@ -370,7 +370,7 @@ def test_a_traced_attempts_follow_up_is_a_child_of_the_attempts_span() -> None:
         SETTINGS, declared={}, clock=lambda: NOW, running=lambda _o: True, tracing=True
     )
     ctx = TaskContext(
-        base._fields, 1, 1, {"traceparent": parent.encode()}, ("t", 0, 0), otel, chain, Attempt()
+        base._fields, 1, 1, {"traceparent": parent.encode()}, ("t", 0, 0), otel, Attempt(chain)
     )
     ctx.schedule("send")
     step.end()

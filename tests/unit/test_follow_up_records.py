@@ -71,7 +71,16 @@ class Msg:
         return self._headers
 
 
-def recorder() -> BatchRecorder:
+RUNNING: set[Any] = set()  # the attempts that run (the runtime's running set)
+
+
+def planner(clock: int = NOW) -> FollowUpPlanner:
+    return FollowUpPlanner(
+        SETTINGS, declared={"step": "jobs"}, clock=lambda: clock, running=RUNNING.__contains__
+    )
+
+
+def recorder(chain: FollowUpPlanner) -> BatchRecorder:
     return BatchRecorder(
         SETTINGS,
         SETTINGS.queue("jobs"),
@@ -79,33 +88,40 @@ def recorder() -> BatchRecorder:
         metrics=Metrics(),
         tracer=JobTracer(),
         rng=random.Random(1),
+        follow_ups=chain,
     )
 
 
-def delivery(task_name: str = "step", payload: Any = None) -> Delivery:
+def delivery(chain: FollowUpPlanner, task_name: str = "step", payload: Any = None) -> Delivery:
     job = make_job(task_name, payload or {"n": 1}, queue="jobs", key="k1", due_ms=NOW - 5)
-    feed = PartitionFeed(N.exec("jobs"), 2, None, MemoryKeyStore(10**9))
+    feed = PartitionFeed(N.exec("jobs"), 2, None, MemoryKeyStore(10**9), chain)
     d = Delivery(feed, Msg(b"k1", codec.encode("job", job.to_record()), exec_headers(job)), 9)
     prepare(d, REGISTRY)
     d.max_attempts = 3
     return d
 
 
-def run(d: Delivery, *, clock: int = NOW) -> TaskContext:
-    """Run the handler as the runtime does: a context whose attempt is ``d``."""
-    planner = FollowUpPlanner(
-        SETTINGS, declared={"step": "jobs"}, clock=lambda: clock, running=lambda o: o is d
-    )
+def context(d: Delivery) -> TaskContext:
     assert d.fields is not None
+    return TaskContext(d.fields, 1, 3, d.hmap, ("exec", 2, 9), None, d)
+
+
+def run(d: Delivery) -> TaskContext:
+    """Run the handler as the runtime does: in the running set while it runs."""
     assert d.task is not None
-    ctx = TaskContext(d.fields, 1, 3, d.hmap, ("exec", 2, 9), None, planner, d)
-    d.task.fn(d.payload, ctx)
+    ctx = context(d)
+    RUNNING.add(d)
+    try:
+        d.task.fn(d.payload, ctx)
+    finally:
+        RUNNING.discard(d)
     return ctx
 
 
 def test_a_successful_attempt_writes_its_follow_up_in_its_own_batch() -> None:
-    rec, d = recorder(), delivery()
-    run(d, clock=NOW)
+    chain = planner()
+    rec, d = recorder(chain), delivery(chain)
+    run(d)
     written = NOW + 2_000  # the handler ran on for 2 s after the call
     rec.succeeded(d, 2.0, written)
     topics = [r[1] for r in rec.records]
@@ -129,30 +145,36 @@ def test_a_successful_attempt_writes_its_follow_up_in_its_own_batch() -> None:
 
 
 def test_a_failed_attempts_follow_ups_are_dropped() -> None:
-    rec, d = recorder(), delivery()
+    chain = planner()
+    rec, d = recorder(chain), delivery(chain)
     run(d)
     rec.failed(d, Failure("ValueError", "no"), 0.1, NOW)
     assert N.timers not in [r[1] for r in rec.records]  # only its retry and outcome
     assert [r[1] for r in rec.records] == [N.retry("jobs", 200), N.outcomes]
     assert rec._metrics.follow_ups.labels("jobs", "dropped")._value.get() == 1
+    assert chain.buffers == {}  # forgotten
 
 
 def test_an_attempt_without_follow_ups_writes_what_it_always_wrote() -> None:
-    rec, d = recorder(), delivery()
+    chain = planner()
+    rec, d = recorder(chain), delivery(chain)
     rec.succeeded(d, 0.1, NOW)
     assert [r[1] for r in rec.records] == [N.idempotency("jobs"), N.outcomes]
 
 
 def test_a_call_from_an_attempt_that_is_no_longer_running_raises() -> None:
-    d = delivery()
-    planner = FollowUpPlanner(SETTINGS, declared={}, clock=lambda: NOW, running=lambda o: False)
-    assert d.fields is not None
-    ctx = TaskContext(d.fields, 1, 3, d.hmap, ("exec", 2, 9), None, planner, d)
+    chain = planner()
+    ctx = context(delivery(chain))  # not in the running set
     with pytest.raises(DueflowError, match="after the attempt ended"):
         ctx.schedule("step", queue="jobs")
+    assert chain.buffers == {}  # nothing left behind for the recorder to look at
 
 
 def test_a_process_isolated_handlers_follow_ups_come_back_from_the_child() -> None:
+    chain = FollowUpPlanner(
+        SETTINGS, declared={"step": "jobs"}, clock=lambda: NOW, running=lambda _o: True
+    )
+
     async def main() -> list[tuple[Delivery, Failure | None]]:
         executor = JobExecutor(concurrency=2, metrics=Metrics(), isolated_processes=1)
         done: list[tuple[Delivery, Failure | None]] = []
@@ -165,14 +187,9 @@ def test_a_process_isolated_handlers_follow_ups_come_back_from_the_child() -> No
 
         try:
             for payload in ({"n": 1}, {"n": 5, "fail": True}):
-                d = delivery("isolated-step", payload)
-                planner = FollowUpPlanner(
-                    SETTINGS, declared={"step": "jobs"}, clock=lambda: NOW, running=lambda _o: True
-                )
-                assert d.fields is not None
+                d = delivery(chain, "isolated-step", payload)
                 assert d.task is not None
-                ctx = TaskContext(d.fields, 1, 3, d.hmap, ("exec", 2, 9), None, planner, d)
-                executor.run(d, d.task, d.payload, ctx, 60.0, report)
+                executor.run(d, d.task, d.payload, context(d), 60.0, report)
             async with asyncio.timeout(60):
                 await finished.wait()
         finally:
@@ -182,11 +199,11 @@ def test_a_process_isolated_handlers_follow_ups_come_back_from_the_child() -> No
     results = {d.payload["n"]: (d, failure) for d, failure in asyncio.run(main())}
     ok, ok_failure = results[1]
     assert ok_failure is None
-    rec = recorder()
+    rec = recorder(chain)
     rec.succeeded(ok, 0.1, NOW)
     timers = [r for r in rec.records if r[1] == N.timers]
     assert [r[3] for r in timers] == [b"next-1"]
     failed, failure = results[5]
     assert failure is not None
     assert failure.message == "the child's attempt fails"
-    assert failed.follow_ups is None  # nothing came back from a failed child
+    assert chain.pending(failed) == ()  # nothing came back from a failed child
