@@ -21,10 +21,11 @@
   ``dueflow_eager`` fixtures.
 
 Scheduling checks, retries, backoff and jitter, dead letters, timeouts,
-idempotency keys, cron occurrences and misfires are computed by dueflow's own
-code, the same that runs against Kafka; where memory differs (one job at a
-time, no rate limits, process isolation in-process) the modules say so. The
-README's "Testing your handlers" has the details.
+idempotency keys, cron occurrences and misfires, follow-up jobs
+(``ctx.schedule``) and worker hooks are computed by dueflow's own code, the
+same that runs against Kafka; where memory differs (one job at a time, no
+rate limits, process isolation in-process) the modules say so. The README's
+"Testing your handlers" has the details.
 
 Not to be confused with :mod:`dueflow.consumers.testing`: helpers that write
 exec records to a real broker, for dueflow's own integration tests and
