@@ -31,18 +31,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dueflow import headers as hdr
 from dueflow.config import Settings
 from dueflow.errors import ConflictError, DueflowError
-from dueflow.follow_up import (
-    FollowUp,
-    PlannedFollowUp,
-    follow_up_queue,
-    place_follow_up,
-    plan_follow_up,
-)
+from dueflow.follow_up import FollowUp, PlannedFollowUp, place_follow_up, plan_follow_up
 from dueflow.job_request import JobRequest, JobRules
 from dueflow.schemas.fast import encode_outcome
 from dueflow.timer_record import TimerPlacer
@@ -113,6 +108,31 @@ class Attempt:
         self.ended = False
 
 
+class KnownQueues:
+    """The queues that exist, as a worker knows them: ``names()`` (static and
+    registered, the registry followed) and ``lookup(queue)``, which reads the
+    registry again for a queue not known yet (True when it exists now)."""
+
+    __slots__ = ("lookup", "names")
+
+    def __init__(
+        self,
+        names: Callable[[], frozenset[str]],
+        lookup: Callable[[str], bool] | None = None,
+    ) -> None:
+        self.names = names
+        self.lookup = lookup
+
+
+@dataclass(frozen=True, slots=True)
+class FollowUpSetup:
+    """What a worker learns at start for ``ctx.schedule``: the timer topic's record
+    size limit and the queues that exist (default: the static ones)."""
+
+    max_record_bytes: int = DEFAULT_TIMER_RECORD_BYTES
+    known: KnownQueues | None = None
+
+
 def attempt_ended() -> DueflowError:
     return DueflowError(
         "ctx.schedule was called after the attempt ended: follow-ups are written with "
@@ -124,11 +144,13 @@ class FollowUpPlanner:
     """What ``ctx.schedule`` checks and builds follow-ups with, for one worker queue.
 
     ``declared``: the queue of each task of the worker's app (a follow-up without
-    ``queue=`` goes there, else to ``default``); ``clock``: UTC epoch ms (the
-    worker's stamp of the broker's clock); ``running(owner)``: whether the
-    attempt that owns a buffer still runs; ``max_record_bytes``: the timer
-    topic's ``max.message.bytes``; ``tracing``: the worker traces attempts (a
-    follow-up's trace then continues from the attempt's span).
+    ``queue=`` is routed as the scheduling client routes it: ``[routes]``, then
+    this, then ``default``); ``clock``: UTC epoch ms (the worker's stamp of the
+    broker's clock); ``running(owner)``: whether the attempt that owns a buffer
+    still runs; ``max_record_bytes``: the timer topic's ``max.message.bytes``;
+    ``tracing``: the worker traces attempts (a follow-up's trace then continues
+    from the attempt's span); ``known``: the queues that exist (default: the
+    static ones of ``settings``).
     """
 
     def __init__(
@@ -140,17 +162,18 @@ class FollowUpPlanner:
         running: Callable[[Any], bool],
         max_record_bytes: int = DEFAULT_TIMER_RECORD_BYTES,
         tracing: bool = False,
+        known: KnownQueues | None = None,
     ) -> None:
         self._init(
-            JobRules.from_settings(settings),
+            JobRules.from_settings(settings, declared=declared),
             settings.wheel,
             names(settings).timers,
-            dict(declared),
             min(max_record_bytes, PRODUCER_RECORD_BYTES),
         )
         self._clock = clock
         self._running = running
         self._tracing = tracing
+        self._known = known
 
     @classmethod
     def of_runtime(
@@ -159,18 +182,20 @@ class FollowUpPlanner:
         registry: TaskRegistry,
         clock: Callable[[], int],
         running: Mapping[bytes, Any],
-        max_record_bytes: int,
         tracing: bool,
+        setup: FollowUpSetup | None,
     ) -> FollowUpPlanner:
         """The planner of a queue's runtime: ``running`` maps a key to its running
         attempt (a delivery), which the runtime removes before recording it."""
+        setup = setup or FollowUpSetup()
         return cls(
             settings,
             declared=registry.declared_queues,
             clock=clock,
             running=lambda d: running.get(d.key) is d,
-            max_record_bytes=max_record_bytes,
+            max_record_bytes=setup.max_record_bytes,
             tracing=tracing,
+            known=setup.known,
         )
 
     def _init(
@@ -178,14 +203,12 @@ class FollowUpPlanner:
         rules: JobRules,
         wheel: WheelGeometry,
         topic: str,
-        declared: dict[str, str],
         max_bytes: int,
     ) -> None:
         self._rules = rules
         self._wheel = wheel
         self.placer = TimerPlacer(wheel)
         self.topic = topic
-        self._declared = declared
         self.max_record_bytes = max_bytes
         self._lock = threading.Lock()
         # attempt (a delivery or an Attempt) -> its follow-ups; empty while no
@@ -195,8 +218,16 @@ class FollowUpPlanner:
     def configure(self, settings: Settings, declared: Mapping[str, str]) -> None:
         """New settings and tasks (the in-memory pipeline's queues grow); the
         buffers stay."""
-        self._rules = JobRules.from_settings(settings)
-        self._declared = dict(declared)
+        self._rules = JobRules.from_settings(settings, declared=declared)
+
+    def rules(self) -> JobRules:
+        """The rules of now: the queues that exist as the worker knows them."""
+        known = self._known
+        if known is not None:
+            queues = known.names()
+            if queues != self._rules.queues:
+                self._rules = self._rules.with_queues(queues)
+        return self._rules
 
     def schedule(
         self,
@@ -220,9 +251,13 @@ class FollowUpPlanner:
                     buffers.pop(owner, None)  # nobody will take it
             raise attempt_ended()
         now_ms = self._clock()
-        req = JobRequest(
-            task, payload, queue=follow_up_queue(queue, task, self._declared), **fields
-        )
+        req = JobRequest(task, payload, queue=queue, **fields)
+        rules = self.rules()
+        routed = rules.queue_of(req)
+        lookup = None if self._known is None else self._known.lookup
+        unknown = routed not in rules.queues and isinstance(routed, str)
+        if unknown and lookup is not None and lookup(str(routed)):
+            rules = self.rules()  # created a moment ago: the registry knows it now
         trace = trace_headers_of(ctx, traced=self._tracing)
         parent_job_id, parent_key = ctx.job_id, ctx.idempotency_key
 
@@ -233,7 +268,7 @@ class FollowUpPlanner:
                 parent_key=parent_key,
                 index=index,
                 now_ms=now_ms,
-                rules=self._rules,
+                rules=rules,
                 placer=self.placer,
                 max_record_bytes=self.max_record_bytes,
                 timers_topic=self.topic,
@@ -265,26 +300,23 @@ class FollowUpPlanner:
     def __reduce__(self) -> tuple[Any, ...]:
         # A child process (isolation="process") gets the rules, not the clock,
         # the running set or the tracer: see child_planner.
-        return (
-            child_planner,
-            (self._rules, self._wheel, self.topic, self._declared, self.max_record_bytes),
-        )
+        return (child_planner, (self.rules(), self._wheel, self.topic, self.max_record_bytes))
 
 
 def child_planner(
     rules: JobRules,
     wheel: WheelGeometry,
     topic: str,
-    declared: dict[str, str],
     max_bytes: int,
 ) -> FollowUpPlanner:
     """The planner of a context rebuilt in a child process: the wall clock, and an
     attempt that runs until the child answers (:meth:`FollowUpPlanner.end`)."""
     planner = FollowUpPlanner.__new__(FollowUpPlanner)
-    planner._init(rules, wheel, topic, declared, max_bytes)
+    planner._init(rules, wheel, topic, max_bytes)
     planner._clock = wall_ms
     planner._running = attempt_open
     planner._tracing = False
+    planner._known = None  # the rules of the parent when the job was handed over
     return planner
 
 

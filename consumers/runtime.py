@@ -52,7 +52,7 @@ from dueflow.consumers.context import TaskContext
 from dueflow.consumers.execution import JobExecutor
 from dueflow.consumers.failures import Failure
 from dueflow.consumers.feeds import Delivery, PartitionFeed, attempt_limits, prepare, trace_id
-from dueflow.consumers.follow_ups import DEFAULT_TIMER_RECORD_BYTES, FollowUpPlanner
+from dueflow.consumers.follow_ups import FollowUpPlanner, FollowUpSetup
 from dueflow.consumers.hooks import HookRunner
 from dueflow.consumers.polling import GroupPoller
 from dueflow.consumers.quarantine import Quarantine
@@ -135,7 +135,7 @@ class QueueRuntime:
         rng: random.Random | None = None,
         clock: ClockProbe | None = None,
         hooks: HookRunner | None = None,
-        timer_record_bytes: int = DEFAULT_TIMER_RECORD_BYTES,
+        follow_ups: FollowUpSetup | None = None,
     ) -> None:
         self._settings = settings
         # "Is it due?" is asked of the broker's clock, as near as it is known.
@@ -169,7 +169,7 @@ class QueueRuntime:
         self._running: dict[bytes, Delivery] = {}  # key -> its running attempt
         # ctx.schedule: follow-ups written with their attempt's success (follow_ups.py).
         self._chain = FollowUpPlanner.of_runtime(
-            settings, registry, self._stamp_now, self._running, timer_record_bytes, self._tracing
+            settings, registry, self._stamp_now, self._running, self._tracing, follow_ups
         )
         self._batch = BatchRecorder(
             settings,
@@ -234,6 +234,10 @@ class QueueRuntime:
     @property
     def queue(self) -> str:
         return self._queue.name
+
+    @property
+    def spec(self) -> QueueSpec:
+        return self._queue
 
     @property
     def assigned(self) -> list[tuple[str, int]]:

@@ -28,7 +28,7 @@ follow-up has the same key and is skipped as a duplicate by the worker.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import NamedTuple
@@ -45,7 +45,6 @@ from dueflow.timer_record import (
 )
 from dueflow.timeutil import from_utc_ms
 
-DEFAULT_QUEUE = "default"
 _HASH_HEX = 16  # hex digits of the parent key's hash in a shortened key
 
 
@@ -66,15 +65,6 @@ def follow_up_key(parent_key: str, index: int) -> str:
     digest = hashlib.blake2b(parent_key.encode(), digest_size=_HASH_HEX // 2).hexdigest()
     tail = f"~{digest}{suffix}"
     return parent_key[: MAX_NAME_CHARS - len(tail)] + tail
-
-
-def follow_up_queue(queue: str | None, task: str, declared: Mapping[str, str]) -> str:
-    """The queue of a follow-up: the one the call names, else the queue the task is
-    declared in (``@task(queue=...)`` in this worker's app), else ``default``."""
-    if queue is not None:
-        return queue
-    found = declared.get(task) if isinstance(task, str) else None
-    return found if found is not None else DEFAULT_QUEUE
 
 
 class FollowUp(NamedTuple):
@@ -128,7 +118,9 @@ def plan_follow_up(
 ) -> PlannedFollowUp:
     """Check follow-up ``index`` of the job ``parent_job_id`` (key ``parent_key``)
     and build its timer record as of ``now_ms``; :class:`InvalidInput` names the
-    first bad field. ``req.queue`` is resolved already (:func:`follow_up_queue`).
+    first bad field. A request without a queue goes where the task is routed
+    (``rules.router``: ``[routes]``, the task's ``@task(queue=...)``, ``default``),
+    as the scheduling client routes it.
 
     ``trace_headers`` (``traceparent``/``tracestate``) continue the parent's
     trace: they go on the record and into the job's ``trace`` field.

@@ -21,8 +21,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timedelta
 from enum import Enum
 from types import MappingProxyType
@@ -31,9 +31,10 @@ from typing import Any, NamedTuple
 import orjson
 
 from dueflow.config import Settings
-from dueflow.errors import InvalidInput
+from dueflow.errors import InvalidInput, UnknownQueue
 from dueflow.jitter import deterministic_jitter_ms
 from dueflow.model import Backoff, BackoffKind, Job
+from dueflow.routing import Router
 from dueflow.task_name import TASK_NAME_ACCEPTED, is_task_name
 from dueflow.timeutil import format_utc, parse_duration, to_utc_ms
 
@@ -57,14 +58,15 @@ class JobRequest:
     ``payload`` is any JSON-serializable value (stored as JSON) or ``bytes``
     (stored as is, ``application/octet-stream``). Give ``run_at`` (a tz-aware
     datetime or ISO-8601 text with an offset) or ``delay`` (a duration), or
-    neither to run at once.
+    neither to run at once. ``queue`` ``None``: the task's route decides
+    (:mod:`dueflow.routing`).
     """
 
     task: str
     payload: Any = None
     run_at: Instant | None = None
     delay: Duration | None = None
-    queue: str = "default"
+    queue: str | None = None
     job_id: str | None = None
     idempotency_key: str | None = None
     max_attempts: int | None = None
@@ -79,14 +81,36 @@ REQUEST_FIELDS = frozenset(f.name for f in fields(JobRequest))
 
 @dataclass(frozen=True, slots=True)
 class JobRules:
-    """What the cluster accepts: its queues and the default attempt count."""
+    """What the cluster accepts: its queues, the default attempt count, and how a
+    job without a queue is routed."""
 
     queues: frozenset[str]
     default_max_attempts: int = 4
+    router: Router = field(default_factory=Router)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> JobRules:
-        return cls(frozenset(settings.queue_names), settings.worker.default_max_attempts)
+    def from_settings(
+        cls,
+        settings: Settings,
+        *,
+        queues: Iterable[str] | None = None,
+        declared: Mapping[str, str] | None = None,
+    ) -> JobRules:
+        """Rules of ``settings``; ``queues``: the known queues (default: the static
+        ones), ``declared``: ``@task`` queues by task name (see :mod:`dueflow.routing`)."""
+        return cls(
+            frozenset(settings.queue_names if queues is None else queues),
+            settings.worker.default_max_attempts,
+            Router(settings.routes, declared),
+        )
+
+    def with_queues(self, queues: Iterable[str]) -> JobRules:
+        return replace(self, queues=frozenset(queues))
+
+    def queue_of(self, req: JobRequest) -> object:
+        """The queue of ``req``: its own, or its task's route."""
+        queue = req.queue
+        return self.router.queue_for(req.task) if queue is None else queue
 
 
 def as_request(item: JobRequest | Mapping[str, Any], *, field: str = "job") -> JobRequest:
@@ -162,6 +186,8 @@ def prepare_job(
     if not is_task_name(task):
         raise bad_task(task)
     queue = req.queue
+    if queue is None:
+        queue = rules.router.queue_for(task)
     if queue not in rules.queues:
         raise unknown_queue(queue, rules.queues)
     payload = req.payload
@@ -427,8 +453,9 @@ def due_too_late(field: str, value: object, *, now_ms: int) -> InvalidInput:
     return InvalidInput(field, value, accepted)
 
 
-def unknown_queue(queue: object, queues: frozenset[str]) -> InvalidInput:
-    return InvalidInput("queue", queue, f"one of the configured queues {sorted(queues)}")
+def unknown_queue(queue: object, queues: frozenset[str]) -> UnknownQueue:
+    """The error for a queue nobody knows: names it and says how to create it."""
+    return UnknownQueue(queue, queues)
 
 
 def bad_attempts(value: object) -> InvalidInput:

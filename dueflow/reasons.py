@@ -51,6 +51,8 @@ SCHEDULE_KEY_MISMATCH = "key is not the schedule id"
 IDEMPOTENCY_WITHOUT_KEY = "idempotency record without a key"
 UNDECODABLE_IDEMPOTENCY = "undecodable idempotency record"
 BAD_CONTROL = "bad control record"
+# emitter (the active one): queue registry topic
+BAD_QUEUE_RECORD = "bad queue registry record"
 # status view: outcomes topic
 UNDECODABLE_OUTCOME = "undecodable outcome"
 
@@ -69,6 +71,7 @@ QUARANTINE_REASONS = (
     IDEMPOTENCY_WITHOUT_KEY,
     UNDECODABLE_IDEMPOTENCY,
     BAD_CONTROL,
+    BAD_QUEUE_RECORD,
     UNDECODABLE_OUTCOME,
 )
 

@@ -105,6 +105,7 @@ class BulkRun:
                 req = item if type(item) is JobRequest else as_request(item, field=f"jobs[{index}]")
                 if traced:
                     now_ms = clock()
+                    req = self.planner.routed(req)  # the span names the queue
                     span = ScheduleSpan(self.tracer, req, ids=self.planner.ids, now_ms=now_ms)
                     planned = self._plan_traced(span, now_ms)
                 else:

@@ -103,7 +103,9 @@ class BulkPlanner:
         self.planner = planner
         self.pending: list[tuple[str, Entry]] = []  # drawn ids, not yet remembered
         self._names: dict[tuple[str, str], _Names] = {}
-        self._queues = planner.rules.queues
+        self._rules = planner.rules
+        self._route = planner.rules.router.queue_for
+        self._unknown: set[str] = set()  # queues looked up in vain during this call
         self._default_options = plain_options(planner.rules.default_max_attempts)
         self._placer = planner.placer
         self._near = planner.placer.near_partitions
@@ -131,6 +133,8 @@ class BulkPlanner:
         try:
             task = req.task
             queue = req.queue
+            if queue is None:
+                queue = self._route(task)
             try:
                 names = self._names[queue, task]
             except (KeyError, TypeError):
@@ -260,7 +264,7 @@ class BulkPlanner:
             ]
             return (job_id, due_ms, queue, task, key, partition, key_bytes, value, headers)
         except (InvalidInput, ConflictError):
-            self.planner.count_error(req.queue)
+            self.planner.count_error(self.planner.rules.queue_of(req))
             raise
 
     def general(self, planned: PlannedTimer | Scheduled) -> Plan | Scheduled:
@@ -284,8 +288,16 @@ class BulkPlanner:
     def _check_names(self, queue: Any, task: Any) -> _Names:
         if not is_task_name(task):
             raise bad_task(task)
-        if queue not in self._queues:
-            raise unknown_queue(queue, self._queues)
+        if queue not in self._rules.queues:
+            if queue in self._unknown:
+                raise unknown_queue(queue, self._rules.queues)
+            try:
+                self.planner.check_queue(queue)  # may read the registry once
+            except InvalidInput:
+                if isinstance(queue, str):
+                    self._unknown.add(queue)
+                raise
+            self._rules = self.planner.rules
         names = _Names(queue, task)
         if len(self._names) < _NAMES_LIMIT:  # a call with very many task names
             self._names[queue, task] = names

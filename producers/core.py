@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple
 
@@ -121,7 +121,9 @@ class PlannedTimer(NamedTuple):
 
 
 class TimerPlanner:
-    """Checks requests and builds timer records; remembers recent jobs (no I/O)."""
+    """Checks requests and builds timer records; remembers recent jobs (no I/O of
+    its own: ``queue_lookup`` is the client's way to learn of a queue it does not
+    know yet, see :meth:`check_queue`)."""
 
     def __init__(
         self,
@@ -131,15 +133,39 @@ class TimerPlanner:
         ids: JobIds,
         max_record_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         metrics: Metrics | None = None,
+        rules: JobRules | None = None,
+        queue_lookup: Callable[[str], bool] | None = None,
     ) -> None:
         self.settings = settings
-        self.rules = JobRules.from_settings(settings)
+        # Replaced as a whole (one attribute store) when the known queues change.
+        self.rules = rules or JobRules.from_settings(settings)
+        self.queue_lookup = queue_lookup
         self.topic = names(settings).timers
         self.placer = TimerPlacer(settings.wheel)
         self.recent = recent
         self.ids = ids
         self.max_record_bytes = max_record_bytes
         self.metrics = metrics
+
+    def set_queues(self, queues: Iterable[str]) -> None:
+        """The queues that exist changed (the registry was read)."""
+        self.rules = self.rules.with_queues(queues)
+
+    def routed(self, req: JobRequest) -> JobRequest:
+        """``req`` with its queue resolved (by the route of its task when it has none)."""
+        if req.queue is not None or type(req.task) is not str:
+            return req
+        return replace(req, queue=self.rules.router.queue_for(req.task))
+
+    def check_queue(self, queue: object) -> None:
+        """Raise :class:`~dueflow.errors.UnknownQueue` unless ``queue`` exists. A queue
+        not known yet is looked up first (``queue_lookup``: the client reads the
+        queue registry to its end, so a queue created a moment ago is found)."""
+        if queue in self.rules.queues:
+            return
+        if type(queue) is str and self.queue_lookup is not None and self.queue_lookup(queue):
+            return
+        raise unknown_queue(queue, self.rules.queues)
 
     def plan(
         self,
@@ -171,6 +197,11 @@ class TimerPlanner:
     ) -> PlannedTimer | Scheduled:
         """:meth:`plan` for any request: :func:`prepare_job`, then :func:`timer_record`."""
         try:
+            if is_task_name(req.task):
+                queue = self.rules.queue_of(req)
+                self.check_queue(queue)  # before prepare_job, which knows no registry
+                if req.queue is None:
+                    req = replace(req, queue=queue)  # type: ignore[arg-type]
             job = prepare_job(
                 req,
                 now_ms=now_ms,
@@ -196,7 +227,7 @@ class TimerPlanner:
                 job.task,
             )
         except (InvalidInput, ConflictError):
-            self.count_error(req.queue)
+            self.count_error(self.rules.queue_of(req))
             raise
         if earlier is not None:
             return earlier
@@ -213,8 +244,10 @@ class TimerPlanner:
             if not is_task_name(task):
                 raise bad_task(task)
             queue = req.queue
+            if queue is None:
+                queue = self.rules.router.queue_for(task)
             if queue not in self.rules.queues:
-                raise unknown_queue(queue, self.rules.queues)
+                self.check_queue(queue)
             payload = req.payload
             if type(payload) is bytes:
                 content_type = OCTET_STREAM
@@ -278,7 +311,7 @@ class TimerPlanner:
                 job_id, (chash, due_ms, queue, task, key, record.partition), task
             )
         except (InvalidInput, ConflictError):
-            self.count_error(req.queue)
+            self.count_error(self.rules.queue_of(req))
             raise
         if earlier is not None:
             return earlier
@@ -299,9 +332,9 @@ class TimerPlanner:
         self.recent.forget(planned.job.job_id)
         self.count_error(planned.job.queue)
 
-    def count_error(self, queue: str, n: int = 1) -> None:
+    def count_error(self, queue: object, n: int = 1) -> None:
         if self.metrics is not None:
-            label = queue if queue in self.rules.queues else "unknown"
+            label = queue if isinstance(queue, str) and queue in self.rules.queues else "unknown"
             self.metrics.schedule_errors.labels(label).inc(n)
 
 
@@ -318,7 +351,7 @@ class ScheduleSpan:
     def __init__(self, tracer: JobTracer, req: JobRequest, *, ids: JobIds, now_ms: int) -> None:
         if req.job_id is None:
             req = replace(req, job_id=ids.new(now_ms))
-        self.request = req
+        self.request = req  # its queue resolved by the caller (the span names it)
         self.step = tracer.span_for_schedule(
             job_id=str(req.job_id), queue=str(req.queue), task=str(req.task)
         )

@@ -32,7 +32,13 @@ from dueflow.clients import kafka_error, make_consumer
 from dueflow.config import Settings
 from dueflow.cron import CronSchedule, MisfirePolicy, parse_cron, zone
 from dueflow.cron_time import MAX_MS
-from dueflow.errors import ConflictError, DueflowError, InvalidInput, UndecodableRecord
+from dueflow.errors import (
+    ConflictError,
+    DueflowError,
+    InvalidInput,
+    UndecodableRecord,
+    UnknownQueue,
+)
 from dueflow.job_request import (
     MAX_INT32,
     MAX_NAME_CHARS,
@@ -44,6 +50,7 @@ from dueflow.job_request import (
 from dueflow.logs import event
 from dueflow.model import Backoff
 from dueflow.producers.cancel import OutgoingRecord
+from dueflow.routing import DEFAULT_QUEUE
 from dueflow.schemas import codec
 from dueflow.task_name import check_task_name
 from dueflow.timeutil import parse_duration, to_utc_ms
@@ -78,12 +85,17 @@ class ScheduleStore:
         write: Callable[[OutgoingRecord], int],
         clock: Callable[[], int],
         read_timeout_s: float = 30.0,
+        route: Callable[[str], str] | None = None,
+        check_queue: Callable[[object], None] | None = None,
     ) -> None:
         self.settings = settings
         self.topic = names(settings).schedules
         self._write = write
         self._clock = clock
         self.read_timeout_s = read_timeout_s
+        # The scheduling client's routing and queue check (registry included).
+        self._route = route
+        self._check_queue = check_queue
 
     # ----------------------------------------------------------------- writes
     def add(
@@ -94,7 +106,7 @@ class ScheduleStore:
         timezone: str,
         task: str,
         payload: Any = None,
-        queue: str = "default",
+        queue: str | None = None,
         misfire: MisfirePolicy | str = MisfirePolicy.FIRE_ONCE,
         jitter: Duration | None = None,
         start: datetime | str | None = None,
@@ -105,12 +117,15 @@ class ScheduleStore:
         labels: Mapping[str, str] | None = None,
         paused: bool = False,
     ) -> CronSchedule:
-        """Add a schedule. Adding the same definition again returns the stored one
-        (nothing written); another definition under a live id is a
-        :class:`ConflictError` (use :meth:`update`)."""
+        """Add a schedule (``queue`` ``None``: the task's route). Adding the same
+        definition again returns the stored one (nothing written); another
+        definition under a live id is a :class:`ConflictError` (use :meth:`update`)."""
         now = self._clock()
+        if queue is None:
+            queue = self._route(task) if self._route is not None and type(task) is str else None
         fields = schedule_fields(
             self.settings,
+            check_queue=self._check_queue,
             schedule_id=schedule_id,
             cron=cron,
             timezone=timezone,
@@ -195,7 +210,9 @@ class ScheduleStore:
             "paused": current.paused,
         }
         merged.update({k: v for k, v in given.items() if v is not None})
-        fields = schedule_fields(self.settings, payload=payload, **merged)
+        fields = schedule_fields(
+            self.settings, check_queue=self._check_queue, payload=payload, **merged
+        )
         if payload is None:
             fields["payload"], fields["content_type"] = current.payload, current.content_type
         if start is None:
@@ -389,7 +406,7 @@ def schedule_fields(
     timezone: str,
     task: str,
     payload: Any,
-    queue: str,
+    queue: str | None,
     misfire: MisfirePolicy | str,
     jitter: Duration | None,
     start: datetime | str | None,
@@ -399,17 +416,22 @@ def schedule_fields(
     timeout: Duration | None,
     labels: Mapping[str, str] | None,
     paused: bool,
+    check_queue: Callable[[object], None] | None = None,
 ) -> dict[str, Any]:
     """The fields of a :class:`CronSchedule` from what a caller gives, every one
-    checked; :class:`InvalidInput` names the first bad field (pure)."""
+    checked; :class:`InvalidInput` names the first bad field (pure; ``check_queue``:
+    the caller's check that the queue exists, default: a static queue of
+    ``settings``). ``queue`` ``None``: ``default``."""
     _check_id(schedule_id)
     parse_cron(cron)
     zone(timezone)
     check_task_name(task)
-    if queue not in settings.queue_names:
-        raise InvalidInput(
-            "queue", queue, f"one of the configured queues {sorted(settings.queue_names)}"
-        )
+    if queue is None:
+        queue = DEFAULT_QUEUE
+    if check_queue is not None:
+        check_queue(queue)
+    elif queue not in settings.queue_names:
+        raise UnknownQueue(queue, settings.queue_names)
     try:
         policy = MisfirePolicy(misfire)
     except ValueError:

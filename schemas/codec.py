@@ -31,6 +31,7 @@ SCHEMAS: dict[str, tuple[str, str, int]] = {
     "dead_letter": ("dueflow.DeadLetter", "dead_letter.avsc", 1),
     "idempotency": ("dueflow.IdempotencyRecord", "idempotency_record.avsc", 1),
     "quarantined": ("dueflow.Quarantined", "quarantined.avsc", 1),
+    "queue": ("dueflow.Queue", "queue.avsc", 1),
 }
 _BY_FULL_NAME = {full: short for short, (full, _, _) in SCHEMAS.items()}
 

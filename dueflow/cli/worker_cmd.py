@@ -5,11 +5,13 @@
 ``--app`` names modules whose ``@task`` functions are the handlers and whose
 ``@on_startup``/``@on_shutdown``/``@on_failure`` functions are the worker's
 lifecycle hooks (repeatable or comma-separated; a startup hook that raises
-stops the worker with exit code 5). ``--queues`` selects the queues to consume:
-queues configured in the settings (TOML or ``DUEFLOW_QUEUES``) keep their
-partitions, retry tiers and limits; a queue that is not configured is
-added with the defaults (``name:partitions`` sets its partition count).
-Without ``--queues``: the queues the registered tasks name.
+stops the worker with exit code 5). ``--queues`` selects the queues to consume;
+without it, the queues the registered tasks are routed to (``[routes]``, then
+``@task(queue=...)``). A queue's spec (partitions, retry tiers, limits) comes
+from the queue registry (``dueflow queue create``) or the static settings
+(TOML or ``DUEFLOW_QUEUES``; the registry wins); ``name:partitions`` here
+defines one statically. A queue that exists in neither yet is waited for: the
+worker serves it as soon as it is created (docs/queues.md).
 """
 
 from __future__ import annotations
@@ -79,10 +81,11 @@ def worker_settings(args: argparse.Namespace) -> tuple[Settings, list[str] | Non
     args.queues = None  # a selection here, not a redefinition of the configured queues
     settings = settings_from_args(args)
     known = {q.name for q in settings.queues}
+    # name:partitions defines a static queue; a bare name is looked up (registry).
     extra = [
-        QueueSpec(name, partitions) if partitions else QueueSpec(name)
+        QueueSpec(name, partitions)
         for name, partitions in selection
-        if name not in known
+        if name not in known and partitions
     ]
     worker = settings.worker
     changes: dict[str, Any] = {}

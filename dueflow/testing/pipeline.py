@@ -107,6 +107,7 @@ class InMemoryPipeline:
             random_bytes=ids.randbytes,
             after_write=self._after_write,
             on_record=self._on_record,
+            app=self.registry,  # jobs without a queue go where their @task says
         ).start()
         self.emitter = MemoryEmitter(self.settings, self.log, metrics=self.metrics)
         self.worker = InMemoryWorker(
@@ -138,6 +139,8 @@ class InMemoryPipeline:
             self.log.configure(self.settings)
             self.scheduler.reconfigure(self.settings)
             self.emitter.configure(self.settings, now_ms=now)
+        else:
+            self.scheduler.reconfigure(self.settings)  # the new tasks' routes
         self.worker.configure(self.settings, self.registry)
         self.worker.hooks.startup(self._worker_info())  # the startup hooks added now
 

@@ -58,7 +58,6 @@ class CronKeeper:
         self._send = sender.send
         self._names = names(settings)
         self._state: dict[str, CronState] = {}
-        self._exec = {q: self._names.exec(q) for q in settings.queue_names}
         self._quarantined_to: dict[int, int] = {}
         self._dirty_offsets = False
 
@@ -173,7 +172,7 @@ class CronKeeper:
             grace_ms=em.misfire_grace_ms,
             max_catchup=em.cron_max_catchup,
         )
-        exec_topic = self._exec.get(schedule.queue, topic)
+        exec_topic = self._names.exec(schedule.queue)  # the table holds known queues only
         for instant in plan.fire:
             if instant == occurrence:
                 emit(topic, message.value(), message.key(), [*headers, source], due_ms)

@@ -51,8 +51,9 @@ from dueflow.drain import (
 from dueflow.due_queue import DueQueue
 from dueflow.logs import event
 from dueflow.metrics import Metrics, observe_ages
-from dueflow.reasons import reason_label
+from dueflow.reasons import UNKNOWN_QUEUE, reason_label
 from dueflow.streams.emitter.quarantine import quarantine_record
+from dueflow.streams.emitter.queues import QueueTopics
 from dueflow.topics import names
 from dueflow.tracing import JobTracer
 from dueflow.wheel import NEAR_LEVEL, place_timer
@@ -130,6 +131,7 @@ class WheelDrainer:
         now_ms: int,
         cron: CronFiring | None = None,
         tracer: JobTracer | None = None,
+        queues: QueueTopics | None = None,
     ) -> None:
         geo = settings.wheel
         em = settings.emitter
@@ -143,9 +145,11 @@ class WheelDrainer:
         self._cron = cron
         # Off unless OTEL_TRACES_EXPORTER says otherwise: then every fire is a span.
         self._tracer = tracer if tracer is not None and tracer.enabled else None
-        self._exec_topics = {q.encode(): names(settings).exec(q) for q in settings.queue_names}
-        self._exec_partitions = {q.name.encode(): q.partitions for q in settings.queues}
-        self._queue_of_topic = {t: q.decode() for q, t in self._exec_topics.items()}
+        # Kept current by the emitter as queues are registered (shared dicts).
+        self._queues = queues if queues is not None else QueueTopics(settings)
+        self._exec_topics = self._queues.exec_topics
+        self._exec_partitions = self._queues.exec_partitions
+        self._queue_of_topic = self._queues.queue_of_topic
         self._horizon = heap_horizon_ms(geo)
         self._slot = geo.levels[0].width_ms  # lag of the drain clock, pause hysteresis
         self._budget = em.heap_budget
@@ -314,6 +318,8 @@ class WheelDrainer:
             found = classify(headers, m.key(), exec_topics, exec_partitions)
             read_to[p] = off + 1
             if isinstance(found, str):
+                found = self._unknown_queue(m, headers, found)
+            if isinstance(found, str):
                 if ck is None:
                     self._quarantine(m, p, off, found, now_ms)
                 continue
@@ -359,6 +365,8 @@ class WheelDrainer:
         """A record of a level >= 1 slot: handle it when ready, else stop the partition."""
         found = classify_timer(m.headers(), m.key(), self._exec_topics, self._exec_partitions)
         if isinstance(found, str):
+            found = self._unknown_queue(m, m.headers(), found)
+        if isinstance(found, str):
             self._quarantine(m, p, off, found, now_ms)
             self._read_to[p] = off + 1
             return
@@ -390,6 +398,18 @@ class WheelDrainer:
             self._metrics.cascaded.labels(str(level)).inc()
         self._read_to[p] = off + 1
         self._touched.add(p)
+
+    def _unknown_queue(
+        self, m: Message, headers: Any, reason: str
+    ) -> tuple[int, str, bool, int] | str:
+        """A timer classified bad: when for a queue not known, ask the registry first
+        (it may have been created a moment ago); classify it again if it exists."""
+        if reason_label(reason) != UNKNOWN_QUEUE:
+            return reason
+        queue = hdr.header(headers, hdr.QUEUE)
+        if queue is None or not self._queues.learn(queue, m.timestamp()[1]):
+            return reason
+        return classify_timer(headers, m.key(), self._exec_topics, self._exec_partitions)
 
     def _place_again(self, m: Message, p: int, due: int, level: int, now_ms: int) -> None:
         """A heap feeder's record due too far from when it was written (a producer

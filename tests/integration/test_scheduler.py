@@ -252,7 +252,11 @@ def bad_inputs(clock: FixedClock) -> list[tuple[dict[str, Any], str, str]]:
     return [
         ({"run_at": datetime(2031, 1, 1, 9)}, "run_at", "naive datetimes are rejected"),
         ({"run_at": "2031-01-01T09:00:00"}, "run_at", "has no offset"),
-        ({"queue": "reports"}, "queue", "one of the configured queues ['billing', 'default']"),
+        (
+            {"queue": "reports"},
+            "queue",
+            "one of the queues ['billing', 'default']; to create 'reports'",
+        ),
         ({"delay": "-30s"}, "delay", "must not be negative"),
         ({"max_attempts": 0}, "max_attempts", "an integer from 1"),
         ({"backoff": "linear"}, "backoff", "exponential, fixed or none"),

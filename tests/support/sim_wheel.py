@@ -21,6 +21,7 @@ from dueflow.config import Settings
 from dueflow.drain import Checkpoint
 from dueflow.metrics import Metrics
 from dueflow.streams.emitter.drainer import WheelDrainer
+from dueflow.streams.emitter.queues import QueueTopics
 from dueflow.topics import names
 from dueflow.wheel import place_timer
 
@@ -39,6 +40,7 @@ class FiredJob:
     due_ms: int
     fired_ms: int
     partition: int = -1  # the exec partition it was sent to (-1: by key)
+    topic: str = ""
 
 
 @dataclass
@@ -56,6 +58,7 @@ class SimWheel:
     watch_ms: int = 200  # how often parked partitions' ends are looked at
     next_watch_ms: int = 0
     woken: int = 0  # parked partitions resumed because records landed there
+    queues: QueueTopics | None = None  # the emitter's queues (default: the static ones)
     _pending_fires: list[FiredJob] = field(default_factory=list)
     _pending_timers: list[tuple[int, Stored]] = field(default_factory=list)
     _pending_quarantine: list[bytes] = field(default_factory=list)
@@ -167,7 +170,7 @@ class SimWheel:
             fired = hdr.header_int(headers, hdr.FIRED)
             assert due is not None
             assert fired is not None
-            self._pending_fires.append(FiredJob(key or b"", due, fired, partition))
+            self._pending_fires.append(FiredJob(key or b"", due, fired, partition, topic))
 
     def commit(self, drainer: WheelDrainer, now_ms: int) -> None:
         sealed = drainer.seal()
@@ -194,6 +197,7 @@ class SimWheel:
             metrics=Metrics(),
             committed=dict(self.committed),
             now_ms=now_ms,
+            queues=self.queues,
         )
 
     def step(self, drainer: WheelDrainer, now_ms: int, max_messages: int = 50) -> None:

@@ -20,13 +20,9 @@ from hypothesis import strategies as st
 from dueflow import headers as hdr
 from dueflow.config import load_settings
 from dueflow.consumers.context import TaskContext
+from dueflow.consumers.follow_ups import Attempt, FollowUpPlanner, KnownQueues, attempt_open
 from dueflow.errors import DueflowError, InvalidInput
-from dueflow.follow_up import (
-    follow_up_key,
-    follow_up_queue,
-    place_follow_up,
-    plan_follow_up,
-)
+from dueflow.follow_up import follow_up_key, place_follow_up, plan_follow_up
 from dueflow.job_request import MAX_DUE_MS, MAX_NAME_CHARS, JobRequest, JobRules
 from dueflow.producers.core import JobIds, PlannedTimer, TimerPlanner
 from dueflow.producers.recent import RecentJobs
@@ -99,13 +95,48 @@ def test_an_index_is_a_non_negative_integer(index: Any) -> None:
 @pytest.mark.parametrize(
     ("queue", "task", "queue_of"),
     [
-        ("billing", "send", "billing"),  # the call's queue wins
-        (None, "send", "billing"),  # the task's declared queue
+        ("billing", "report.daily", "billing"),  # the call's queue wins
+        (None, "report.daily", "reports"),  # then [routes]
+        (None, "send", "billing"),  # then the task's @task(queue=...)
         (None, "other", "default"),  # else default
     ],
 )
-def test_the_queue_of_a_follow_up(queue: str | None, task: str, queue_of: str) -> None:
-    assert follow_up_queue(queue, task, {"send": "billing"}) == queue_of
+def test_a_follow_up_without_a_queue_is_routed_as_the_sdk_routes_it(
+    queue: str | None, task: str, queue_of: str
+) -> None:
+    settings = load_settings(
+        env={}, overrides={"queues": "default,billing,reports", "routes": {"report.*": "reports"}}
+    )
+    planner = FollowUpPlanner(
+        settings, declared={"send": "billing"}, clock=lambda: NOW, running=attempt_open
+    )
+    ctx = TaskContext.for_test("parent", {})
+    ctx = TaskContext(ctx._fields, 1, 1, {}, ("t", 0, 0), None, Attempt(planner))
+    assert ctx.schedule(task, queue=queue).queue == queue_of
+
+
+def test_a_queue_the_worker_does_not_know_yet_is_looked_up_before_it_is_refused() -> None:
+    """A queue registered a moment ago: the registry is read again (off the loop)."""
+    exists = {"default"}
+    asked: list[str] = []
+
+    def lookup(queue: str) -> bool:
+        asked.append(queue)
+        exists.add("fresh")  # the registry, read to its end, has it
+        return True
+
+    known = KnownQueues(lambda: frozenset(exists), lookup)
+    planner = FollowUpPlanner(
+        SETTINGS, declared={}, clock=lambda: NOW, running=attempt_open, known=known
+    )
+    ctx = TaskContext.for_test("parent", {})
+    ctx = TaskContext(ctx._fields, 1, 1, {}, ("t", 0, 0), None, Attempt(planner))
+    assert ctx.schedule("send", queue="fresh").queue == "fresh"
+    assert ctx.schedule("send", queue="default").queue == "default"  # known: not asked
+    assert asked == ["fresh"]
+    known.lookup = lambda queue: False  # not in the registry either: refused, saying how
+    with pytest.raises(InvalidInput, match="dueflow queue create nope"):
+        ctx.schedule("send", queue="nope")
 
 
 @pytest.mark.parametrize(

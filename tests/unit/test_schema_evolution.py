@@ -122,6 +122,15 @@ RECORDS: dict[str, dict[str, Any]] = {
         "value": b"\x00\x01",
         "headers": {"df-due": b"soon"},
     },
+    "queue": {
+        "name": "billing",
+        "partitions": 12,
+        "retry_tiers_ms": [1_000, 10_000, 60_000],
+        "idempotency_retention_ms": 7 * 24 * 3_600_000,
+        "rate_limit_per_s": 50.0,
+        "created_ms": NOW,
+        "created_by": "ada@ops-1",
+    },
 }
 
 
