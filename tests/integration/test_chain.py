@@ -11,7 +11,10 @@ completes its parent, so:
 - a worker killed -9 after a step's handler returned and before its commit
   leaves no follow-up; the step runs again on the other worker, whose commit
   writes the follow-up: one exec record per follow-up key;
-- an attempt that fails writes no follow-up.
+- an attempt that fails writes no follow-up;
+- a follow-up without a queue is routed by its task to a queue registered
+  while the worker runs; one for a queue that exists nowhere fails its
+  attempt with the SDK's error.
 
 Hooks: startup before the first job, failure after each failed attempt (with
 ``will_retry``), shutdown after the last commit; a startup hook that raises
@@ -35,11 +38,14 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from dueflow import headers as hdr
+from dueflow.cli.main import main
+from dueflow.consumers import TaskRegistry, task
 from dueflow.producers import Scheduler
 from dueflow.topics import names
 from tests.conftest import KafkaCluster
 from tests.integration.pipeline_support import Pipeline, Proc, wait_for
-from tests.integration.worker_support import Ledger, Record, outcomes_of, read_topic
+from tests.integration.worker_support import Ledger, Record, WorkerThread, outcomes_of, read_topic
+from tests.support.emitters import FAST_EMITTER, SMALL_WHEEL, ensure_topics, threaded_emitter
 
 APP = "tests.integration.chain_app"
 QUEUE = "jobs"
@@ -285,3 +291,49 @@ def group_members(chain: Chain, group: str) -> list[Any]:
             return []
         raise
     return list(described.members)
+
+
+@pytest.mark.timeout(180)
+def test_a_follow_up_is_routed_by_its_task_to_a_queue_created_while_the_worker_runs(
+    kafka: KafkaCluster, prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The follow-up without a queue goes where its ``@task`` says (the SDK's rule), to
+    a queue registered after the worker started: the worker follows the registry, so
+    the call accepts it. A queue that exists nowhere fails the attempt, saying how to
+    create it."""
+    settings = kafka.settings(
+        prefix,
+        queues="default:1",
+        wheel=SMALL_WHEEL,
+        emitter=FAST_EMITTER,
+        worker={"session_timeout_ms": 3000, "commit_interval_ms": 50},
+    )
+    ensure_topics(settings)
+    ran: list[tuple[str, str, str | None]] = []
+
+    @task("order")
+    def order(payload: dict[str, Any], ctx: Any) -> None:
+        ctx.schedule("ship", {"order": payload["order"]}, queue=payload.get("queue"))
+
+    @task("ship", queue="shipping")
+    def ship(payload: dict[str, Any], ctx: Any) -> None:
+        ran.append((ctx.queue, ctx.job_id, ctx.parent_job_id))
+
+    registry = TaskRegistry([order, ship])
+    with threaded_emitter(settings) as emitter, WorkerThread(settings, registry) as worker:
+        emitter.wait_active()
+        assert worker.worker.waiting == ["shipping"]
+        capsys.readouterr()
+        where = ["--bootstrap", kafka.bootstrap, "--topic-prefix", prefix]
+        code = main(["queue", "create", "shipping", "--partitions", "2", *where])
+        assert code == 0, capsys.readouterr().err
+        wait_for("the worker to serve shipping", lambda: worker.worker.waiting == [], 60)
+        with Scheduler(settings) as s:
+            routed = s.schedule("order", {"order": 1}, queue="default")
+            nowhere = s.schedule("order", {"order": 2, "queue": "nowhere"}, queue="default")
+        wait_for("the follow-up on shipping", lambda: len(ran) == 1, 60)
+        dlq = names(settings).dlq("default")
+        (dead,) = read_topic(settings, dlq, until=lambda records: len(records) == 1, timeout=60)
+    assert ran == [("shipping", f"{routed.idempotency_key}/0", routed.job_id)]
+    assert dead.key == nowhere.idempotency_key.encode()
+    assert b"dueflow queue create nowhere" in (dead.value or b"")  # the SDK's words
