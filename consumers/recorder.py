@@ -13,6 +13,10 @@ a :class:`~dueflow.consumers.committer.Batch` every commit interval:
   DLQ record (partition p) + idempotency ``dead`` + outcome ``dead``
 - skipped (key final already): outcome ``duplicate`` or ``cancelled``
 
+A successful attempt's follow-ups (``ctx.schedule``) join its records: their
+timer records and ``scheduled`` outcomes (:mod:`dueflow.consumers.follow_ups`).
+A failed attempt's are dropped.
+
 A key finished here is "pending final" until its batch commits, so a
 replayed record of the same key is skipped even before the store knows.
 """
@@ -34,6 +38,7 @@ from dueflow.config import QueueSpec, Settings
 from dueflow.consumers.committer import Batch
 from dueflow.consumers.failures import Failure
 from dueflow.consumers.feeds import Delivery, PartitionFeed, identity, int_or, trace_id
+from dueflow.consumers.follow_ups import FollowUpPlanner, follow_up_records
 from dueflow.consumers.outputs import (
     KEY_HEADERS,
     OUTCOME_HEADERS,
@@ -79,6 +84,7 @@ class BatchRecorder:
         metrics: Metrics,
         tracer: JobTracer,
         rng: random.Random,
+        follow_ups: FollowUpPlanner | None = None,
     ) -> None:
         n = names(settings)
         self._tracer = tracer
@@ -103,6 +109,11 @@ class BatchRecorder:
         self._tally: Tally[tuple[str, str]] = Tally()
         self._succeeded: dict[str, int] = {}  # task -> successes (the hot counter)
         self._durations: list[tuple[str, float]] = []
+        # ctx.schedule: the attempts' follow-ups (an empty dict while none has any)
+        self._follow_up_planner = follow_ups
+        self._follow_up_buffers = {} if follow_ups is None else follow_ups.buffers
+        for result in ("written", "dropped"):  # its series exist from the start
+            metrics.follow_ups.labels(queue.name, result)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -136,6 +147,8 @@ class BatchRecorder:
             self.finals.append((feed, key, DONE, now_ms))
             self.pending_final[key] = DONE
         records.append((feed, self._outcomes_topic, -1, job_id.encode(), outcome, OUTCOME_HEADERS))
+        if self._follow_up_buffers:
+            self._follow_ups(d, now_ms)
         ok = self._succeeded
         ok[task] = ok.get(task, 0) + 1
         self._durations.append((task, seconds))
@@ -152,8 +165,33 @@ class BatchRecorder:
                 trace_id=trace_id(d),
             )
 
+    def _follow_ups(self, d: Delivery, now_ms: int) -> None:
+        """The follow-ups of a successful attempt, in its transaction."""
+        assert self._follow_up_planner is not None
+        planned = self._follow_up_planner.take(d)
+        feed = d.feed
+        for topic, partition, key, value, headers in follow_up_records(
+            planned,
+            now_ms=now_ms,
+            placer=self._placer,
+            timers_topic=self._timers_topic,
+            outcomes_topic=self._outcomes_topic,
+            outcome_headers=OUTCOME_HEADERS,
+            worker_id=self._worker_id,
+        ):
+            self.records.append((feed, topic, partition, key, value, headers))
+        if planned:
+            self._metrics.follow_ups.labels(self._name, "written").inc(len(planned))
+
+    def drop_follow_ups(self, d: Delivery) -> int:
+        """The attempt ended without success (or was abandoned): forget its follow-ups."""
+        if self._follow_up_planner is None or not self._follow_up_buffers:
+            return 0
+        return len(self._follow_up_planner.take(d))
+
     def failed(self, d: Delivery, failure: Failure, seconds: float, now_ms: int) -> None:
-        """A handler failed: retry tier, or dead letter when it cannot be retried."""
+        """A handler failed: retry tier, or dead letter when it cannot be retried.
+        Its follow-ups are dropped (the attempt that succeeds schedules them)."""
         fields = d.fields
         assert fields is not None
         assert d.task is not None
@@ -161,6 +199,12 @@ class BatchRecorder:
         self._durations.append((task, seconds))
         if failure.timed_out:
             self._metrics.job_timeouts.labels(self._name, task).inc()
+        extra: dict[str, Any] = {}
+        if self._follow_up_buffers:
+            dropped = self.drop_follow_ups(d)
+            if dropped:
+                extra["follow_ups_dropped"] = dropped
+                self._metrics.follow_ups.labels(self._name, "dropped").inc(dropped)
         job_event(
             _LOG,
             JOB_FAILED,
@@ -176,6 +220,7 @@ class BatchRecorder:
             error=failure.summary,
             timed_out=failure.timed_out,
             permanent=failure.permanent,
+            **extra,
         )
         if failure.permanent:
             self.dead(d, PERMANENT_ERROR, failure, now_ms, started=True, seconds=seconds)

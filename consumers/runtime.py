@@ -52,6 +52,8 @@ from dueflow.consumers.context import TaskContext
 from dueflow.consumers.execution import JobExecutor
 from dueflow.consumers.failures import Failure
 from dueflow.consumers.feeds import Delivery, PartitionFeed, attempt_limits, prepare, trace_id
+from dueflow.consumers.follow_ups import FollowUpPlanner, FollowUpSetup
+from dueflow.consumers.hooks import HookRunner
 from dueflow.consumers.polling import GroupPoller
 from dueflow.consumers.quarantine import Quarantine
 from dueflow.consumers.ratelimit import QueueRates
@@ -132,6 +134,8 @@ class QueueRuntime:
         tracer: JobTracer | None = None,
         rng: random.Random | None = None,
         clock: ClockProbe | None = None,
+        hooks: HookRunner | None = None,
+        follow_ups: FollowUpSetup | None = None,
     ) -> None:
         self._settings = settings
         # "Is it due?" is asked of the broker's clock, as near as it is known.
@@ -162,6 +166,11 @@ class QueueRuntime:
             quarantine=quarantine,
             group=self._group,
         )
+        self._running: dict[bytes, Delivery] = {}  # key -> its running attempt
+        # ctx.schedule: follow-ups written with their attempt's success (follow_ups.py).
+        self._chain = FollowUpPlanner.of_runtime(
+            settings, registry, self._stamp_now, self._running, self._tracing, follow_ups
+        )
         self._batch = BatchRecorder(
             settings,
             queue,
@@ -169,7 +178,9 @@ class QueueRuntime:
             metrics=metrics,
             tracer=self._tracer,
             rng=rng or random.Random(),
+            follow_ups=self._chain,
         )
+        self._hooks = hooks if hooks is not None and hooks.has_failure_hooks else None
         self._rates = QueueRates(
             queue.rate_limit_per_s,
             task_rates={
@@ -189,7 +200,6 @@ class QueueRuntime:
         self._low = self._high // 2
         self._feeds: dict[tuple[str, int], PartitionFeed] = {}
         self._ready: deque[PartitionFeed] = deque()
-        self._running: dict[bytes, Delivery] = {}  # key -> its running attempt
         self._held: dict[bytes, list[Delivery]] = {}  # key -> replays waiting for it
         self._queue_held = False
         self._operator_paused = False  # `dueflow queue pause`: start nothing, keep the group
@@ -404,7 +414,8 @@ class QueueRuntime:
             if (tp.topic, tp.partition) in self._feeds:
                 continue
             keys = self._tail.attach(tp.partition)
-            feed = PartitionFeed(tp.topic, tp.partition, self._tier_of.get(tp.topic), keys)
+            tier = self._tier_of.get(tp.topic)
+            feed = PartitionFeed(tp.topic, tp.partition, tier, keys, self._chain)
             self._feeds[(tp.topic, tp.partition)] = feed
         self._tail.drop_parked()
         self._recompute_rates()
@@ -819,9 +830,8 @@ class QueueRuntime:
                 trace_id=trace_id(d),
                 max_attempts=d.max_attempts,
             )
-        ctx = TaskContext(
-            fields, d.attempt, d.max_attempts, d.hmap, (feed.topic, feed.partition, d.offset), otel
-        )
+        source = (feed.topic, feed.partition, d.offset)
+        ctx = TaskContext(fields, d.attempt, d.max_attempts, d.hmap, source, otel, d)
         self._executor.run(d, task, d.payload, ctx, timeout_s, self._finished)
 
     def _finished(self, d: Delivery, failure: Failure | None, seconds: float) -> None:
@@ -842,12 +852,15 @@ class QueueRuntime:
             # Abandoned (revoked after the grace period, lost, restarting):
             # nothing is written; the record is read again from the committed
             # offset by whoever owns the partition now.
+            self._batch.drop_follow_ups(d)
             return
         now_ms = self._stamp_now()  # a retry's "not before" counts from here
         if failure is None:
             self._batch.succeeded(d, seconds, now_ms)
         else:
             self._batch.failed(d, failure, seconds, now_ms)
+            if self._hooks is not None:
+                self._hooks.attempt_failed(d, failure)
         if d.span is not None:
             end_attempt(d.span, failure)
         feed.tracker.finish(d.offset)

@@ -19,6 +19,11 @@ key store says they are final) or run again. In a worker process
 are not left: the process exits and its partitions move after the session
 timeout, so no job runs in two places at once. A second signal exits at once;
 what was not committed is redelivered in the same way.
+
+Lifecycle hooks (:mod:`dueflow.consumers.hooks`): the startup hooks run first,
+before any Kafka client is made (a failing one raises
+:class:`~dueflow.errors.WorkerStartupFailed` and nothing starts); the shutdown
+hooks run last, after the final commits and leaving the groups.
 """
 
 from __future__ import annotations
@@ -30,17 +35,20 @@ import logging
 import os
 import signal
 import socket
+import threading
 from collections.abc import Callable, Sequence
 
 from dueflow.clock_probe import ClockProbe
 from dueflow.config import QueueSpec, Settings
 from dueflow.consumers.control import ControlTail
 from dueflow.consumers.execution import JobExecutor
+from dueflow.consumers.follow_ups import DEFAULT_TIMER_RECORD_BYTES, FollowUpSetup, KnownQueues
+from dueflow.consumers.hooks import HookRunner, WorkerInfo
 from dueflow.consumers.quarantine import Quarantine
 from dueflow.consumers.registry import TaskRegistry
 from dueflow.consumers.runtime import QueueRuntime, Slots
 from dueflow.consumers.store import StoreFactory, memory_stores, sqlite_stores
-from dueflow.errors import ConfigError
+from dueflow.errors import ConfigError, DueflowError, WorkerStartupFailed
 from dueflow.logs import event
 from dueflow.metrics import Metrics
 from dueflow.queue_reader import QueueWatcher
@@ -133,8 +141,31 @@ class Worker:
         self.stop()
 
     async def run(self, on_started: Callable[[Worker], None] | None = None) -> None:
-        """Start, run until :meth:`stop`, then shut down gracefully."""
+        """Start, run until :meth:`stop`, then shut down gracefully.
+
+        Raises :class:`~dueflow.errors.WorkerStartupFailed` when a startup hook
+        fails (nothing was started then)."""
         self._stop = asyncio.Event()
+        ws = self._settings.worker
+        hooks = HookRunner(self._registry.hooks, metrics=self._metrics, timeout_s=ws.hook_timeout_s)
+        info = WorkerInfo(
+            self.worker_id, tuple(self._queues), tuple(sorted(t.spec.name for t in self._registry))
+        )
+        try:
+            await hooks.startup(info)  # before any client: this member has joined nothing
+        except WorkerStartupFailed as exc:
+            event(_LOG, "worker startup failed", logging.ERROR, hook=exc.hook, error=str(exc))
+            hooks.close()
+            self.exit_code = 5
+            raise
+        try:
+            await self._run(hooks, on_started)
+        finally:
+            await hooks.shutdown(info)  # after the last commit
+            hooks.close()
+
+    async def _run(self, hooks: HookRunner, on_started: Callable[[Worker], None] | None) -> None:
+        assert self._stop is not None
         ws = self._settings.worker
         executor = JobExecutor(
             concurrency=ws.concurrency,
@@ -170,6 +201,18 @@ class Worker:
         await loop.run_in_executor(None, watcher.start)
         # Due times are compared with the broker's clock: know it before any job starts.
         await loop.run_in_executor(None, clock.wait_first)
+        # ctx.schedule checks follow-ups against the timer topic's size limit and the
+        # queues that exist (the registry followed; read again for a queue not known
+        # yet, but never on the loop's own thread: an async handler must not block it).
+        timer_bytes = await loop.run_in_executor(None, self._timer_record_bytes)
+        loop_thread = threading.get_ident()
+        follow_ups = FollowUpSetup(
+            timer_bytes,
+            KnownQueues(
+                lambda: watcher.view.names,
+                lambda queue: threading.get_ident() != loop_thread and watcher.knows(queue, 2.0),
+            ),
+        )
 
         def make_runtime(spec: QueueSpec) -> QueueRuntime:
             runtime = QueueRuntime(
@@ -184,6 +227,8 @@ class Worker:
                 worker_id=self.worker_id,
                 tracer=self._tracer,
                 clock=clock,
+                hooks=hooks,
+                follow_ups=follow_ups,
             )
             runtime.set_paused(control.is_paused(runtime.queue))
             return runtime
@@ -225,6 +270,27 @@ class Worker:
             await loop.run_in_executor(None, watcher.close)
             clock.close()
             quarantine.close()
+
+    def _timer_record_bytes(self) -> int:
+        """The timer topic's record size limit, which follow-ups (ctx.schedule) are
+        checked against (the broker's default when the topic cannot be read)."""
+        from dueflow.clients import make_admin
+        from dueflow.producers.core import read_max_message_bytes
+        from dueflow.topics import names
+
+        topic = names(self._settings).timers
+        try:
+            return read_max_message_bytes(make_admin(self._settings), topic, timeout_s=10.0)
+        except DueflowError as exc:
+            event(
+                _LOG,
+                "timer topic not described: follow-ups are checked against the default size",
+                logging.WARNING,
+                topic=topic,
+                max_bytes=DEFAULT_TIMER_RECORD_BYTES,
+                error=str(exc),
+            )
+            return DEFAULT_TIMER_RECORD_BYTES
 
     def _on_queues(self, view: QueueView) -> None:
         """The registry changed (on the loop): start the queues waited for that exist now."""

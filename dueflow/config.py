@@ -110,6 +110,8 @@ class WorkerSettings:
     aborted by the broker. ``store``: ``memory`` or ``disk`` (SQLite files in
     ``store_dir``) for idempotency keys. ``isolated_processes``: child
     processes per worker process for ``isolation="process"`` tasks.
+    ``hook_timeout_s``: how long a lifecycle hook (``@on_startup``,
+    ``@on_shutdown``, ``@on_failure``) may run before it counts as failed.
     """
 
     concurrency: int = 64
@@ -129,6 +131,7 @@ class WorkerSettings:
     store_dir: str = ".dueflow/keys"
     isolated_processes: int = 2
     max_orphaned_threads: int = 256
+    hook_timeout_s: float = 60.0  # a lifecycle hook call (consumers/hooks.py) at most
 
     @property
     def heartbeat_ms(self) -> int:
@@ -296,6 +299,8 @@ class Settings:
             "max_orphaned_threads",
         ):
             _positive(f"worker.{name}", getattr(self.worker, name))
+        if not self.worker.hook_timeout_s > 0:
+            raise ConfigError("worker.hook_timeout_s", self.worker.hook_timeout_s, "seconds > 0")
         for name in ("shutdown_grace_s", "rebalance_grace_s", "default_timeout_s"):
             value = getattr(self.worker, name)
             if not value >= 0:

@@ -112,3 +112,13 @@ class PermanentJobError(JobError):
 
 class UndecodableRecord(DueflowError):
     """A record's bytes do not match the schema they claim (or any known one)."""
+
+
+class WorkerStartupFailed(DueflowError):
+    """A worker's startup hook raised (or overran its time): the worker did not start.
+
+    ``hook`` names it (``module:qualname``); ``cause`` is what it raised."""
+
+    def __init__(self, hook: str, error: str, *, cause: BaseException | None = None) -> None:
+        super().__init__(f"worker startup hook {hook} failed: {error}", cause=cause)
+        self.hook = hook

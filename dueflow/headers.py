@@ -23,6 +23,9 @@ header                    meaning
                           (default: by key); workers set it on a retry they
                           send back through the wheel (the job keeps its
                           partition)
+``df-parent``  optional   job id of the job whose handler scheduled this one
+                          (``ctx.schedule``: the worker writes the timer in
+                          that job's transaction), for logs and tracing
 ``df-schema``  optional   value schema, e.g. ``dueflow.Job/1``
 ``traceparent``           W3C trace context (``tracestate`` too)
 ``df-trace-link``         W3C ``traceparent`` of the job's previous step, when
@@ -88,6 +91,7 @@ SCHEDULE = "df-schedule"
 SCHEDULE_VERSION = "df-sv"
 OCCURRENCE = "df-occurrence"
 PARTITION = "df-partition"
+PARENT = "df-parent"
 SCHEMA = "df-schema"
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"

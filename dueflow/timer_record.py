@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from dueflow import headers as hdr
+from dueflow.errors import InvalidInput
 from dueflow.schemas.codec import schema_header
 from dueflow.schemas.job_binary import JobFields, JobValues, encode_job_values, job_values
 from dueflow.wheel import WheelGeometry
@@ -191,6 +192,18 @@ def record_size(
     for name, raw in headers:
         size += HEADER_OVERHEAD + len(name) + len(raw)
     return size
+
+
+def record_too_large(
+    payload_bytes: int, record_bytes: int, *, limit: int, topic: str
+) -> InvalidInput:
+    """The error for a payload whose timer record exceeds ``limit`` (the
+    ``max.message.bytes`` of the timer topic ``topic``)."""
+    return InvalidInput(
+        "payload",
+        f"{payload_bytes} bytes (a timer record of {record_bytes} bytes)",
+        f"a timer record of at most {limit} bytes (max.message.bytes of {topic})",
+    )
 
 
 def retry_timer(

@@ -46,7 +46,13 @@ from dueflow.producers.recent import RecentJobs
 from dueflow.producers.results import Scheduled
 from dueflow.schemas.job_binary import encode_plain_job
 from dueflow.task_name import is_task_name
-from dueflow.timer_record import TimerPlacer, TimerRecord, record_of, timer_record
+from dueflow.timer_record import (
+    TimerPlacer,
+    TimerRecord,
+    record_of,
+    record_too_large,
+    timer_record,
+)
 from dueflow.timeutil import parse_duration
 from dueflow.topics import names
 from dueflow.tracing import JobTracer
@@ -313,11 +319,8 @@ class TimerPlanner:
 
     def too_large(self, payload_bytes: int, record_bytes: int) -> InvalidInput:
         """The error for a payload whose timer record exceeds the topic's limit."""
-        return InvalidInput(
-            "payload",
-            f"{payload_bytes} bytes (a timer record of {record_bytes} bytes)",
-            f"a timer record of at most {self.max_record_bytes} bytes "
-            f"(max.message.bytes of {self.topic})",
+        return record_too_large(
+            payload_bytes, record_bytes, limit=self.max_record_bytes, topic=self.topic
         )
 
     def delivered(self, queue: str, n: int = 1) -> None:

@@ -2,8 +2,10 @@
 
     dueflow worker --app mypkg.tasks --queues billing,default --concurrency 64 --processes 2
 
-``--app`` names modules whose ``@task`` functions are the handlers
-(repeatable or comma-separated). ``--queues`` selects the queues to consume;
+``--app`` names modules whose ``@task`` functions are the handlers and whose
+``@on_startup``/``@on_shutdown``/``@on_failure`` functions are the worker's
+lifecycle hooks (repeatable or comma-separated; a startup hook that raises
+stops the worker with exit code 5). ``--queues`` selects the queues to consume;
 without it, the queues the registered tasks are routed to (``[routes]``, then
 ``@task(queue=...)``). A queue's spec (partitions, retry tiers, limits) comes
 from the queue registry (``dueflow queue create``) or the static settings
@@ -39,7 +41,8 @@ def register(sub: Any) -> None:
         "--app",
         action="append",
         required=True,
-        help="module(s) with @task handlers, e.g. mypkg.tasks (repeatable, comma-separated)",
+        help="module(s) with @task handlers and worker hooks, e.g. mypkg.tasks "
+        "(repeatable, comma-separated)",
     )
     p.add_argument("--concurrency", type=int, help="jobs running at once per process")
     p.add_argument("--processes", type=int, help="worker processes (group members) to run")
