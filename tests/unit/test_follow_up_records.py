@@ -149,8 +149,8 @@ def test_a_failed_attempts_follow_ups_are_dropped() -> None:
     rec, d = recorder(chain), delivery(chain)
     run(d)
     rec.failed(d, Failure("ValueError", "no"), 0.1, NOW)
-    assert N.timers not in [r[1] for r in rec.records]  # only its retry and outcome
-    assert [r[1] for r in rec.records] == [N.retry("jobs", 200), N.outcomes]
+    assert N.timers not in [r[1] for r in rec.records]  # its retry, key, outcome only
+    assert [r[1] for r in rec.records] == [N.retry("jobs", 200), N.idempotency("jobs"), N.outcomes]
     assert rec._metrics.follow_ups.labels("jobs", "dropped")._value.get() == 1
     assert chain.buffers == {}  # forgotten
 
