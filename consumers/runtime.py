@@ -85,6 +85,26 @@ _ABANDONED: list[Any] = []  # wedged clients, kept referenced: never destroyed
 _CONNECTION_LOST = frozenset({KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT})
 
 
+_PASSING = frozenset(
+    {
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.NOT_COORDINATOR,
+    }
+)
+
+
+def _passing(exc: BaseException) -> bool:
+    """A client error that says "not now" (retry), not "never"."""
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    return isinstance(err, KafkaError) and (
+        err.retriable() or (err.code() in _PASSING and not err.fatal())
+    )
+
+
 def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -252,7 +272,7 @@ class QueueRuntime:
                 None, lambda: apply_group_configs(admin, [self._group], configs)
             )
         self._tail.start()
-        await self._connect()
+        await self._connect_until_up(first=True)
         self._commit_task = self._loop.create_task(self._commit_loop())
         self._alive()
 
@@ -367,30 +387,34 @@ class QueueRuntime:
         if self._committer is not None:
             with contextlib.suppress(ClientWedged):
                 await self._in_txn_thread(self._committer.close)
+        await self._connect_until_up(first=False)
+        self._restarting = False
+
+    async def _connect_until_up(self, *, first: bool) -> None:
+        """Connect, again every second while the cluster is not ready for it (a
+        broker restarting, a transaction coordinator moving or still loading:
+        init_transactions times out or says COORDINATOR_LOAD_IN_PROGRESS). At the
+        first start only such passing errors are retried; anything else (a
+        refused authorization, bad settings) is raised to the caller."""
         while not self._closing:
             try:
                 await self._connect()
-                break
+                return
             except ClientWedged as exc:
                 self._abandon_producer()
-                event(
-                    _LOG,
-                    "worker reconnect failed",
-                    logging.WARNING,
-                    queue=self.queue,
-                    error=str(exc),
-                )
+                why = str(exc)
             except (KafkaException, DueflowError) as exc:
-                # e.g. the broker is restarting: init_transactions times out
-                event(
-                    _LOG,
-                    "worker reconnect failed",
-                    logging.WARNING,
-                    queue=self.queue,
-                    error=str(exc),
-                )
+                if first and not _passing(exc):
+                    raise
+                why = str(exc)
                 await asyncio.sleep(1.0)
-        self._restarting = False
+            event(
+                _LOG,
+                "worker start failed; again" if first else "worker reconnect failed",
+                logging.WARNING,
+                queue=self.queue,
+                error=why,
+            )
 
     def _restart_soon(self, reason: str) -> None:
         """Start over from the committed offsets, in a task of its own.
