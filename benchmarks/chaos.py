@@ -262,6 +262,10 @@ def print_table(report: dict[str, Any]) -> None:
         ("faults ok (minimum per kind)", f"{report['faults_ok']} {report['faults_missing']}"),
         ("kinds short of the minimum", report["kinds_short"] or "none"),
         ("takeover ms", report["takeover_ms"]),
+        (
+            "takeovers over session + 1 s",
+            f"{len(report['takeovers_slow'])} (bound {report['takeover_bound_ms']} ms)",
+        ),
         ("skews (pid: ms)", report["skews"]),
         ("lost", f"{report['lost']} {report['lost_by_stage']}"),
         ("unexcused re-executions", report["unexcused"]),
@@ -292,8 +296,22 @@ def print_table(report: dict[str, Any]) -> None:
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
-    for problem in broken(report):
+    for problem in problems(report):
         print(f"BROKEN: {problem}")
+
+
+def problems(report: dict[str, Any]) -> list[str]:
+    """The judge's broken guarantees, the fault kinds short of their minimum, and
+    takeovers slower than the emitter session timeout + 1 s (or never seen)."""
+    out = broken(report)
+    if report["kinds_short"]:
+        out.append(f"fault kinds short of the minimum: {report['kinds_short']}")
+    if report["takeovers_slow"]:
+        out.append(
+            f"{len(report['takeovers_slow'])} takeovers over {report['takeover_bound_ms']} ms: "
+            f"{report['takeovers_slow']}"
+        )
+    return out
 
 
 def _node_faults(report: dict[str, Any]) -> str:
@@ -354,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(report)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
-    return 1 if broken(report) or report["kinds_short"] else 0
+    return 1 if problems(report) else 0
 
 
 if __name__ == "__main__":

@@ -642,6 +642,15 @@ class FaultDriver:
             for kind in sorted(TAKEOVER_KINDS | {"skew_emitter"})
             if by_kind[kind]
         }
+        # A standby takes over within the lease group's session timeout + 1 s of a
+        # kill -9 or SIGSTOP of the active emitter (issue 14's figure).
+        bound = self.cluster.settings.emitter.session_timeout_ms + 1000
+        slow = [
+            {"kind": f["kind"], "at_ms": f["at_ms"], "takeover_ms": f.get("takeover_ms")}
+            for f in self.faults
+            if f["kind"] in TAKEOVER_KINDS
+            and (f.get("takeover_ms") is None or f["takeover_ms"] > bound)
+        ]
         return {
             "faults": len(self.faults),
             "faults_by_kind": dict(sorted(by_kind.items())),
@@ -650,6 +659,8 @@ class FaultDriver:
             "fault_log": self.faults,
             "skews": {str(pid): ms for pid, ms in self.skews.items()},
             "takeover_ms": takeovers,
+            "takeover_bound_ms": bound,
+            "takeovers_slow": slow,
             "node_faults": [
                 {k: f.get(k) for k in ("kind", "node", "target", "recovered_ms")}
                 for f in self.faults
