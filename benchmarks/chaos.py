@@ -264,7 +264,9 @@ def print_table(report: dict[str, Any]) -> None:
         ("takeover ms", report["takeover_ms"]),
         (
             "takeovers over session + 1 s",
-            f"{len(report['takeovers_slow'])} (bound {report['takeover_bound_ms']} ms)",
+            f"{len(report['takeovers_slow'])} (bound {report['takeover_bound_ms']} ms; "
+            f"{len(report['takeovers_slow_during_outages'])} more while a broker or node "
+            "the takeover needs was down)",
         ),
         ("skews (pid: ms)", report["skews"]),
         ("lost", f"{report['lost']} {report['lost_by_stage']}"),
