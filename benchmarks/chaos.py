@@ -196,6 +196,7 @@ def run_chaos(
             ledger=ledger_path,
             weights=kinds,
             nodes=ClusterNodes(cluster.local_cluster) if cluster.local_cluster else None,
+            overtime_s=duration,  # at most twice as long, to cover every kind
         )
         driver.run()
         marks["faults"] = time.monotonic()
@@ -259,6 +260,7 @@ def print_table(report: dict[str, Any]) -> None:
         ),
         ("faults", report["faults"]),
         ("faults by kind", report["faults_by_kind"]),
+        ("fault overtime s (kinds short at the end)", report["overtime_s"]),
         ("faults ok (minimum per kind)", f"{report['faults_ok']} {report['faults_missing']}"),
         ("kinds short of the minimum", report["kinds_short"] or "none"),
         ("takeover ms", report["takeover_ms"]),

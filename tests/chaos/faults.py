@@ -109,7 +109,10 @@ class _Watch:
 
 
 class FaultDriver:
-    """Injects faults until ``end_at`` (monotonic); see the module docstring."""
+    """Injects faults until ``end_at`` (monotonic), and after it for up to
+    ``overtime_s`` more while a kind is short of its minimum (on a slow or loaded
+    machine the faults take longer than planned: the run grows, the coverage
+    does not shrink); see the module docstring."""
 
     def __init__(
         self,
@@ -122,8 +125,11 @@ class FaultDriver:
         ledger: Path | None = None,
         nodes: NodeControl | None = None,
         weights: dict[str, float] | None = None,
+        overtime_s: float = 0.0,
     ) -> None:
         self.cluster = cluster
+        self.overtime_s = overtime_s
+        self.overtime_used_s = 0.0
         self.rng = rng
         self.end_at = end_at
         self.min_per_kind = min_per_kind
@@ -149,17 +155,32 @@ class FaultDriver:
     # ------------------------------------------------------------------- loop
     def run(self) -> None:
         next_at = time.monotonic() + self._gap()
-        while time.monotonic() < self.end_at:
+        while True:
+            now = time.monotonic()
+            short = self.short_kinds() if now >= self.end_at else []
+            if now >= self.end_at and (not short or now >= self.end_at + self.overtime_s):
+                break
             self.housekeep()
-            if time.monotonic() >= next_at:
+            if now >= next_at:
                 self._active_seen = None  # asked once per choice, not once per kind
-                kind = self.queue.take(self.feasible)
+                if short:
+                    kind = next((k for k in short if self.feasible(k)), None)
+                    if kind is not None:
+                        log(f"overtime: {len(short)} kinds short of their minimum ({short})")
+                else:
+                    kind = self.queue.take(self.feasible)
                 if kind is None:
                     next_at = time.monotonic() + 0.5
                     continue
                 self.inject(kind)
                 next_at = time.monotonic() + self._gap()
             time.sleep(0.1)
+        self.overtime_used_s = max(0.0, time.monotonic() - self.end_at)
+
+    def short_kinds(self) -> list[str]:
+        """The kinds injected fewer times than the minimum so far."""
+        done = (f["kind"] for f in self.faults)
+        return list(shortfall(done, self.weights, min_per_kind=self.min_per_kind))
 
     def _gap(self) -> float:
         return gap_s(
@@ -664,6 +685,7 @@ class FaultDriver:
             "faults_by_kind": dict(sorted(by_kind.items())),
             "min_per_kind": self.min_per_kind,
             "kinds_short": short,
+            "overtime_s": round(self.overtime_used_s, 1),
             "fault_log": self.faults,
             "skews": {str(pid): ms for pid, ms in self.skews.items()},
             "takeover_ms": takeovers,
