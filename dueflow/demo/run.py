@@ -37,7 +37,7 @@ from rich.console import Console
 from dueflow.demo.display import Bar, ProgressView, summary_table
 from dueflow.demo.ledger import LedgerReader
 from dueflow.demo.observer import Observer, Tally
-from dueflow.demo.processes import Child, scrape, wait_for
+from dueflow.demo.processes import Child, scrape
 from dueflow.demo.stack import EMITTER_SESSION_MS, QUEUES, DemoStack
 from dueflow.demo.summary import DemoSummary, Failover, summarize
 from dueflow.demo.workload import (
@@ -140,9 +140,9 @@ def run_workload(
     settings = stack.settings
     assert settings is not None
     t0 = time.monotonic()
-    wait_for("an active emitter", lambda: stack.leader() is not None, 90)
+    stack.wait_for("an active emitter", lambda: stack.leader() is not None, 90)
     first_leader = stack.leader()
-    wait_for("two worker processes in every queue's group", stack.workers_ready, 120, 0.5)
+    stack.wait_for("two worker processes in every queue's group", stack.workers_ready, 120, 0.5)
     console.print(f"emitters and workers ready in {time.monotonic() - t0:.1f} s")
     ledger = LedgerReader(stack.ledger_dir)
     with Scheduler(settings) as scheduler:
@@ -280,7 +280,7 @@ def warm_up(scheduler: Scheduler, ledger: LedgerReader, stack: DemoStack) -> Non
     )
     if not result.ok:
         raise RuntimeError(f"warm-up jobs not scheduled: {result.to_json()}")
-    wait_for("the warm-up jobs", lambda: ledger.effect_count() >= WARM_UP_JOBS, 90, 0.2)
+    stack.wait_for("the warm-up jobs", lambda: ledger.effect_count() >= WARM_UP_JOBS, 90, 0.2)
     if stack.view is not None:
         deadline = time.monotonic() + 15
         while not stack.status_ready() and time.monotonic() < deadline:

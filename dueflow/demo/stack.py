@@ -28,7 +28,7 @@ from dueflow.broker.ports import free_port, free_port_pair
 from dueflow.clients import make_admin
 from dueflow.config import Settings, load_settings
 from dueflow.demo.ledger import ENV as LEDGER_ENV
-from dueflow.demo.processes import Child, http_ok, scrape
+from dueflow.demo.processes import Child, http_ok, scrape, wait_for
 from dueflow.topic_admin import TopicAdmin
 from dueflow.topics import names, topic_layout
 
@@ -217,6 +217,34 @@ class DemoStack:
     def _write_pids(self) -> None:
         # What the demo started, for whoever has to check or clean up after it.
         (self.workdir / "pids.json").write_text(json.dumps(self.pids(), indent=2) + "\n")
+
+    def wait_for(
+        self, what: str, predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.1
+    ) -> None:
+        """:func:`wait_for` that fails at once when a child exits, and says what
+        every child was doing (alive or its exit code, the end of its log)."""
+
+        def ready() -> bool:
+            dead = [c for c in self.children if not c.alive()]
+            if dead:
+                raise TimeoutError(f"{what}: {dead[0].name} exited\n{self.report()}")
+            return predicate()
+
+        try:
+            wait_for(what, ready, timeout_s, interval_s)
+        except TimeoutError as exc:
+            if "\n" in str(exc):
+                raise
+            raise TimeoutError(f"{exc}\n{self.report()}") from None
+
+    def report(self, lines: int = 15) -> str:
+        """Each child's state and the last ``lines`` lines of its log."""
+        out = []
+        for c in self.children:
+            rc = c.proc.poll() if c.proc is not None else None
+            state = "running" if rc is None else f"exited {rc}"
+            out.append(f"--- {c.name} (pid {c.pid}, {state}), {c.log_path}:\n{c.log_tail(lines)}")
+        return "\n".join(out)
 
     # ------------------------------------------------------------ state
     def leader(self) -> Child | None:
