@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dueflow.broker.cluster import cluster_layout, node_properties
+from dueflow.broker.cluster import LocalCluster, cluster_layout, node_properties
 from dueflow.broker.local import LocalBroker, recorded_security, server_properties
 from dueflow.broker.security import (
     BROKER_USER,
@@ -214,3 +214,16 @@ def test_plaintext_to_a_tls_port_gets_a_hint() -> None:
     assert "DUEFLOW_KAFKA_SECURITY_PROTOCOL" in hint
     assert security_hint("SASL_SSL", [CLOSED]) is None  # it speaks TLS already
     assert security_hint("PLAINTEXT", ["Connect to ipv4#127.0.0.1:1 failed: refused"]) is None
+
+
+def test_the_nodes_of_a_secured_cluster_share_one_set_of_material(tmp_path: Path) -> None:
+    cluster = LocalCluster(nodes=3, base_port=30200, state_dir=tmp_path, security="sasl_ssl")
+    assert cluster.secured
+    shared = {cluster.broker(n).security_files for n in cluster.node_ids()}
+    assert shared == {SecurityFiles((tmp_path / "security").resolve())}
+    assert cluster.security_files == shared.pop()
+    # formatted nodes keep their mode; a cluster without --security follows node 1
+    for n in cluster.node_ids():
+        (tmp_path / f"node-{n}").mkdir()
+        (tmp_path / f"node-{n}" / "security.mode").write_text("sasl_ssl\n")
+    assert LocalCluster(nodes=3, base_port=30200, state_dir=tmp_path).secured
