@@ -357,6 +357,7 @@ class LocalBroker:
         """Format (first time) and spawn the broker without waiting for it; return
         ``(pid, started_now)``. A node of a cluster answers only once a majority of
         the quorum runs, so a cluster launches every node before it waits."""
+        self._check_security_mode()  # a running broker of the other kind is not "started"
         pid = self.running_pid()
         if pid is not None:
             return pid, False
