@@ -27,12 +27,14 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import Consumer, ElectionType, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ClusterMetadata
 
-from dueflow.broker.local import LocalBroker, new_cluster_id, server_properties
+from dueflow.broker.local import LocalBroker, new_cluster_id, recorded_security, server_properties
 from dueflow.broker.ports import ports_free
+from dueflow.broker.security import PLAINTEXT, ListenerSecurity, SecurityFiles
 from dueflow.errors import BrokerError
 
 LOOPBACK = "127.0.0.1"
@@ -110,6 +112,7 @@ def node_properties(
     data_dir: Path,
     replication_factor: int,
     min_insync_replicas: int,
+    security: ListenerSecurity | None = None,
     extra: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """``server.properties`` of one node of the cluster ``specs`` (pure)."""
@@ -121,6 +124,7 @@ def node_properties(
         voters=quorum_voters(specs),
         replication_factor=replication_factor,
         min_insync_replicas=min_insync_replicas,
+        security=security,
         extra={**CLUSTER_PROPERTIES, **(extra or {})},
     )
 
@@ -163,9 +167,16 @@ class LocalCluster:
         min_insync_replicas: int | None = None,
         extra_properties: dict[str, str] | None = None,
         java: str | None = None,
+        security: str | None = None,
     ) -> None:
+        """``security``: ``plaintext`` or ``sasl_ssl`` for every node (default: what the
+        nodes were formatted for, else ``plaintext``); secured nodes share one CA,
+        certificate and set of passwords in ``<state dir>/security`` and replicate
+        over SASL_SSL."""
         self.specs = cluster_layout(nodes=nodes, base_port=base_port)
         self.root = (state_dir or default_cluster_dir(base_port)).resolve()
+        first = self.root / f"node-{self.specs[0].node_id}"
+        self.security = security or recorded_security(first) or PLAINTEXT
         rf, isr = default_replication(nodes)
         self.replication_factor = replication_factor or rf
         self.min_insync_replicas = min_insync_replicas or isr
@@ -183,6 +194,8 @@ class LocalCluster:
                 voters=quorum_voters(self.specs),
                 replication_factor=self.replication_factor,
                 min_insync_replicas=self.min_insync_replicas,
+                security=self.security,
+                security_dir=self.root / "security",
             )
             for s in self.specs
         }
@@ -202,6 +215,23 @@ class LocalCluster:
     @property
     def bootstrap(self) -> str:
         return bootstrap_servers(self.specs)
+
+    @property
+    def secured(self) -> bool:
+        return self.broker(self.node_ids()[0]).secured
+
+    @property
+    def security_files(self) -> SecurityFiles:
+        return self.broker(self.node_ids()[0]).security_files
+
+    def client_settings(self) -> dict[str, str]:
+        """librdkafka settings a client needs besides the bootstrap (see
+        :meth:`LocalBroker.client_settings`)."""
+        return self.broker(self.node_ids()[0]).client_settings()
+
+    def client_config(self, **extra: Any) -> dict[str, Any]:
+        """A librdkafka configuration for the cluster: every node, security, ``extra``."""
+        return {"bootstrap.servers": self.bootstrap, **self.client_settings(), **extra}
 
     @property
     def cluster_id_file(self) -> Path:
@@ -239,6 +269,9 @@ class LocalCluster:
         result: dict[int, tuple[int, bool]] = {}
         started: list[int] = []
         try:
+            if down and self.secured:
+                # one CA and set of passwords, made once before the nodes read them
+                self.broker(down[0]).prepare_security()
             # formatting runs a JVM per node: together; the spawns one by one (preexec_fn
             # is not safe in threads)
             with ThreadPoolExecutor(max_workers=len(self.specs)) as pool:
@@ -274,7 +307,7 @@ class LocalCluster:
         ``COORDINATOR_LOAD_IN_PROGRESS`` or time-outs for seconds while three replicas
         are made."""
         deadline = time.monotonic() + timeout_s
-        conf = {"bootstrap.servers": self.bootstrap, "log_level": 0}
+        conf = self.client_config(log_level=0)
         consumer = Consumer({**conf, "group.id": "dueflow-cluster-warm-up"})
         try:
             _until_answered(
@@ -377,12 +410,10 @@ class LocalCluster:
     def _client(self) -> AdminClient:
         if self._admin is None:
             self._admin = AdminClient(
-                {
-                    "bootstrap.servers": self.bootstrap,
-                    "log_level": 0,  # no lines about the node a fault took down
-                    "reconnect.backoff.ms": 50,
-                    "reconnect.backoff.max.ms": 500,
-                }
+                self.client_config(
+                    log_level=0,  # no lines about the node a fault took down
+                    **{"reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 500},
+                )
             )
         return self._admin
 
@@ -401,12 +432,16 @@ class LocalCluster:
             spec = candidates[turn % len(candidates)]
             turn += 1
             try:
-                return _node_client(spec).list_topics(topic=topic, timeout=2.0)
+                return self._node_client(spec).list_topics(topic=topic, timeout=2.0)
             except KafkaException as exc:
                 last = exc
             if time.monotonic() >= deadline:
                 raise BrokerError(f"no metadata answer within {timeout_s:.0f}s: {last}") from last
             time.sleep(0.1)
+
+    def _node_client(self, spec: NodeSpec) -> AdminClient:
+        """A client that knows one node only: its first request goes there."""
+        return AdminClient({**self.client_config(log_level=0), "bootstrap.servers": spec.address})
 
     def partition_state(self, topic: str, partition: int) -> PartitionState | None:
         """Leader, replicas and ISR of ``topic``/``partition``; None when it is unknown."""
@@ -498,11 +533,6 @@ class LocalCluster:
                 pass
             time.sleep(0.2)
         return False
-
-
-def _node_client(spec: NodeSpec) -> AdminClient:
-    """A client that knows one node only: its first request goes there."""
-    return AdminClient({"bootstrap.servers": spec.address, "log_level": 0})
 
 
 def _until_answered(deadline: float, call: Callable[[], object]) -> None:

@@ -22,9 +22,28 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
+from dueflow.broker.security import (
+    BROKER_USER,
+    CLIENT_USER,
+    PLAINTEXT,
+    SASL_SSL,
+    SECURITY_MODES,
+    ListenerSecurity,
+    SecurityFiles,
+    client_settings,
+    ensure_material,
+    keytool_for,
+    listener_properties,
+    private_argfile,
+    read_secrets,
+    redact,
+    scram_format_args,
+    write_private,
+)
 from dueflow.errors import BrokerError
 
 _ASSETS = "dueflow.broker"
@@ -130,6 +149,26 @@ class BrokerPaths:
     def formatted_marker(self) -> Path:
         return self.data / "meta.properties"
 
+    @property
+    def security_mode(self) -> Path:
+        """``plaintext`` or ``sasl_ssl``: how the storage was formatted (written then)."""
+        return self.root / "security.mode"
+
+    @property
+    def format_args(self) -> Path:
+        return self.root / "format.args"
+
+
+def recorded_security(root: Path) -> str | None:
+    """The security mode the broker in ``root`` was formatted for; ``None`` when it was
+    not formatted yet (storage formatted before modes were recorded: ``plaintext``)."""
+    paths = BrokerPaths(root)
+    try:
+        mode = paths.security_mode.read_text().strip()
+    except FileNotFoundError:
+        return PLAINTEXT if paths.formatted_marker.exists() else None
+    return mode if mode in SECURITY_MODES else PLAINTEXT
+
 
 def default_state_dir(port: int) -> Path:
     """``$DUEFLOW_HOME/broker-<port>``, default ``./.dueflow/broker-<port>``."""
@@ -145,6 +184,7 @@ def server_properties(
     voters: str | None = None,
     replication_factor: int = 1,
     min_insync_replicas: int = 1,
+    security: ListenerSecurity | None = None,
     extra: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """Broker settings for one combined broker+controller node (pure).
@@ -152,7 +192,9 @@ def server_properties(
     ``voters`` is the static quorum (``id@host:port,...``; default: this node
     alone). ``replication_factor`` and ``min_insync_replicas`` apply to the
     defaults of new topics and to every internal topic (consumer offsets,
-    transaction state, share-group state).
+    transaction state, share-group state). ``security``: the client port is
+    SASL_SSL with these files and passwords (``dueflow.broker.security``), else
+    PLAINTEXT.
     """
     rf, isr = str(replication_factor), str(min_insync_replicas)
     props = {
@@ -160,11 +202,7 @@ def server_properties(
         "node.id": str(node_id),
         # Static quorum: no --standalone needed when formatting.
         "controller.quorum.voters": voters or f"{node_id}@127.0.0.1:{controller_port}",
-        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
-        "controller.listener.names": "CONTROLLER",
-        "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        **listener_properties(port=port, controller_port=controller_port, security=security),
         "log.dirs": str(data_dir),
         "metadata.log.dir": str(data_dir),
         # The internal topics are replicated like the project's own.
@@ -224,10 +262,18 @@ class LocalBroker:
         replication_factor: int = 1,
         min_insync_replicas: int = 1,
         cluster_id: str | None = None,
+        security: str | None = None,
+        security_dir: Path | None = None,
     ) -> None:
         """One node; a node of a cluster (``dueflow.broker.cluster``) also gets its
         ``node_id``, the quorum's ``voters``, the replication settings and the
-        ``cluster_id`` its storage is formatted with (default: a new one)."""
+        ``cluster_id`` its storage is formatted with (default: a new one).
+
+        ``security``: ``plaintext`` or ``sasl_ssl`` (``dueflow.broker.security``);
+        default: what the state directory was formatted for, else ``plaintext``. A
+        state directory keeps the mode it was formatted for: another one is refused.
+        ``security_dir`` holds the TLS material and passwords (default
+        ``<state dir>/security``; the nodes of a cluster share one)."""
         self.port = port
         self.controller_port = controller_port or port + 1
         self.paths = BrokerPaths((state_dir or default_state_dir(port)).resolve())
@@ -241,11 +287,36 @@ class LocalBroker:
         self.replication_factor = replication_factor
         self.min_insync_replicas = min_insync_replicas
         self.cluster_id = cluster_id
+        if security is not None and security not in SECURITY_MODES:
+            raise BrokerError(f"security {security!r}: accepted: {', '.join(SECURITY_MODES)}")
+        self.security = security or recorded_security(self.paths.root) or PLAINTEXT
+        self.security_files = SecurityFiles(
+            (security_dir or self.paths.root / "security").resolve()
+        )
+        self._listener: ListenerSecurity | None = None  # loaded or made by prepare
         self._proc: subprocess.Popen[bytes] | None = None  # set when this object started it
 
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def secured(self) -> bool:
+        return self.security == SASL_SSL
+
+    def client_settings(self) -> dict[str, str]:
+        """librdkafka settings a client needs besides the bootstrap: none for
+        ``plaintext``; for ``sasl_ssl`` the SCRAM login (password read from its file)
+        and the CA. Give them to dueflow as ``Settings.kafka`` / ``DUEFLOW_KAFKA_*``."""
+        if not self.secured:
+            return {}
+        return client_settings(
+            self.security_files, read_secrets(self.security_files).client_password
+        )
+
+    def client_config(self, **extra: Any) -> dict[str, Any]:
+        """A librdkafka configuration for this broker: bootstrap, security, ``extra``."""
+        return {"bootstrap.servers": self.bootstrap, **self.client_settings(), **extra}
 
     # ------------------------------------------------------------------ status
     def running_pid(self) -> int | None:
@@ -269,12 +340,9 @@ class LocalBroker:
     def _admin(self) -> AdminClient:
         # log_level 0: no "connection refused" lines while the broker boots
         return AdminClient(
-            {
-                "bootstrap.servers": self.bootstrap,
-                "log_level": 0,
-                "reconnect.backoff.ms": 50,
-                "reconnect.backoff.max.ms": 200,
-            }
+            self.client_config(
+                log_level=0, **{"reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 200}
+            )
         )
 
     # ------------------------------------------------------------------- start
@@ -289,6 +357,7 @@ class LocalBroker:
         """Format (first time) and spawn the broker without waiting for it; return
         ``(pid, started_now)``. A node of a cluster answers only once a majority of
         the quorum runs, so a cluster launches every node before it waits."""
+        self._check_security_mode()  # a running broker of the other kind is not "started"
         pid = self.running_pid()
         if pid is not None:
             return pid, False
@@ -336,11 +405,35 @@ class LocalBroker:
         threads; :meth:`launch` is not (``preexec_fn``)."""
         jars = fetch_jars(self.cache_dir)
         java = self.java or _java()
+        self._check_security_mode()
+        if self.secured:
+            self.prepare_security(java)
         self.write_config()
         if not self.paths.formatted_marker.exists():
             self._format(java, jars)
         self.paths.logs.mkdir(parents=True, exist_ok=True)
         return java, jars
+
+    def _check_security_mode(self) -> None:
+        recorded = recorded_security(self.paths.root)
+        if recorded is not None and recorded != self.security:
+            raise BrokerError(
+                f"the broker in {self.paths.root} was formatted for --security {recorded}, "
+                f"not {self.security}: start it with --security {recorded}, or use another "
+                "--dir for a broker of the other kind"
+            )
+
+    def prepare_security(self, java: str | None = None) -> ListenerSecurity:
+        """Load (or make, the first time) the TLS material and passwords of the SASL_SSL
+        listener. A cluster calls it once before its nodes prepare, which share them."""
+        if self._listener is None:
+            secrets_ = ensure_material(
+                self.security_files,
+                keytool=keytool_for(java or self.java or _java()),
+                formatted=self.paths.formatted_marker.exists(),
+            )
+            self._listener = ListenerSecurity(self.security_files, secrets_)
+        return self._listener
 
     def wait_ready(self, *, timeout_s: float = 90.0, brokers: int = 1) -> None:
         """Until the broker answers a metadata request that lists at least ``brokers``
@@ -367,9 +460,11 @@ class LocalBroker:
         raise BrokerError(f"broker did not answer within {timeout_s:.0f}s:\n" + self.log_tail())
 
     def write_config(self) -> None:
-        """Write ``server.properties`` (every start: settings changes take effect)."""
+        """Write ``server.properties`` (every start: settings changes take effect). It
+        holds the stores' and the broker user's passwords when secured: mode 0600."""
         self.paths.root.mkdir(parents=True, exist_ok=True)
         self.paths.data.mkdir(parents=True, exist_ok=True)
+        listener = self.prepare_security() if self.secured else None
         props = server_properties(
             port=self.port,
             controller_port=self.controller_port,
@@ -378,19 +473,22 @@ class LocalBroker:
             voters=self.voters,
             replication_factor=self.replication_factor,
             min_insync_replicas=self.min_insync_replicas,
+            security=listener,
             extra=self.extra_properties,
         )
         text = "".join(f"{k}={v}\n" for k, v in props.items())
-        self.paths.properties.write_text(text)
+        write_private(self.paths.properties, text)
 
     def _format(self, java: str, jars: Path) -> None:
-        cmd = [
+        jvm = [
             java,
             "-Xmx256m",
             "-Dlog4j2.configurationFile=" + str(resources.files(_ASSETS) / "log4j2.yaml"),
             f"-Dkafka.logs.dir={self.paths.logs}",
             "-cp",
             f"{jars}/*",
+        ]
+        tool = [
             STORAGE_TOOL,
             "format",
             "-t",
@@ -398,10 +496,24 @@ class LocalBroker:
             "-c",
             str(self.paths.properties),
         ]
+        hidden: list[str] = []
         self.paths.logs.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        with contextlib.ExitStack() as stack:
+            if self.secured:
+                pw = self.prepare_security().secrets
+                hidden = list(pw.values())
+                tool += scram_format_args(
+                    {CLIENT_USER: pw.client_password, BROKER_USER: pw.broker_password}
+                )
+                # the java launcher reads the arguments from the file: `ps` shows no password
+                tool = [
+                    "@" + str(stack.enter_context(private_argfile(self.paths.format_args, tool)))
+                ]
+            proc = subprocess.run([*jvm, *tool], capture_output=True, text=True, check=False)
         if proc.returncode != 0:
-            raise BrokerError(f"formatting storage failed:\n{proc.stdout}\n{proc.stderr}")
+            said = redact(f"{proc.stdout}\n{proc.stderr}", hidden)
+            raise BrokerError(f"formatting storage failed:\n{said}")
+        self.paths.security_mode.write_text(self.security + "\n")
 
     # -------------------------------------------------------------------- stop
     def stop(self, *, timeout_s: float = 30.0) -> int | None:

@@ -187,9 +187,10 @@ def probe_cluster(
     (default: nowhere; the error carries the reason).
     """
     errors: list[KafkaError] = []
+    lines = _FailLines(log)  # the connection failures may say why
     admin = AdminClient(
         settings.client_config(
-            logger=log or ClientLog(emit=lambda level, text: None),
+            logger=lines,
             error_cb=errors.append,
             **{"socket.connection.setup.timeout.ms": max(1000, int(timeout_s * 1000))},
         )
@@ -208,9 +209,52 @@ def probe_cluster(
         now = time.monotonic()
         down = any(e.code() == KafkaError._ALL_BROKERS_DOWN for e in errors)
         if now >= deadline or (down and now - started >= settle_s):
-            raise ClusterUnreachable(
-                settings.bootstrap, _reason(errors, last, timeout_s), waited_s=now - started
+            reason = _reason(errors, last, timeout_s)
+            hint = security_hint(
+                str(settings.kafka.get("security.protocol", "PLAINTEXT")),
+                lines.failures,
             )
+            raise ClusterUnreachable(
+                settings.bootstrap, f"{reason}; {hint}" if hint else reason, waited_s=now - started
+            )
+
+
+class _FailLines:
+    """A librdkafka logger that keeps the first connection failures (FAIL lines) as
+    they are, and hands every line on to ``log`` (if any)."""
+
+    KEEP = 20
+
+    def __init__(self, log: ClientLog | None) -> None:
+        self._log = log
+        self.failures: list[str] = []
+
+    def log(self, level: int, fmt: str, *args: Any) -> None:
+        if args and args[0] == "FAIL" and len(args) >= 3 and len(self.failures) < self.KEEP:
+            self.failures.append(str(args[2]))
+        if self._log is not None:
+            self._log.log(level, fmt, *args)
+
+
+# A listener that expects TLS closes a connection whose first bytes are not a TLS
+# ClientHello: librdkafka sees the peer close while it waits for ApiVersions and says
+# no more than that (the other way round it asks "connecting to a PLAINTEXT broker
+# listener?" itself).
+_CLOSED_BEFORE_ANSWER = re.compile(r"connection closed by peer.*state APIVERSION_QUERY")
+
+
+def security_hint(protocol: str, failures: list[str]) -> str | None:
+    """What to check when the connections failed as ``failures`` (librdkafka's FAIL log
+    lines) say, for a client of ``security.protocol`` ``protocol`` (pure)."""
+    tls = protocol.strip().upper() in ("SSL", "SASL_SSL")
+    if not tls and any(_CLOSED_BEFORE_ANSWER.search(f) for f in failures):
+        return (
+            "the broker closed the connection before answering: the port may expect TLS "
+            f"(security.protocol is {protocol.upper()}); set DUEFLOW_KAFKA_SECURITY_PROTOCOL "
+            "(e.g. SASL_SSL) and its SASL and CA settings, as `dueflow broker env` prints "
+            "them for the local broker"
+        )
+    return None
 
 
 def _reason(errors: list[KafkaError], last: KafkaException | None, timeout_s: float) -> str:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dueflow.errors import ConfigError
+from dueflow.kafka_settings import KafkaSettings
 from dueflow.wheel import DEFAULT_LEVELS, WheelGeometry, WheelLevel
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
@@ -189,7 +190,8 @@ class Settings:
     min_insync_replicas: int = 1
     schedules_partitions: int = 3
     outcomes_partitions: int = 6
-    kafka: Mapping[str, str] = field(default_factory=dict)
+    # librdkafka settings for every client; may hold passwords: the repr hides them.
+    kafka: Mapping[str, str] = field(default_factory=KafkaSettings)
     # Task name or glob -> queue, in the order given (see dueflow.routing).
     routes: tuple[tuple[str, str], ...] = ()
     # Modules whose @task declarations tell the SDK a task's queue.
@@ -197,6 +199,11 @@ class Settings:
     emitter: EmitterSettings = EmitterSettings()
     worker: WorkerSettings = WorkerSettings()
     observability: ObservabilitySettings = ObservabilitySettings()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kafka, KafkaSettings):
+            # frozen: the one place the field is replaced, by its read-only, redacting form
+            object.__setattr__(self, "kafka", KafkaSettings(self.kafka))
 
     def queue(self, name: str) -> QueueSpec:
         """The queue called ``name``; :class:`ConfigError` if it is not configured."""

@@ -1,15 +1,28 @@
-"""``dueflow broker start|stop|status|fetch``: the local broker, or with ``--nodes N``
-a local replicated cluster of N KRaft nodes (``dueflow.broker.cluster``)."""
+"""``dueflow broker start|stop|status|env|fetch``: the local broker, or with ``--nodes N``
+a local replicated cluster of N KRaft nodes (``dueflow.broker.cluster``); with
+``--security sasl_ssl`` its client port speaks SASL_SSL with SCRAM logins
+(``dueflow.broker.security``), and ``start`` and ``env`` print the settings
+dueflow's clients need, never the password itself."""
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import time
 from pathlib import Path
 from typing import Any
 
 from dueflow.broker.cluster import LocalCluster
 from dueflow.broker.local import LocalBroker, fetch_jars, kafka_version
+from dueflow.broker.security import (
+    CLIENT_MECHANISM,
+    CLIENT_USER,
+    SECURITY_MODES,
+    SecurityFiles,
+    client_exports,
+    client_settings,
+    env_name,
+)
 from dueflow.cli.common import print_json
 from dueflow.errors import InvalidInput
 
@@ -24,6 +37,12 @@ def register(sub: Any) -> None:
         ("start", _start, "start the broker (a no-op if it runs) and wait until it answers"),
         ("stop", _stop, "stop the broker of the pid file and wait for it"),
         ("status", _status, "say whether the broker runs and answers"),
+        (
+            "env",
+            _env,
+            "print the `export` lines that give dueflow's clients this broker's settings "
+            '(for `eval "$(dueflow broker env)"`; the password is read from its file)',
+        ),
         ("fetch", _fetch, "resolve the broker jars with Maven into the cache"),
     ):
         sp = bsub.add_parser(name, help=help_)
@@ -48,6 +67,13 @@ def register(sub: Any) -> None:
             help=f"JVM heap per node, e.g. 512m or 1g (default {SINGLE_HEAP}; "
             f"{NODE_HEAP} with --nodes > 1)",
         )
+        sp.add_argument(
+            "--security",
+            choices=SECURITY_MODES,
+            help="plaintext, or sasl_ssl: the client port speaks TLS with SCRAM-SHA-512/256 "
+            "logins (CA, certificate and a generated password made at the first start, "
+            "in <dir>/security); default: what the state dir was started with, else plaintext",
+        )
         sp.add_argument("--json", action="store_true", help="machine-readable output")
         sp.set_defaults(func=func)
 
@@ -70,6 +96,7 @@ def _cluster(args: argparse.Namespace) -> LocalCluster | None:
         state_dir=args.dir,
         cache_dir=args.cache,
         heap=args.heap or NODE_HEAP,
+        security=args.security,
     )
 
 
@@ -80,7 +107,48 @@ def _broker(args: argparse.Namespace) -> LocalBroker:
         state_dir=args.dir,
         cache_dir=args.cache,
         heap=args.heap or SINGLE_HEAP,
+        security=args.security,
     )
+
+
+def _client_doc(bootstrap: str, files: SecurityFiles | None) -> dict[str, Any]:
+    """What ``--json`` says about the client settings: never the password."""
+    if files is None:
+        return {"security": "plaintext", "env": {"DUEFLOW_BOOTSTRAP": bootstrap}}
+    shown = {k: v for k, v in client_settings(files, "").items() if k != "sasl.password"}
+    return {
+        "security": "sasl_ssl",
+        "password_file": str(files.client_password),
+        "kafka": shown,
+        "env": {"DUEFLOW_BOOTSTRAP": bootstrap, **{env_name(k): v for k, v in shown.items()}},
+        "password_env": env_name("sasl.password"),
+    }
+
+
+def _env_command(args: argparse.Namespace) -> str:
+    """``dueflow broker env`` with the options that name the broker of ``args``."""
+    words = ["dueflow", "broker", "env", "--port", str(args.port)]
+    if args.nodes != 1:
+        words += ["--nodes", str(args.nodes)]
+    if args.dir is not None:
+        words += ["--dir", str(args.dir)]
+    return shlex.join(words)
+
+
+def _print_client_settings(
+    args: argparse.Namespace, bootstrap: str, files: SecurityFiles | None
+) -> None:
+    """The settings a client needs, for a person: no secret in them."""
+    if files is None:
+        return
+    print(
+        f"  SASL_SSL: clients log in as {CLIENT_USER!r} ({CLIENT_MECHANISM}; SCRAM-SHA-256 "
+        "works too) with the password in"
+    )
+    print(f"    {files.client_password} (mode 0600), and trust {files.ca_pem}")
+    print(f'  client settings (or: eval "$({_env_command(args)})"):')
+    for line in client_exports(bootstrap=bootstrap, files=files):
+        print(f"    {line}")
 
 
 def _start(args: argparse.Namespace) -> int:
@@ -93,13 +161,37 @@ def _start(args: argparse.Namespace) -> int:
     elapsed = time.monotonic() - t0
     if args.json:
         print_json(
-            {"pid": pid, "started": started, "bootstrap": broker.bootstrap, "seconds": elapsed}
+            {
+                "pid": pid,
+                "started": started,
+                "bootstrap": broker.bootstrap,
+                "seconds": elapsed,
+                "client": _client_doc(broker.bootstrap, _files(broker)),
+            }
         )
     elif started:
         print(f"broker started: pid {pid}, {broker.bootstrap}, ready in {elapsed:.1f}s")
         print(f"  logs: {broker.paths.log_file}")
     else:
         print(f"broker already running: pid {pid}, {broker.bootstrap}")
+    if not args.json:
+        _print_client_settings(args, broker.bootstrap, _files(broker))
+    return 0
+
+
+def _files(target: LocalBroker | LocalCluster) -> SecurityFiles | None:
+    return target.security_files if target.secured else None
+
+
+def _env(args: argparse.Namespace) -> int:
+    target: LocalBroker | LocalCluster = _cluster(args) or _broker(args)
+    files = _files(target)
+    if args.json:
+        print_json(_client_doc(target.bootstrap, files))
+    elif files is None:
+        print(f"export DUEFLOW_BOOTSTRAP={target.bootstrap}")
+    else:
+        print("\n".join(client_exports(bootstrap=target.bootstrap, files=files)))
     return 0
 
 
@@ -158,6 +250,7 @@ def _start_cluster(args: argparse.Namespace, cluster: LocalCluster) -> int:
                 "started": any(x["started"] for x in nodes),
                 "bootstrap": cluster.bootstrap,
                 "seconds": elapsed,
+                "client": _client_doc(cluster.bootstrap, _files(cluster)),
             }
         )
         return 0
@@ -171,6 +264,7 @@ def _start_cluster(args: argparse.Namespace, cluster: LocalCluster) -> int:
         print(f"  node {x['node']}: pid {x['pid']}, {x['bootstrap']} ({state})")
     print(f"bootstrap: {cluster.bootstrap}")
     print(f"  logs: {cluster.root}/node-<id>/logs/server.log")
+    _print_client_settings(args, cluster.bootstrap, _files(cluster))
     return 0
 
 
