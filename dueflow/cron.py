@@ -20,7 +20,9 @@ Nothing here does I/O, reads the clock or draws random numbers: instants
   walks minute by minute.
 - Schedules (``dueflow.cron_schedule``): ``CronSchedule`` (the record of the
   schedules topic), ``MisfirePolicy``, ``next_occurrence`` within the
-  inclusive window ``[start_ms, end_ms]``.
+  inclusive window ``[start_ms, end_ms]``; ``first_occurrence`` refuses a
+  schedule that can never fire (``0 0 30 2 *``, an end before its first
+  occurrence), as adding one does.
 - Misfires (``dueflow.misfire``): ``misfire_plan`` after downtime.
 - Jitter (``dueflow.jitter``): ``deterministic_jitter_ms`` from a seed.
 
@@ -30,7 +32,7 @@ The full rules with worked examples are in docs/cron.md.
 from __future__ import annotations
 
 from dueflow.cron_expr import MACROS, CronExpr, parse_cron
-from dueflow.cron_schedule import CronSchedule, MisfirePolicy, next_occurrence
+from dueflow.cron_schedule import CronSchedule, MisfirePolicy, first_occurrence, next_occurrence
 from dueflow.cron_time import next_fire, occurrences, zone
 from dueflow.jitter import deterministic_jitter_ms, occurrence_jitter_ms
 from dueflow.misfire import MisfirePlan, misfire_plan
@@ -42,6 +44,7 @@ __all__ = [
     "MisfirePlan",
     "MisfirePolicy",
     "deterministic_jitter_ms",
+    "first_occurrence",
     "misfire_plan",
     "next_fire",
     "next_occurrence",

@@ -23,6 +23,7 @@ from dueflow.cron_expr import CronExpr, parse_cron
 from dueflow.cron_time import MAX_MS, next_fire, zone
 from dueflow.errors import InvalidInput
 from dueflow.model import Backoff
+from dueflow.timeutil import format_utc
 
 
 class MisfirePolicy(StrEnum):
@@ -178,4 +179,39 @@ def next_occurrence(schedule: CronSchedule, *, after_ms: int) -> int | None:
     return found
 
 
-__all__ = ["CronSchedule", "MisfirePolicy", "next_occurrence"]
+def first_occurrence(schedule: CronSchedule, *, now_ms: int) -> int:
+    """The first occurrence of ``schedule`` after ``now_ms`` (and at or after its
+    start); :class:`InvalidInput` when it would never fire.
+
+    A schedule is refused when it can never fire: an expression no calendar
+    date matches (field ``cron``: ``0 0 30 2 *``, February 30), or a window
+    that ends before the first occurrence after its start or after now (field
+    ``end``). The message names the expression and the zone. Paused or not
+    does not matter here.
+    """
+    if not schedule.expr.can_fire:
+        raise InvalidInput(
+            "cron",
+            schedule.cron,
+            "an expression some calendar date matches; no month has the day of month it "
+            "names, so it would never fire (February has 29 days at most; April, June, "
+            "September and November 30)",
+        )
+    found = next_occurrence(schedule, after_ms=now_ms)
+    if found is not None:
+        return found
+    since = now_ms if schedule.start_ms is None else max(now_ms, schedule.start_ms)
+    ahead = next_fire(schedule.expr, after_ms=since, tz=schedule.tz)
+    end = schedule.end_ms
+    shown = format_utc(end) if end is not None else None
+    first = f"first at {format_utc(ahead)}" if ahead is not None else "none before year 9999"
+    raise InvalidInput(
+        "end",
+        shown,
+        f"a time at or after the first occurrence of cron {schedule.cron!r} in "
+        f"{schedule.timezone} after {format_utc(since)} ({first}): with this end the "
+        "schedule would never fire",
+    )
+
+
+__all__ = ["CronSchedule", "MisfirePolicy", "first_occurrence", "next_occurrence"]

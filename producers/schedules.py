@@ -30,7 +30,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from dueflow import headers as hdr
 from dueflow.clients import kafka_error, make_consumer
 from dueflow.config import Settings
-from dueflow.cron import CronSchedule, MisfirePolicy, parse_cron, zone
+from dueflow.cron import CronSchedule, MisfirePolicy, first_occurrence, parse_cron, zone
 from dueflow.errors import ConflictError, DueflowError, InvalidInput, UndecodableRecord
 from dueflow.job_request import (
     MAX_INT32,
@@ -104,7 +104,9 @@ class ScheduleStore:
     ) -> CronSchedule:
         """Add a schedule. Adding the same definition again returns the stored one
         (nothing written); another definition under a live id is a
-        :class:`ConflictError` (use :meth:`update`)."""
+        :class:`ConflictError` (use :meth:`update`). A schedule that can never fire
+        (``0 0 30 2 *``, or an end before its first occurrence) is refused with
+        :class:`InvalidInput` naming the expression (:func:`~dueflow.cron.first_occurrence`)."""
         now = self._clock()
         fields = schedule_fields(
             self.settings,
@@ -125,6 +127,7 @@ class ScheduleStore:
             paused=paused,
         )
         draft = CronSchedule(version=now, created_ms=now, updated_ms=now, **fields)
+        first_occurrence(draft, now_ms=now)  # a schedule that can never fire is refused
         stored = self.get_stored(schedule_id)
         if stored is not None and stored.schedule is not None:
             if _definition(stored.schedule) == _definition(draft):

@@ -202,6 +202,9 @@ def test_cron_commands_json(settings: Settings, capsys: pytest.CaptureFixture[st
         (["--cron", "0 3 * * *", "--tz", "UTC", "--queue", "nope"], "queue"),
         (["--cron", "0 3 * * *", "--tz", "UTC", "--misfire", "maybe"], "misfire"),
         (["--cron", "0 3 * * *", "--tz", "UTC", "--start", "2031-01-01T00:00:00"], "start"),
+        # a cron that can never fire: February 30, or an end before its first occurrence
+        (["--cron", "0 0 30 2 *", "--tz", "UTC"], "cron"),
+        (["--cron", "0 3 * * *", "--tz", "UTC", "--end", "2020-01-01T00:00:00Z"], "end"),
     ],
 )
 def test_cron_bad_input_exits_2_and_writes_nothing(
@@ -211,6 +214,8 @@ def test_cron_bad_input_exits_2_and_writes_nothing(
     code, out, err = run(capsys, "cron", "add", "s", "--task", "t", *argv, "--json")
     assert (code, out) == (2, "")
     assert err.startswith(f"dueflow: {field}: got ")
+    if field in ("cron", "end"):
+        assert argv[1] in err  # the message names the expression
     assert high_watermarks(settings, [names(settings).schedules]) == before
 
 

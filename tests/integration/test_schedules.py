@@ -169,10 +169,22 @@ def bad_schedules() -> list[tuple[dict[str, Any], str]]:
         ({**ok, "backoff": "linear"}, "backoff"),
         ({**ok, "task": ""}, "task"),
         ({**ok, "payload": object()}, "payload"),
+        # schedules that can never fire (the clock is at 2027-01-15)
+        ({**ok, "cron": "0 0 30 2 *"}, "cron"),
+        ({**ok, "end": "2026-01-01T00:00:00+00:00"}, "end"),
+        (
+            {
+                **ok,
+                "cron": "0 0 29 2 *",
+                "start": "2029-03-01T00:00:00+00:00",
+                "end": "2031-12-31T00:00:00+00:00",
+            },
+            "end",
+        ),
     ]
 
 
-@pytest.mark.parametrize("case", range(12))
+@pytest.mark.parametrize("case", range(len(bad_schedules())))
 def test_bad_schedule_is_refused_and_nothing_is_written(
     settings: Settings, scheduler: Scheduler, case: int
 ) -> None:
