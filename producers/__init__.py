@@ -6,6 +6,7 @@ docs/wire-format.md for what they write.
 """
 
 from dueflow.job_request import JobRequest
+from dueflow.job_status import JobStatus
 from dueflow.producers.aio import AsyncScheduler
 from dueflow.producers.results import BulkError, BulkResult, Cancelled, Scheduled
 from dueflow.producers.scheduler import Scheduler
@@ -16,6 +17,7 @@ __all__ = [
     "BulkResult",
     "Cancelled",
     "JobRequest",
+    "JobStatus",
     "Scheduled",
     "Scheduler",
 ]

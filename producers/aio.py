@@ -29,10 +29,12 @@ from dueflow.config import Settings
 from dueflow.cron import CronSchedule
 from dueflow.errors import DueflowError
 from dueflow.job_request import Duration, Instant, JobRequest
+from dueflow.job_status import JobStatus
 from dueflow.metrics import Metrics
 from dueflow.model import Backoff
 from dueflow.producers.cancel import OutgoingRecord
 from dueflow.producers.core import PlannedTimer, ScheduleSpan, delivery_error, wall_ms
+from dueflow.producers.lookup import DEFAULT_SCAN_LIMIT
 from dueflow.producers.recent import DEFAULT_CAPACITY
 from dueflow.producers.results import BulkResult, Cancelled, Scheduled
 from dueflow.producers.scheduler import Scheduler
@@ -80,7 +82,8 @@ class AsyncScheduler:
         delivery_timeout_s: float = 30.0,
         producer_config: Mapping[str, Any] | None = None,
         tracer: JobTracer | None = None,
-        scheduled_outcomes: bool = False,
+        scheduled_outcomes: bool = True,
+        status_scan_limit: int = DEFAULT_SCAN_LIMIT,
     ) -> None:
         self.sync = Scheduler(
             settings,
@@ -92,6 +95,7 @@ class AsyncScheduler:
             producer_config=producer_config,
             tracer=tracer,
             scheduled_outcomes=scheduled_outcomes,
+            status_scan_limit=status_scan_limit,
         )
         self._poller: threading.Thread | None = None
         self._stop = threading.Event()
@@ -211,6 +215,12 @@ class AsyncScheduler:
         """See :meth:`Scheduler.schedule_many` (runs in a worker thread)."""
         self._require_started()
         return await asyncio.to_thread(self.sync.schedule_many, jobs, poll_every=poll_every)
+
+    # ------------------------------------------------------------ where is it
+    async def status(self, job_id: str) -> JobStatus | None:
+        """See :meth:`Scheduler.status` (the scan runs in a worker thread)."""
+        self._require_started()
+        return await asyncio.to_thread(self.sync.status, job_id)
 
     # ------------------------------------------------------------ cancel
     async def cancel(

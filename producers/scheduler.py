@@ -34,6 +34,7 @@ from dueflow.config import Settings
 from dueflow.cron import CronSchedule, MisfirePolicy
 from dueflow.errors import DueflowError, InvalidInput, KafkaOperationError
 from dueflow.job_request import Duration, Instant, JobRequest
+from dueflow.job_status import JobStatus
 from dueflow.metrics import Metrics
 from dueflow.model import Backoff
 from dueflow.producers.bulk import BulkRun
@@ -49,6 +50,7 @@ from dueflow.producers.core import (
     producer_settings,
     wall_ms,
 )
+from dueflow.producers.lookup import DEFAULT_SCAN_LIMIT, JobLookup, OutcomeLookup
 from dueflow.producers.outcomes import OutcomeReports, scheduled_outcome
 from dueflow.producers.recent import DEFAULT_CAPACITY, RecentJobs
 from dueflow.producers.results import BulkResult, Cancelled, Scheduled
@@ -94,11 +96,13 @@ class Scheduler:
         delivery_timeout_s: float = 30.0,
         producer_config: Mapping[str, Any] | None = None,
         tracer: JobTracer | None = None,
-        scheduled_outcomes: bool = False,
+        scheduled_outcomes: bool = True,
+        status_scan_limit: int = DEFAULT_SCAN_LIMIT,
     ) -> None:
         self.settings = settings
-        # Also write a `scheduled` outcome per job, for the status view (see
-        # dueflow.producers.outcomes): off by default, it doubles the writes.
+        # Also write a `scheduled` outcome per job, so the status view, status()
+        # and `dueflow job` know a job before it runs (dueflow.producers.outcomes;
+        # its cost: README, "Where is my job").
         self.scheduled_outcomes = scheduled_outcomes
         self.outcome_reports = OutcomeReports()
         self.names = names(settings)
@@ -115,6 +119,10 @@ class Scheduler:
         self._bulk_producer: Producer | None = None
         self._schedules: ScheduleStore | None = None
         self._planner: TimerPlanner | None = None
+        # status(), cancel() and reschedule() find a job by its outcomes: the newest
+        # status_scan_limit records of its outcomes partition (dueflow.producers.lookup).
+        self.status_scan_limit = status_scan_limit
+        self._lookup: JobLookup | None = None
 
     # ------------------------------------------------------------- lifecycle
     def start(self) -> Scheduler:
@@ -144,6 +152,7 @@ class Scheduler:
         self._producer = make_producer(self.settings, **conf)
         self._bulk_producer = make_producer(self.settings, **{**BULK_PRODUCER, **conf})
         self._schedules = ScheduleStore(self.settings, write=self.write_record, clock=self.clock)
+        self._lookup = OutcomeLookup(self.settings, scan_limit=self.status_scan_limit)
         return self
 
     def close(self) -> None:
@@ -151,6 +160,7 @@ class Scheduler:
         producers = (self._producer, self._bulk_producer)
         self._producer = self._bulk_producer = None
         self._schedules = None
+        self._lookup = None
         for producer in producers:
             if producer is not None:
                 producer.flush(self.delivery_timeout_s)
@@ -295,6 +305,36 @@ class Scheduler:
             outcome_reports=self.outcome_reports if self.scheduled_outcomes else None,
         )
         return run.run(jobs, flush_timeout_s=self.delivery_timeout_s + 30.0)
+
+    # ------------------------------------------------------------ where is it
+    @property
+    def lookup(self) -> JobLookup:
+        """How this client finds a job by its id (see :mod:`dueflow.producers.lookup`)."""
+        if self._lookup is None:
+            raise DueflowError("the scheduler is not started: use start() or `with`")
+        return self._lookup
+
+    def status(self, job_id: str) -> JobStatus | None:
+        """Where job ``job_id`` is: state (``scheduled`` while it waits for its due
+        time), queue, task, due time, attempts, last outcome and error; None when
+        no outcome of it is found.
+
+        Read from the job's outcome records (the client writes ``scheduled`` for
+        every job unless ``scheduled_outcomes=False``): the newest
+        ``status_scan_limit`` records of the one outcomes partition the id
+        hashes to. ``status.pending`` is True until a worker takes the job.
+        """
+        if not isinstance(job_id, str) or not job_id:
+            raise InvalidInput("job_id", job_id, "a non-empty string")
+        self._read_own_writes()
+        return self.lookup.status(job_id)
+
+    def _read_own_writes(self) -> None:
+        """Send what this client produced and nobody waited for (``scheduled`` outcomes)
+        before a lookup, so it finds the jobs it just scheduled."""
+        producer = self._producer
+        if producer is not None and len(producer):
+            producer.flush(self.delivery_timeout_s)
 
     # ------------------------------------------------------------ cancel
     def cancel(

@@ -5,7 +5,8 @@ whose producer is a :class:`~dueflow.testing.log.MemoryProducer` and whose
 schedule store reads the log: every check (fields, queues, payload encoding
 and size, job-id conflicts, backoff text, cron expressions and zones), every
 record and every result are those of the real client. Only ``start`` (no
-topic to describe) and the store's reads differ.
+topic to describe), the store's reads and the job lookup of ``status``,
+``cancel`` and ``reschedule`` (every outcome of the log, no scan window) differ.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dueflow.producers.results import BulkResult, Cancelled, Scheduled
 from dueflow.producers.scheduler import Scheduler
 from dueflow.producers.schedules import ScheduleStore, StoredSchedule
 from dueflow.testing.log import MemoryLog, MemoryProducer, MemoryRecord
+from dueflow.testing.lookup import MemoryLookup
 from dueflow.topics import names
 from dueflow.tracing import JobTracer
 
@@ -68,7 +70,7 @@ class InMemoryScheduler(Scheduler):
         recent_jobs: int = DEFAULT_CAPACITY,
         after_write: Callable[[], None] | None = None,
         on_record: Callable[[MemoryRecord], None] | None = None,
-        scheduled_outcomes: bool = False,
+        scheduled_outcomes: bool = True,
     ) -> None:
         super().__init__(
             settings,
@@ -102,6 +104,7 @@ class InMemoryScheduler(Scheduler):
         self._schedules = MemoryScheduleStore(
             self.settings, log=self._log, write=self.write_record, clock=self.clock
         )
+        self._lookup = MemoryLookup(self.settings, self._log)
         return self
 
     def reconfigure(self, settings: Settings) -> None:

@@ -347,13 +347,20 @@ def test_a_job_in_a_queue_no_worker_consumes_is_pending_and_says_so() -> None:
 
 def test_status_is_what_the_status_view_shows() -> None:
     with InMemoryPipeline([recording("t", [], fail_first=1, backoff=FIXED)]) as p:
-        job = p.scheduler.schedule("t")
+        job = p.scheduler.schedule("t", delay="1m")
+        pending = p.status(job.job_id)  # the client's `scheduled` outcome, before any run
+        assert pending is not None
+        assert (pending["state"], pending["due_ms"], pending["attempts"]) == (
+            "scheduled",
+            job.due_ms,
+            0,
+        )
         p.run_until_idle()
         view = p.status(job.job_id)
         assert view is not None
         assert (view["state"], view["attempts"]) == ("succeeded", 2)
         assert view["last_error"]["type"] == "ConnectionError"
-        assert [h[0] for h in view["history"]] == ["retrying", "succeeded"]
+        assert [h[0] for h in view["history"]] == ["scheduled", "retrying", "succeeded"]
         assert p.status("nope") is None
 
 
@@ -403,6 +410,8 @@ def test_every_public_scheduler_method_is_known_here() -> None:
         "schedule_many",
         "cancel",
         "cancel_plan",
+        "lookup",
+        "status",
         "add_schedule",
         "update_schedule",
         "pause_schedule",

@@ -1,0 +1,142 @@
+"""The job lifecycle a user steers, on the real broker with the real emitter and worker:
+where a job is (status, ``dueflow job``), cancel, reschedule, expiry, cron overlap."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from dueflow import task
+from dueflow.cli.main import main
+from dueflow.config import Settings
+from dueflow.consumers import TaskContext, TaskRegistry
+from dueflow.producers import Scheduler
+from tests.conftest import KafkaCluster
+from tests.integration.pipeline_support import wait_for
+from tests.integration.worker_support import WorkerThread
+from tests.support.emitters import FAST_EMITTER, SMALL_WHEEL, ensure_topics, threaded_emitter
+
+QUEUE = "jobs"
+
+
+@dataclass
+class Runs:
+    """What the handlers ran: (job id, attempt, wall ms at start), thread-safe."""
+
+    items: list[tuple[str, int, int]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, ctx: TaskContext) -> None:
+        with self.lock:
+            self.items.append((ctx.job_id, ctx.attempt, time.time_ns() // 1_000_000))
+
+    def of(self, job_id: str) -> list[tuple[str, int, int]]:
+        with self.lock:
+            return [r for r in self.items if r[0] == job_id]
+
+
+RUNS = Runs()
+
+
+@task("record", queue=QUEUE)
+def record(payload: Any, ctx: TaskContext) -> None:
+    RUNS.add(ctx)
+
+
+@pytest.fixture
+def settings(kafka: KafkaCluster, prefix: str) -> Settings:
+    s = kafka.settings(
+        prefix,
+        queues=[
+            {"name": QUEUE, "partitions": 3, "retry_tiers_ms": [200]},
+            {"name": "other", "partitions": 2, "retry_tiers_ms": [200]},
+        ],
+        wheel=SMALL_WHEEL,
+        emitter=FAST_EMITTER,
+        worker={"session_timeout_ms": 3000, "commit_interval_ms": 50},
+    )
+    ensure_topics(s)
+    return s
+
+
+@pytest.fixture
+def pipeline(settings: Settings) -> Iterator[None]:
+    """The active emitter and a worker of QUEUE, on threads of this process."""
+    with threaded_emitter(settings) as em, WorkerThread(settings, TaskRegistry([record])):
+        em.wait_active()
+        yield
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@pytest.fixture
+def cli_env(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command line sees the test's cluster, queues and wheel."""
+    wheel = settings.wheel
+    values = {
+        "DUEFLOW_BOOTSTRAP": settings.bootstrap,
+        "DUEFLOW_TOPIC_PREFIX": settings.topic_prefix,
+        "DUEFLOW_QUEUES": ",".join(f"{q.name}:{q.partitions}" for q in settings.queues),
+        "DUEFLOW_WHEEL_LEVELS": SMALL_WHEEL["levels"],
+        "DUEFLOW_WHEEL_NEAR_PARTITIONS": str(wheel.near_partitions),
+        "DUEFLOW_WHEEL_NEAR_WINDOW_MS": str(wheel.near_window_ms),
+        "DUEFLOW_WHEEL_LOOKAHEAD_MS": str(wheel.lookahead_ms),
+    }
+    for key, value in values.items():
+        monkeypatch.setenv(key, value)
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any]:
+    """``dueflow ARGV`` in this process (needs the ``cli_env`` fixture)."""
+    code = main(list(argv))
+    out = capsys.readouterr().out
+    return code, json.loads(out) if "--json" in argv and out.strip() else out
+
+
+# ------------------------------------------------------------ where is my job
+
+
+def test_a_pending_job_is_known_with_its_due_time_then_as_what_became_of_it(
+    settings: Settings, pipeline: None, cli_env: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with Scheduler(settings) as s:
+        job = s.schedule("record", {"n": 1}, queue=QUEUE, delay="4s", idempotency_key="k-1")
+        pending = s.status(job.job_id)
+        assert pending is not None
+        assert (pending.state, pending.pending, pending.due_ms) == ("scheduled", True, job.due_ms)
+        assert (pending.queue, pending.task, pending.idempotency_key, pending.attempts) == (
+            QUEUE,
+            "record",
+            "k-1",
+            0,
+        )
+        # `dueflow job` reads the same record (no status view runs: Kafka directly)
+        code, text = cli(capsys, "job", job.job_id, "--url", "http://127.0.0.1:9")
+        assert code == 0
+        assert "scheduled (pending: not started)" in text
+        assert "(in " in text
+        code, doc = cli(capsys, "job", job.job_id, "--kafka", "--json")
+        assert (code, doc["found"], doc["job"]["state"], doc["job"]["due_ms"]) == (
+            0,
+            True,
+            "scheduled",
+            job.due_ms,
+        )
+
+        wait_for("the job ran", lambda: RUNS.of(job.job_id), 30)
+        assert RUNS.of(job.job_id)[0][2] >= job.due_ms  # never early
+        done = wait_for(
+            "its outcome",
+            lambda: (st := s.status(job.job_id)) is not None and st.finished and st,
+            30,
+        )
+        assert (done.state, done.attempts, done.pending) == ("succeeded", 1, False)
+        assert s.status("no-such-job") is None
