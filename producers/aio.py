@@ -226,29 +226,26 @@ class AsyncScheduler:
     async def cancel(
         self, job_id: str, *, queue: str | None = None, idempotency_key: str | None = None
     ) -> Cancelled:
-        """See :meth:`Scheduler.cancel`."""
+        """See :meth:`Scheduler.cancel` (the lookup runs in a worker thread)."""
         self._require_started()
-        idem, outcome, cancelled = self.sync.cancel_plan(
-            job_id, queue=queue, idempotency_key=idempotency_key
+        records, cancelled = await asyncio.to_thread(
+            functools.partial(
+                self.sync.cancel_plan, job_id, queue=queue, idempotency_key=idempotency_key
+            )
         )
+        if not records:
+            return cancelled
         results = await asyncio.gather(
-            self._produce_record(idem), self._produce_record(outcome), return_exceptions=True
+            *(self._produce_record(rec) for rec in records), return_exceptions=True
         )
-        for rec, res in zip((idem, outcome), results, strict=True):
+        for rec, res in zip(records, results, strict=True):
             if isinstance(res, _DeliveryFailed):
                 raise delivery_error(f"cancelling job {job_id!r} ({rec.topic})", res.err)
             if isinstance(res, BaseException):
                 raise res
         partition = results[0]
         assert isinstance(partition, int)
-        return Cancelled(
-            cancelled.job_id,
-            cancelled.queue,
-            cancelled.idempotency_key,
-            partition,
-            cancelled.at_ms,
-            cancelled.known,
-        )
+        return cancelled._replace(partition=partition)
 
     # ------------------------------------------------------------ cron
     async def add_schedule(self, schedule_id: str, **definition: Any) -> CronSchedule:

@@ -104,10 +104,15 @@ class BulkResult:
 
 
 class Cancelled(NamedTuple):
-    """A cancellation written for ``idempotency_key`` on ``queue``.
+    """What ``cancel`` did for ``idempotency_key`` on ``queue``.
 
-    Workers skip a job whose key is cancelled. A job that already ran stays
-    done; ``known`` says whether this client had scheduled the job itself.
+    ``cancelled``: a cancellation was written; workers skip every delivery of
+    the key from then on (an attempt running now finishes; its retries do not
+    run). ``found``: the job's outcomes were found (or this client scheduled
+    it); False means the cancellation was written blind to the ``queue=``
+    given. ``state``: the job's state before, as its outcomes told (``None``:
+    not known); a job that had finished (``succeeded``, ``dead``, ...) is not
+    cancelled. ``known``: this client scheduled the job itself.
     """
 
     job_id: str
@@ -116,6 +121,24 @@ class Cancelled(NamedTuple):
     partition: int
     at_ms: int
     known: bool
+    found: bool = True
+    state: str | None = None
+    cancelled: bool = True
+
+    @property
+    def message(self) -> str:
+        """One line for humans: what happened and what it means."""
+        where = f"queue {self.queue}, key {self.idempotency_key}"
+        if not self.cancelled:
+            return f"job {self.job_id} not cancelled: it has {self.state} already ({where})"
+        if not self.found:
+            return (
+                f"job {self.job_id} not found (no outcome of it): a cancellation was written "
+                f"to {where} anyway; workers of that queue skip the key"
+            )
+        if self.state == "retrying":
+            return f"cancelled job {self.job_id} ({where}): its retries will not run"
+        return f"cancelled job {self.job_id} ({where}): it will not run"
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -126,4 +149,8 @@ class Cancelled(NamedTuple):
             "at_ms": self.at_ms,
             "at": format_utc(self.at_ms),
             "known": self.known,
+            "found": self.found,
+            "state": self.state,
+            "cancelled": self.cancelled,
+            "message": self.message,
         }

@@ -55,7 +55,10 @@ from dueflow.producers.outcomes import OutcomeReports, scheduled_outcome
 from dueflow.producers.recent import DEFAULT_CAPACITY, RecentJobs
 from dueflow.producers.results import BulkResult, Cancelled, Scheduled
 from dueflow.producers.schedules import ScheduleStore
-from dueflow.topics import names
+from dueflow.producers.targets import Target, beyond_retention, resolve_target
+from dueflow.streams.status.state import FINAL_STATES
+from dueflow.timeutil import format_utc
+from dueflow.topics import HOUR_MS, names
 from dueflow.tracing import JobTracer
 
 
@@ -340,58 +343,109 @@ class Scheduler:
     def cancel(
         self, job_id: str, *, queue: str | None = None, idempotency_key: str | None = None
     ) -> Cancelled:
-        """Cancel ``job_id``: workers skip it if it has not run yet.
+        """Cancel ``job_id``: workers skip it if it has not run yet, and its retries.
 
-        ``queue`` defaults to the queue this client scheduled the job to, else
-        ``default``; ``idempotency_key`` defaults to the key this client scheduled the job
-        with, else to the job id. Returns what was cancelled once both records
-        (idempotency state ``cancelled`` and the outcome) are acknowledged.
+        The job is looked up first (:meth:`status`): the cancellation goes to the
+        queue and key its outcomes name, and the result says whether it was found
+        and what state it was in. A job that has finished (succeeded, dead,
+        cancelled, ...) is not cancelled again (``cancelled`` False). Refused with
+        :class:`InvalidInput`: a ``queue`` the job is not known in, a job id known
+        in more than one queue without ``queue``, a job not found without
+        ``queue`` (then ``queue=`` writes the cancellation there anyway: ``found``
+        False), a job due later than its queue's idempotency retention from now
+        (workers would forget the cancellation before it comes due). Returns once
+        the records are acknowledged.
         """
-        idem, outcome, cancelled = self.cancel_plan(
-            job_id, queue=queue, idempotency_key=idempotency_key
-        )
-        first, second = Delivery(), Delivery()
-        self._produce_record(idem, first)
-        self._produce_record(outcome, second)
-        self._wait(first)
-        self._wait(second)
-        for d, rec in ((first, idem), (second, outcome)):
+        records, cancelled = self.cancel_plan(job_id, queue=queue, idempotency_key=idempotency_key)
+        deliveries = [Delivery() for _ in records]
+        for rec, d in zip(records, deliveries, strict=True):
+            self._produce_record(rec, d)
+        for d in deliveries:
+            self._wait(d)
+        for d, rec in zip(deliveries, records, strict=True):
             if d.error is not None:
                 raise delivery_error(f"cancelling job {job_id!r} ({rec.topic})", d.error)
-        return cancelled._replace(partition=first.partition)
+        return cancelled._replace(partition=deliveries[0].partition) if records else cancelled
 
     def cancel_plan(
         self, job_id: str, *, queue: str | None = None, idempotency_key: str | None = None
-    ) -> tuple[OutgoingRecord, OutgoingRecord, Cancelled]:
-        """The records that cancel ``job_id`` and the result (partition not known yet)."""
-        planner = self.planner
-        known = planner.recent.get(job_id) if isinstance(job_id, str) else None
-        if queue is None:
-            queue = known.queue if known else "default"
-        if queue not in planner.rules.queues:
-            raise InvalidInput(
-                "queue", queue, f"one of the configured queues {sorted(planner.rules.queues)}"
-            )
-        if known is not None and known.queue != queue:
-            raise InvalidInput(
-                "queue", queue, f"the queue job {job_id!r} was scheduled to ({known.queue!r})"
-            )
-        if idempotency_key is not None:
-            key = idempotency_key
-        else:
-            key = known.idempotency_key if known else job_id
+    ) -> tuple[list[OutgoingRecord], Cancelled]:
+        """The records that cancel ``job_id`` (none when it has finished) and the
+        result (partition not known yet); looks the job up (blocking)."""
+        target = self.find_target(
+            job_id, queue=queue, idempotency_key=idempotency_key, verb="cancel"
+        )
         at_ms = self.clock()
-        idem, outcome = cancel_records(
+        result = Cancelled(
+            job_id,
+            target.queue,
+            target.idempotency_key,
+            -1,
+            at_ms,
+            target.known,
+            found=target.found,
+            state=target.state,
+        )
+        if target.state in FINAL_STATES:
+            return [], result._replace(cancelled=False)
+        self._check_retention(target, target.due_ms, at_ms)
+        records = cancel_records(
             names=self.names,
             job_id=job_id,
-            queue=queue,
-            idempotency_key=key,
+            queue=target.queue,
+            idempotency_key=target.idempotency_key,
             at_ms=at_ms,
-            task=known.task if known else "",
-            due_ms=known.due_ms if known else None,
-            content_hash=known.content_hash if known else None,
+            task=target.task,
+            due_ms=target.due_ms,
+            content_hash=target.content_hash,
+            schedule_id=target.schedule_id,
+            partitions=self.settings.queue(target.queue).partitions,
         )
-        return idem, outcome, Cancelled(job_id, queue, key, -1, at_ms, known is not None)
+        return records, result
+
+    def find_target(
+        self,
+        job_id: str,
+        *,
+        queue: str | None,
+        idempotency_key: str | None,
+        verb: str,
+    ) -> Target:
+        """The job a cancel or reschedule of ``job_id`` means (see
+        :mod:`dueflow.producers.targets`): looked up by its outcomes, else what this
+        client scheduled, else ``queue``."""
+        if not isinstance(job_id, str) or not job_id:
+            raise InvalidInput("job_id", job_id, "a non-empty string")
+        planner = self.planner
+        self._read_own_writes()
+        return resolve_target(
+            job_id,
+            queue=queue,
+            idempotency_key=idempotency_key,
+            status=self.lookup.status(job_id),
+            recent=planner.recent.get(job_id),
+            queues=planner.rules.queues,
+            verb=verb,
+        )
+
+    def _check_retention(self, target: Target, due_ms: int | None, now_ms: int) -> None:
+        """Refuse a record workers would forget before the delivery it is about."""
+        if due_ms is None:
+            return
+        spec = self.settings.queue(target.queue)
+        if beyond_retention(
+            due_ms, now_ms=now_ms, retention_ms=spec.idempotency_retention_ms, margin_ms=HOUR_MS
+        ):
+            days = spec.idempotency_retention_ms / 86_400_000
+            raise InvalidInput(
+                "job_id",
+                target.job_id,
+                f"a job due within queue {target.queue!r}'s idempotency retention ({days:g} "
+                f"days, less an hour) from now; this one is due at {format_utc(due_ms)}, and "
+                "workers would forget the record before then (raise "
+                f"queues.{target.queue}.idempotency_retention_ms, or do it closer to its due "
+                "time)",
+            )
 
     # ------------------------------------------------------------ cron
     @property

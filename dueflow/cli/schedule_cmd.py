@@ -49,14 +49,23 @@ def register(sub: Any) -> None:
     c = sub.add_parser(
         "cancel",
         help="cancel a job (workers skip it if it has not run) or a cron schedule",
-        description="`cancel JOB_ID` cancels one job; `cancel --schedule ID` pauses the "
-        "schedule (--delete: deletes it) and cancels its occurrence already in the wheel.",
+        description="`cancel JOB_ID` cancels one job: it is looked up by its outcomes first, "
+        "and the cancellation goes to the queue and key they name (exit 1 when the job has "
+        "finished already, or was not found and --queue wrote it blind); `cancel --schedule ID` "
+        "pauses the schedule (--delete: deletes it) and cancels its occurrence already in the "
+        "wheel.",
     )
     c.add_argument("job_id", nargs="?", help="the job id")
     c.add_argument("--schedule", help="a cron schedule id: stop it, cancel its next occurrence")
     c.add_argument("--delete", action="store_true", help="with --schedule: delete, not pause")
-    c.add_argument("--queue", help="the job's queue (default: default)")
-    c.add_argument("--idempotency-key", help="the job's idempotency key (default: the job id)")
+    c.add_argument(
+        "--queue",
+        help="the job's queue (default: the one its outcomes name; needed when the job is "
+        "not found, or its id is known in more than one queue)",
+    )
+    c.add_argument(
+        "--idempotency-key", help="the job's idempotency key (default: the one it was given)"
+    )
     add_global_options(c)
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(func=_cancel)
@@ -122,19 +131,16 @@ def _cancel(args: argparse.Namespace) -> int:
     if args.delete:
         raise InvalidInput("delete", True, "only with --schedule")
     settings = settings_from_args(args)
-    queue = args.queue or "default"
-    if queue not in settings.queue_names:
+    queue = args.queue
+    if queue is not None and queue not in settings.queue_names:
         raise InvalidInput("queue", queue, f"one of the configured queues {settings.queue_names}")
     with Scheduler(settings) as scheduler:
         result = scheduler.cancel(args.job_id, queue=queue, idempotency_key=args.idempotency_key)
     if args.json:
         print_json(result.to_json())
     else:
-        print(
-            f"cancelled job {result.job_id} (queue {result.queue}, "
-            f"idempotency key {result.idempotency_key})"
-        )
-    return 0
+        print(result.message)
+    return 0 if result.cancelled and result.found else 1
 
 
 def _cancel_schedule(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from dueflow import task
+from dueflow import InvalidInput, task
 from dueflow.cli.main import main
 from dueflow.config import Settings
 from dueflow.consumers import TaskContext, TaskRegistry
@@ -140,3 +140,41 @@ def test_a_pending_job_is_known_with_its_due_time_then_as_what_became_of_it(
         )
         assert (done.state, done.attempts, done.pending) == ("succeeded", 1, False)
         assert s.status("no-such-job") is None
+
+
+# ------------------------------------------------------------ cancel
+
+
+def test_a_cancel_from_another_client_finds_the_queue_and_the_job_never_runs(
+    settings: Settings, pipeline: None, cli_env: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The client that cancels did not schedule the job: its lookup finds the job's queue
+    (``jobs``). Before, the cancellation went to ``default``, reported success, and the
+    job ran."""
+    with Scheduler(settings) as s:
+        job = s.schedule("record", queue=QUEUE, delay="3s", idempotency_key="k-cancel")
+        control = s.schedule("record", queue=QUEUE, delay="3s")
+    with Scheduler(settings) as other:
+        with pytest.raises(InvalidInput, match="was scheduled to \\('jobs'\\)"):
+            other.cancel(job.job_id, queue="other")
+        code, out = cli(capsys, "cancel", job.job_id)
+        assert code == 0
+        assert f"cancelled job {job.job_id} (queue {QUEUE}, key k-cancel)" in out
+        with pytest.raises(InvalidInput, match="give queue="):
+            other.cancel("nobody-scheduled-this")
+    wait_for("the control job ran", lambda: RUNS.of(control.job_id), 30)
+    with Scheduler(settings) as s:
+        cancelled = wait_for(
+            "the worker's cancelled outcome",
+            lambda: (
+                (st := s.status(job.job_id)) is not None
+                and st.history[-1][0] == "cancelled"
+                and len(st.history) >= 3
+                and st
+            ),
+            30,
+        )
+        assert [h[0] for h in cancelled.history] == ["scheduled", "cancelled", "cancelled"]
+        assert RUNS.of(job.job_id) == []
+        again = s.cancel(control.job_id)  # it ran: nothing to cancel
+        assert (again.cancelled, again.found, again.state) == (False, True, "succeeded")
