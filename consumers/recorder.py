@@ -10,6 +10,7 @@ a :class:`~dueflow.consumers.committer.Batch` every commit interval:
 - permanent failure, exhausted attempts, unknown task, undecodable record:
   DLQ record (partition p) + idempotency ``dead`` + outcome ``dead``
 - skipped (key final already): outcome ``duplicate`` or ``cancelled``
+- superseded (a reschedule moved the job): outcome ``rescheduled``
 
 A key finished here is "pending final" until its batch commits, so a
 replayed record of the same key is skipped even before the store knows.
@@ -35,6 +36,7 @@ from dueflow.consumers.feeds import Delivery, PartitionFeed, identity, int_or, t
 from dueflow.consumers.outputs import (
     KEY_HEADERS,
     OUTCOME_HEADERS,
+    OUTCOME_V2_HEADERS,
     dead_letter_headers,
     dead_letter_value,
     parse_origin,
@@ -51,6 +53,7 @@ from dueflow.schemas.fast import (
     F_KEY,
     F_SCHEDULE_ID,
     F_TASK,
+    V2_STATES,
     encode_key_state,
     encode_outcome,
     encode_success,
@@ -333,6 +336,12 @@ class BatchRecorder:
             self._outcome(d, "duplicate", now_ms)
             self._metrics.duplicates_skipped.labels(self._name).inc()
 
+    def superseded(self, d: Delivery, now_ms: int) -> None:
+        """A reschedule moved the job: outcome ``rescheduled`` for this delivery (due at
+        the old time), nothing else (the key is not final: the job is still to run)."""
+        self._outcome(d, "rescheduled", now_ms)
+        self._tally[(identity(d)[1], "rescheduled")] += 1
+
     def _outcome(
         self,
         d: Delivery,
@@ -366,7 +375,7 @@ class BatchRecorder:
                     trace_id=trace_id(d),
                     schedule_id=fields[F_SCHEDULE_ID] if fields else None,
                 ),
-                OUTCOME_HEADERS,
+                OUTCOME_HEADERS if state not in V2_STATES else OUTCOME_V2_HEADERS,
             )
         )
 

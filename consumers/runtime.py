@@ -11,7 +11,8 @@ For each record, at the head of its partition:
    waits (paused) until it is: a record never runs early;
 2. its key is final in the key store (done, dead, cancelled) or finished
    in a batch not committed yet -> skipped, counted, outcome
-   ``duplicate``/``cancelled``;
+   ``duplicate``/``cancelled``; a reschedule of the key says another due
+   time runs -> skipped, outcome ``rescheduled`` (dueflow.reschedule);
 3. a record with the same key is running (a replay) -> held until that one
    finishes, then decided again;
 4. undecodable value or payload, unknown task -> dead letter at once;
@@ -68,7 +69,7 @@ from dueflow.group_config import (
 )
 from dueflow.logs import JOB_STARTED, event, job_event
 from dueflow.metrics import Metrics
-from dueflow.schemas.fast import F_JOB_ID, F_TASK
+from dueflow.schemas.fast import F_DUE_MS, F_JOB_ID, F_TASK
 from dueflow.topics import names, tier_label
 from dueflow.tracing import JobTracer
 
@@ -689,6 +690,13 @@ class QueueRuntime:
                         return True
                     backlog.popleft()
                     self._batch.skipped(d, state, now_ms)
+                    feed.tracker.finish(d.offset)
+                    continue
+                run_only = store.run_only_due(key)  # dueflow.reschedule.superseded, inlined
+                if run_only is not None and d.fields is not None and d.fields[F_DUE_MS] != run_only:
+                    # A reschedule moved the job: this delivery has another due time.
+                    backlog.popleft()
+                    self._batch.superseded(d, now_ms)
                     feed.tracker.finish(d.offset)
                     continue
                 if key in running:

@@ -324,12 +324,21 @@ def bad_attempts(value: object) -> InvalidInput:
 
 
 def _due_ms(req: JobRequest, now_ms: int) -> int:
-    if req.run_at is not None:
-        if req.delay is not None:
-            raise InvalidInput("delay", req.delay, "either run_at or delay, not both")
-        return to_utc_ms(req.run_at, field="run_at")
-    delay = req.delay
+    return due_of(req.run_at, req.delay, now_ms=now_ms)
+
+
+def due_of(
+    run_at: Instant | None, delay: Duration | None, *, now_ms: int, required: bool = False
+) -> int:
+    """The due time ``run_at``, ``now + delay``, or ``now`` (``required``: one of them must
+    be given); :class:`InvalidInput` names the field."""
+    if run_at is not None:
+        if delay is not None:
+            raise InvalidInput("delay", delay, "either run_at or delay, not both")
+        return to_utc_ms(run_at, field="run_at")
     if delay is None:
+        if required:
+            raise InvalidInput("run_at", None, "the new due time: run_at= or delay=")
         return now_ms
     if type(delay) is int and delay >= 0:
         return now_ms + delay * 1000

@@ -36,7 +36,7 @@ from dueflow.producers.cancel import OutgoingRecord
 from dueflow.producers.core import PlannedTimer, ScheduleSpan, delivery_error, wall_ms
 from dueflow.producers.lookup import DEFAULT_SCAN_LIMIT
 from dueflow.producers.recent import DEFAULT_CAPACITY
-from dueflow.producers.results import BulkResult, Cancelled, Scheduled
+from dueflow.producers.results import BulkResult, Cancelled, Rescheduled, Scheduled
 from dueflow.producers.scheduler import Scheduler
 from dueflow.tracing import JobTracer
 
@@ -246,6 +246,21 @@ class AsyncScheduler:
         partition = results[0]
         assert isinstance(partition, int)
         return cancelled._replace(partition=partition)
+
+    # ------------------------------------------------------------ reschedule
+    async def reschedule(
+        self,
+        job_id: str,
+        *,
+        run_at: Instant | None = None,
+        delay: Duration | None = None,
+        queue: str | None = None,
+    ) -> Rescheduled:
+        """See :meth:`Scheduler.reschedule` (runs in a worker thread: it reads Kafka)."""
+        self._require_started()
+        return await asyncio.to_thread(
+            functools.partial(self.sync.reschedule, job_id, run_at=run_at, delay=delay, queue=queue)
+        )
 
     # ------------------------------------------------------------ cron
     async def add_schedule(self, schedule_id: str, **definition: Any) -> CronSchedule:

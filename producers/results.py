@@ -154,3 +154,58 @@ class Cancelled(NamedTuple):
             "cancelled": self.cancelled,
             "message": self.message,
         }
+
+
+class Rescheduled(NamedTuple):
+    """What ``reschedule`` did for ``job_id``.
+
+    ``rescheduled``: a new timer due at ``due_ms`` and the reschedule record were
+    written; the job runs then, and not at ``old_due_ms`` (see
+    :mod:`dueflow.reschedule` for the rule and its races). Otherwise
+    ``reason`` says why not (not found, started or finished, a cron occurrence,
+    due then already, its timer has fired and a worker took it).
+    """
+
+    job_id: str
+    queue: str
+    idempotency_key: str
+    old_due_ms: int | None
+    due_ms: int
+    rescheduled: bool
+    found: bool
+    state: str | None
+    reason: str | None = None
+    partition: int = -1  # of the new timer
+
+    @property
+    def due(self) -> datetime:
+        """The new due time as a tz-aware UTC datetime."""
+        return from_utc_ms(self.due_ms)
+
+    @property
+    def message(self) -> str:
+        """One line for humans."""
+        if not self.rescheduled:
+            return f"job {self.job_id} not rescheduled: {self.reason}"
+        old = "?" if self.old_due_ms is None else format_utc(self.old_due_ms)
+        return (
+            f"rescheduled job {self.job_id} (queue {self.queue}): due {format_utc(self.due_ms)}, "
+            f"not {old}"
+        )
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "job_id": self.job_id,
+            "queue": self.queue,
+            "idempotency_key": self.idempotency_key,
+            "old_due_ms": self.old_due_ms,
+            "old_due": None if self.old_due_ms is None else format_utc(self.old_due_ms),
+            "due_ms": self.due_ms,
+            "due": format_utc(self.due_ms),
+            "rescheduled": self.rescheduled,
+            "found": self.found,
+            "state": self.state,
+            "reason": self.reason,
+            "partition": self.partition,
+            "message": self.message,
+        }

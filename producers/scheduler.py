@@ -32,8 +32,8 @@ from dueflow import tracing
 from dueflow.clients import kafka_error, make_admin, make_producer
 from dueflow.config import Settings
 from dueflow.cron import CronSchedule, MisfirePolicy
-from dueflow.errors import DueflowError, InvalidInput, KafkaOperationError
-from dueflow.job_request import Duration, Instant, JobRequest
+from dueflow.errors import DueflowError, InvalidInput, KafkaOperationError, UndecodableRecord
+from dueflow.job_request import Duration, Instant, JobRequest, due_of
 from dueflow.job_status import JobStatus
 from dueflow.metrics import Metrics
 from dueflow.model import Backoff
@@ -53,10 +53,13 @@ from dueflow.producers.core import (
 from dueflow.producers.lookup import DEFAULT_SCAN_LIMIT, JobLookup, OutcomeLookup
 from dueflow.producers.outcomes import OutcomeReports, scheduled_outcome
 from dueflow.producers.recent import DEFAULT_CAPACITY, RecentJobs
-from dueflow.producers.results import BulkResult, Cancelled, Scheduled
+from dueflow.producers.rescheduling import moved_timer, refusal, reschedule_records
+from dueflow.producers.results import BulkResult, Cancelled, Rescheduled, Scheduled
 from dueflow.producers.schedules import ScheduleStore
 from dueflow.producers.targets import Target, beyond_retention, resolve_target
+from dueflow.producers.timer_finder import TimerFinder, WheelTimerFinder
 from dueflow.streams.status.state import FINAL_STATES
+from dueflow.timer_record import TimerRecord
 from dueflow.timeutil import format_utc
 from dueflow.topics import HOUR_MS, names
 from dueflow.tracing import JobTracer
@@ -126,6 +129,7 @@ class Scheduler:
         # status_scan_limit records of its outcomes partition (dueflow.producers.lookup).
         self.status_scan_limit = status_scan_limit
         self._lookup: JobLookup | None = None
+        self._timers: TimerFinder | None = None
 
     # ------------------------------------------------------------- lifecycle
     def start(self) -> Scheduler:
@@ -156,6 +160,7 @@ class Scheduler:
         self._bulk_producer = make_producer(self.settings, **{**BULK_PRODUCER, **conf})
         self._schedules = ScheduleStore(self.settings, write=self.write_record, clock=self.clock)
         self._lookup = OutcomeLookup(self.settings, scan_limit=self.status_scan_limit)
+        self._timers = WheelTimerFinder(self.settings)
         return self
 
     def close(self) -> None:
@@ -164,6 +169,7 @@ class Scheduler:
         self._producer = self._bulk_producer = None
         self._schedules = None
         self._lookup = None
+        self._timers = None
         for producer in producers:
             if producer is not None:
                 producer.flush(self.delivery_timeout_s)
@@ -402,6 +408,109 @@ class Scheduler:
             partitions=self.settings.queue(target.queue).partitions,
         )
         return records, result
+
+    # ------------------------------------------------------------ reschedule
+    def reschedule(
+        self,
+        job_id: str,
+        *,
+        run_at: Instant | None = None,
+        delay: Duration | None = None,
+        queue: str | None = None,
+    ) -> Rescheduled:
+        """Move pending job ``job_id`` to ``run_at`` (or ``delay`` from now): it runs
+        then, never at its old time, never twice (the rule and its races:
+        :mod:`dueflow.reschedule`). A time in the past runs it at once.
+
+        The job is looked up by its outcomes (as :meth:`status`; ``queue`` as for
+        :meth:`cancel`) and its timer record is read from the wheel; then a new
+        timer (same job id, key and value, the new due time) and a reschedule
+        record for its key are written, in that order. A job that has started or
+        finished, a cron occurrence, or one that is not found is not rescheduled:
+        ``rescheduled`` is False and ``reason`` says why. Raises
+        :class:`InvalidInput` for a bad time, a wrong or ambiguous queue, or a job
+        due beyond its queue's idempotency retention from now (workers would
+        forget the reschedule record before the old timer fires).
+        """
+        now_ms = self.clock()
+        due_ms = due_of(run_at, delay, now_ms=now_ms, required=True)
+        target = self.find_target(job_id, queue=queue, idempotency_key=None, verb="reschedule")
+        result = Rescheduled(
+            job_id,
+            target.queue,
+            target.idempotency_key,
+            target.due_ms,
+            due_ms,
+            False,
+            target.found,
+            target.state,
+        )
+        why = refusal(target, due_ms)
+        if why is None and target.due_ms is None:
+            why = "its due time is not known (no scheduled outcome of it)"
+        if why is not None:
+            return result._replace(reason=why)
+        assert target.due_ms is not None
+        self._check_retention(target, target.due_ms, now_ms)
+        recent = self.planner.recent.get(job_id)
+        found = self.timers.find(
+            job_id=job_id,
+            key=target.idempotency_key,
+            queue=target.queue,
+            due_ms=target.due_ms,
+            now_ms=now_ms,
+            hint=recent.partition if recent is not None and recent.partition >= 0 else None,
+        )
+        if found is None:
+            return result._replace(
+                reason="its timer is not in the wheel nor waiting in its exec partition: it "
+                "has fired and a worker has taken it (or it ran)"
+            )
+        try:
+            timer = moved_timer(
+                found.value,
+                found.headers,
+                due_ms=due_ms,
+                now_ms=self.clock(),
+                placer=self.planner.placer,
+            )
+        except UndecodableRecord as exc:
+            return result._replace(reason=f"its timer record does not hold a job: {exc}")
+        self._write_timer(timer, job_id)
+        at_ms = self.clock()
+        records = reschedule_records(
+            self.names,
+            target,
+            due_ms=due_ms,
+            at_ms=at_ms,
+            partitions=self.settings.queue(target.queue).partitions,
+            trace_id=tracing.trace_id_of(timer.headers),
+        )
+        deliveries = [Delivery() for _ in records]
+        for rec, d in zip(records, deliveries, strict=True):
+            self._produce_record(rec, d)
+        for d in deliveries:
+            self._wait(d)
+        for d, rec in zip(deliveries, records, strict=True):
+            if d.error is not None:
+                raise delivery_error(f"rescheduling job {job_id!r} ({rec.topic})", d.error)
+        self.planner.recent.move(job_id, due_ms, timer.partition)
+        return result._replace(rescheduled=True, partition=timer.partition)
+
+    def _write_timer(self, timer: TimerRecord, job_id: str) -> None:
+        delivery = Delivery()
+        topic = self.planner.topic
+        self._produce(topic, timer.value, timer.key, timer.partition, timer.headers, delivery)
+        self._wait(delivery)
+        if delivery.error is not None:
+            raise delivery_error(f"rescheduling job {job_id!r} ({topic})", delivery.error)
+
+    @property
+    def timers(self) -> TimerFinder:
+        """How this client finds a pending job's timer (:mod:`dueflow.producers.timer_finder`)."""
+        if self._timers is None:
+            raise DueflowError("the scheduler is not started: use start() or `with`")
+        return self._timers
 
     def find_target(
         self,

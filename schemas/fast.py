@@ -19,6 +19,7 @@ from dueflow.schemas import codec
 
 JOB_V1 = b"dueflow.Job/1"
 OUTCOME_V1 = b"dueflow.Outcome/1"
+OUTCOME_V2 = b"dueflow.Outcome/2"  # adds the states rescheduled, expired, skipped
 IDEMPOTENCY_V1 = b"dueflow.IdempotencyRecord/1"
 
 _BACKOFF_KINDS = (BackoffKind.EXPONENTIAL, BackoffKind.FIXED, BackoffKind.NONE)
@@ -32,8 +33,13 @@ JOB_STATES = (
     "cancelled",
     "duplicate",
     "unknown",
+    # version 2
+    "rescheduled",
+    "expired",
+    "skipped",
 )
 _JOB_STATE_INDEX = {s: i for i, s in enumerate(JOB_STATES)}
+V2_STATES = frozenset(JOB_STATES[9:])
 KEY_STATES = ("done", "dead", "cancelled")
 _KEY_STATE_INDEX = {s: i for i, s in enumerate(KEY_STATES)}
 _DOUBLE = struct.Struct("<d")
@@ -274,6 +280,25 @@ def _job_v1(data: bytes) -> JobFields:
     )
 
 
+def outcome_header(state: str) -> bytes:
+    """The ``df-schema`` header of an Outcome in ``state`` written by :func:`encode_outcome`:
+    version 1 (what every reader knows) unless the state is new in version 2. The
+    two versions have the same layout, so the bytes are the same."""
+    return OUTCOME_V2 if state in V2_STATES else OUTCOME_V1
+
+
+def decode_key_record(data: bytes, schema: bytes | None = None) -> tuple[str, int, int | None]:
+    """``(state, at_ms, run_only_due_ms)`` of an IdempotencyRecord value: the last is
+    set on a reschedule (version 2, decoded by the codec; version 1 is never one)."""
+    if schema is not None and schema != IDEMPOTENCY_V1:
+        version = codec.parse_schema_header(schema, expected="idempotency")
+        rec = codec.decode("idempotency", data, writer_version=version)
+        due = rec.get("run_only_due_ms")
+        return str(rec["state"]), int(rec["at_ms"]), None if due is None else int(due)
+    state, at_ms = decode_key_state(data)
+    return state, at_ms, None
+
+
 def decode_key_state(data: bytes, schema: bytes | None = None) -> tuple[str, int]:
     """``(state, at_ms)`` of an IdempotencyRecord value (state: done, dead, cancelled)."""
     if schema is not None and schema != IDEMPOTENCY_V1:
@@ -380,7 +405,8 @@ def encode_outcome(
     trace_id: str | None = None,
     schedule_id: str | None = None,
 ) -> bytes:
-    """Avro binary of an Outcome (version 1)."""
+    """Avro binary of an Outcome: version 1, or 2 for the states only version 2 has
+    (same layout; the header to send is :func:`outcome_header`)."""
     return b"".join(
         (
             _s(job_id),

@@ -1,10 +1,11 @@
-"""``dueflow schedule`` and ``dueflow cancel``: one job from the shell.
+"""``dueflow schedule``, ``dueflow reschedule`` and ``dueflow cancel``: one job from the shell.
 
 ::
 
     dueflow schedule send_email --payload '{"to": "a@example.com"}' --delay 10m --json
     dueflow schedule report --payload @params.json --at 2030-01-01T09:00:00+01:00
-    dueflow cancel 0190f0c2a1b27c3d8e9f00112233aabb --queue billing
+    dueflow reschedule 0190f0c2a1b27c3d8e9f00112233aabb --delay 2h
+    dueflow cancel 0190f0c2a1b27c3d8e9f00112233aabb
 
 Input is checked before connecting; bad input exits 2 with the message on
 stderr and writes nothing.
@@ -20,7 +21,7 @@ import orjson
 
 from dueflow.cli.common import add_global_options, print_json, settings_from_args
 from dueflow.errors import InvalidInput
-from dueflow.job_request import JobRequest, JobRules, prepare_job
+from dueflow.job_request import JobRequest, JobRules, due_of, prepare_job
 from dueflow.producers.core import wall_ms
 from dueflow.producers.scheduler import Scheduler
 from dueflow.timeutil import format_utc
@@ -69,6 +70,25 @@ def register(sub: Any) -> None:
     add_global_options(c)
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(func=_cancel)
+
+    r = sub.add_parser(
+        "reschedule",
+        help="move a pending job to another time (it never runs at the old one)",
+        description="`reschedule JOB_ID --at T | --delay D` moves a job that has not started: "
+        "a new timer at the new time, and a record that makes workers skip the old one. Exit 1 "
+        "when it was not rescheduled (not found, started or finished, a cron occurrence); "
+        "the reason is printed.",
+    )
+    r.add_argument("job_id", help="the job id")
+    rwhen = r.add_mutually_exclusive_group(required=True)
+    rwhen.add_argument("--at", help="the new due time, ISO-8601 with an offset")
+    rwhen.add_argument("--delay", help="the new due time from now: 30s, 5m, 1h30m, 2d")
+    r.add_argument(
+        "--queue", help="the job's queue (default: the one its outcomes name; as for cancel)"
+    )
+    add_global_options(r)
+    r.add_argument("--json", action="store_true", help="machine-readable output")
+    r.set_defaults(func=_reschedule)
 
 
 def read_payload(text: str | None) -> Any:
@@ -141,6 +161,24 @@ def _cancel(args: argparse.Namespace) -> int:
     else:
         print(result.message)
     return 0 if result.cancelled and result.found else 1
+
+
+def _reschedule(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    if args.queue is not None and args.queue not in settings.queue_names:
+        raise InvalidInput(
+            "queue", args.queue, f"one of the configured queues {settings.queue_names}"
+        )
+    due_of(args.at, args.delay, now_ms=wall_ms(), required=True)  # bad input before connecting
+    with Scheduler(settings) as scheduler:
+        result = scheduler.reschedule(
+            args.job_id, run_at=args.at, delay=args.delay, queue=args.queue
+        )
+    if args.json:
+        print_json(result.to_json())
+    else:
+        print(result.message)
+    return 0 if result.rescheduled else 1
 
 
 def _cancel_schedule(args: argparse.Namespace) -> int:

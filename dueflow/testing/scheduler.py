@@ -6,7 +6,8 @@ schedule store reads the log: every check (fields, queues, payload encoding
 and size, job-id conflicts, backoff text, cron expressions and zones), every
 record and every result are those of the real client. Only ``start`` (no
 topic to describe), the store's reads and the job lookup of ``status``,
-``cancel`` and ``reschedule`` (every outcome of the log, no scan window) differ.
+``cancel`` and ``reschedule`` (every outcome of the log, no scan window; the
+job's newest timer record) differ.
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ from typing import Any, cast
 from confluent_kafka import Producer
 
 from dueflow.config import Settings
-from dueflow.job_request import JobRequest
+from dueflow.job_request import Duration, Instant, JobRequest
 from dueflow.producers.core import DEFAULT_MAX_MESSAGE_BYTES, JobIds, TimerPlanner
 from dueflow.producers.recent import DEFAULT_CAPACITY, RecentJobs
-from dueflow.producers.results import BulkResult, Cancelled, Scheduled
+from dueflow.producers.results import BulkResult, Cancelled, Rescheduled, Scheduled
 from dueflow.producers.scheduler import Scheduler
 from dueflow.producers.schedules import ScheduleStore, StoredSchedule
 from dueflow.testing.log import MemoryLog, MemoryProducer, MemoryRecord
-from dueflow.testing.lookup import MemoryLookup
+from dueflow.testing.lookup import MemoryLookup, MemoryTimerFinder
 from dueflow.topics import names
 from dueflow.tracing import JobTracer
 
@@ -105,6 +106,7 @@ class InMemoryScheduler(Scheduler):
             self.settings, log=self._log, write=self.write_record, clock=self.clock
         )
         self._lookup = MemoryLookup(self.settings, self._log)
+        self._timers = MemoryTimerFinder(self.settings, self._log)
         return self
 
     def reconfigure(self, settings: Settings) -> None:
@@ -133,5 +135,17 @@ class InMemoryScheduler(Scheduler):
         self, job_id: str, *, queue: str | None = None, idempotency_key: str | None = None
     ) -> Cancelled:
         result = super().cancel(job_id, queue=queue, idempotency_key=idempotency_key)
+        self._after_write()
+        return result
+
+    def reschedule(
+        self,
+        job_id: str,
+        *,
+        run_at: Instant | None = None,
+        delay: Duration | None = None,
+        queue: str | None = None,
+    ) -> Rescheduled:
+        result = super().reschedule(job_id, run_at=run_at, delay=delay, queue=queue)
         self._after_write()
         return result

@@ -5,7 +5,8 @@ or after it, never before: the worker's own code decides, as in
 :mod:`dueflow.consumers.runtime` -- :func:`~dueflow.consumers.feeds.prepare`
 decodes the record (undecodable value or payload, unknown task: dead letter),
 the key store says whether the key is final already (``duplicate``,
-``cancelled``), :func:`~dueflow.consumers.feeds.attempt_limits` gives the
+``cancelled``) or rescheduled to another due time (``rescheduled``),
+:func:`~dueflow.consumers.feeds.attempt_limits` gives the
 attempts and the timeout, the handler runs, and the
 :class:`~dueflow.consumers.recorder.BatchRecorder` writes what a commit
 writes: idempotency ``done``/``dead``, the retry record in its tier with the
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dueflow import headers as hdr
+from dueflow import reschedule
 from dueflow.config import QueueSpec, Settings
 from dueflow.consumers.context import TaskContext
 from dueflow.consumers.failures import Failure
@@ -41,7 +43,15 @@ from dueflow.consumers.worker import select_queues
 from dueflow.errors import UndecodableRecord
 from dueflow.metrics import Metrics
 from dueflow.schemas import codec
-from dueflow.schemas.fast import F_DUE_MS, F_JOB_ID, F_KEY, F_SCHEDULE_ID, F_TASK, decode_key_state
+from dueflow.schemas.fast import (
+    F_DUE_MS,
+    F_JOB_ID,
+    F_KEY,
+    F_SCHEDULE_ID,
+    F_TASK,
+    decode_key_record,
+    decode_key_state,
+)
 from dueflow.testing.attempts import HandlerLoop, run_attempt
 from dueflow.testing.log import MemoryLog, MemoryRecord, as_message
 from dueflow.testing.views import JobRun, PendingJob
@@ -176,6 +186,17 @@ class InMemoryWorker:
         if value is None:  # a tombstone forgets the key (a redrive clears `dead`)
             store.apply([(key, None, 0)], None)
             return
+        about = reschedule.key_of(key)
+        if about is not None:  # a reschedule of key `about`
+            try:
+                _state, at_ms, due_ms = decode_key_record(
+                    value, hdr.header(record.headers(), hdr.SCHEMA)
+                )
+            except UndecodableRecord:
+                return  # the real tail quarantines it
+            if due_ms is not None:
+                store.reschedule([(about, due_ms, at_ms)])
+            return
         if store.get(key) is not None:
             return  # final already (most often: this worker's own record read back)
         try:
@@ -233,6 +254,11 @@ class InMemoryWorker:
                 state = recorder.pending_final.get(key)
             if state is not None:
                 recorder.skipped(d, state, now_ms)
+                return self._commit(queue, d, not_before, now_ms, now_ms, ran=False)
+            if d.fields is not None and reschedule.superseded(
+                d.feed.keys.run_only_due(key), d.fields[F_DUE_MS]
+            ):
+                recorder.superseded(d, now_ms)
                 return self._commit(queue, d, not_before, now_ms, now_ms, ran=False)
         if d.bad is not None:
             reason, bad = d.bad

@@ -178,3 +178,76 @@ def test_a_cancel_from_another_client_finds_the_queue_and_the_job_never_runs(
         assert RUNS.of(job.job_id) == []
         again = s.cancel(control.job_id)  # it ran: nothing to cancel
         assert (again.cancelled, again.found, again.state) == (False, True, "succeeded")
+
+
+# ------------------------------------------------------------ reschedule
+
+
+def worker_outcomes(s: Scheduler, job_id: str, n: int) -> list[str]:
+    """The job's outcome states once it has ``n`` of them (polled)."""
+    got = wait_for(
+        f"{n} outcomes of {job_id}",
+        lambda: (st := s.status(job_id)) is not None and len(st.history) >= n and st,
+        40,
+    )
+    return [h[0] for h in got.history]
+
+
+def test_a_rescheduled_job_runs_at_its_new_time_never_at_the_old_one_never_twice(
+    settings: Settings, pipeline: None, cli_env: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with Scheduler(settings) as s:
+        later = s.schedule("record", {"n": 1}, queue=QUEUE, delay="2s", idempotency_key="k-later")
+        twice = s.schedule("record", {"n": 2}, queue=QUEUE, delay="2s")
+        control = s.schedule("record", {"n": 3}, queue=QUEUE, delay="2s")
+        moved = s.reschedule(later.job_id, delay="7s")
+        assert (moved.rescheduled, moved.old_due_ms, moved.queue) == (True, later.due_ms, QUEUE)
+        st = s.status(later.job_id)
+        assert st is not None
+        assert (st.state, st.due_ms, st.pending) == ("rescheduled", moved.due_ms, True)
+        first = s.reschedule(twice.job_id, delay="4s")
+    with Scheduler(settings) as other:  # a second reschedule, by a client that knows nothing
+        code, doc = cli(capsys, "reschedule", twice.job_id, "--delay", "8s", "--json")
+        assert (code, doc["rescheduled"], doc["old_due_ms"]) == (0, True, first.due_ms)
+        second_due = doc["due_ms"]
+
+        wait_for("the control job ran", lambda: RUNS.of(control.job_id), 30)
+        assert RUNS.of(later.job_id) == RUNS.of(twice.job_id) == []  # not at the old time
+        ran = wait_for("the moved job ran", lambda: RUNS.of(later.job_id), 30)
+        assert ran[0][2] >= moved.due_ms  # never early
+        wait_for("the twice-moved job ran", lambda: RUNS.of(twice.job_id), 30)
+        assert RUNS.of(twice.job_id)[0][2] >= second_due
+        assert worker_outcomes(other, later.job_id, 4) == [
+            "scheduled",
+            "rescheduled",  # the client moved it
+            "rescheduled",  # a worker skipped the old timer's delivery
+            "succeeded",
+        ]
+        assert worker_outcomes(other, twice.job_id, 6) == [
+            "scheduled",
+            "rescheduled",
+            "rescheduled",
+            "rescheduled",
+            "rescheduled",
+            "succeeded",
+        ]
+        assert len(RUNS.of(later.job_id)) == len(RUNS.of(twice.job_id)) == 1  # once
+        # a job that ran is not rescheduled, and says why
+        again = other.reschedule(control.job_id, delay="1m")
+        assert (again.rescheduled, again.reason) == (False, "it has succeeded already")
+        code, text = cli(capsys, "reschedule", control.job_id, "--delay", "1m")
+        assert code == 1
+        assert "not rescheduled: it has succeeded already" in text
+
+
+def test_a_job_moved_earlier_runs_then_and_its_old_timer_is_a_duplicate(
+    settings: Settings, pipeline: None
+) -> None:
+    with Scheduler(settings) as s:
+        job = s.schedule("record", queue=QUEUE, delay="9s")
+        moved = s.reschedule(job.job_id, delay="1s")
+        assert moved.rescheduled
+        ran = wait_for("the job ran early", lambda: RUNS.of(job.job_id), 20)
+        assert moved.due_ms <= ran[0][2] < job.due_ms
+        assert worker_outcomes(s, job.job_id, 4)[2:] == ["succeeded", "duplicate"]
+        assert len(RUNS.of(job.job_id)) == 1

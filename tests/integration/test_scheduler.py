@@ -326,7 +326,13 @@ def test_cancel_lands_on_the_partition_of_the_exec_record(
     idem = {bytes(m.key() or b"").decode(): m for m in read_all(settings, n.idempotency("billing"))}
     assert set(idem) == set(keys)
     for key in keys:
-        rec = codec.decode("idempotency", idem[key].value() or b"")
+        rec = codec.decode(
+            "idempotency",
+            idem[key].value() or b"",
+            writer_version=codec.parse_schema_header(
+                hdr.header(headers_of(idem[key]), hdr.SCHEMA), expected="idempotency"
+            ),
+        )
         assert (rec["state"], rec["job_id"]) == ("cancelled", f"job-{key}")
         assert idem[key].partition() == exec_partition[key]
         assert rec["content_hash"]

@@ -22,13 +22,14 @@ def test_cancel_writes_idempotency_state_and_outcome() -> None:
     )
     assert (idem.topic, idem.key, idem.partition) == ("df.idempotency.billing", b"invoice:1", None)
     assert hdr.header(idem.headers, hdr.SCHEMA) == b"dueflow.IdempotencyRecord/1"  # every worker
-    assert codec.decode("idempotency", idem.value or b"") == {
+    assert codec.decode("idempotency", idem.value or b"", writer_version=1) == {
         "idempotency_key": "invoice:1",
         "job_id": "j-1",
         "state": "cancelled",
         "at_ms": 123,
         "attempts": 0,
         "content_hash": "h",
+        "run_only_due_ms": None,  # read as version 2: the default
     }
     assert codec.parse_schema_header(hdr.header(idem.headers, hdr.SCHEMA), expected="idempotency")
     assert (outcome.topic, outcome.key) == ("df.outcomes", b"j-1")

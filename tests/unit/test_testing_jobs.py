@@ -422,6 +422,8 @@ def test_every_public_scheduler_method_is_known_here() -> None:
         "find_target",
         "lookup",
         "status",
+        "reschedule",
+        "timers",
         "add_schedule",
         "update_schedule",
         "pause_schedule",

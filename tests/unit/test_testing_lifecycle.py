@@ -84,3 +84,127 @@ def test_cancel_of_a_job_due_beyond_the_queues_idempotency_retention_is_refused(
             p.scheduler.cancel(far.job_id)
         near = p.scheduler.schedule("t", delay="6d")
         assert p.scheduler.cancel(near.job_id).cancelled
+
+
+# ------------------------------------------------------------ reschedule
+
+
+def test_a_job_moved_later_runs_then_and_not_at_its_old_time() -> None:
+    calls: list[Any] = []
+    with InMemoryPipeline([recording("t", calls)]) as p:
+        job = p.scheduler.schedule("t", {"n": 7}, delay="10m", idempotency_key="k-7")
+        moved = p.scheduler.reschedule(job.job_id, delay="30m")
+        assert (moved.rescheduled, moved.old_due_ms, moved.due_ms) == (
+            True,
+            job.due_ms,
+            p.clock() + 30 * 60_000,
+        )
+        status = p.scheduler.status(job.job_id)
+        assert status is not None
+        assert (status.state, status.pending, status.due_ms) == ("rescheduled", True, moved.due_ms)
+        p.advance(minutes=29)
+        assert calls == []  # the old timer came and went: skipped
+        assert [(r.outcome, r.ran, r.due_ms) for r in p.history] == [
+            ("rescheduled", False, job.due_ms)
+        ]
+        p.advance(minutes=1)
+        assert calls == [(job.job_id, 1, {"n": 7})]  # same job id, payload
+        (run,) = p.runs(job.job_id)
+        assert (run.at_ms, run.idempotency_key) == (moved.due_ms, "k-7")  # never early
+        p.run_until_idle()
+        assert len(calls) == 1
+
+
+def test_a_job_moved_earlier_runs_then_and_its_old_timer_is_a_duplicate() -> None:
+    calls: list[Any] = []
+    with InMemoryPipeline([recording("t", calls)]) as p:
+        job = p.scheduler.schedule("t", delay="1h")
+        moved = p.scheduler.reschedule(job.job_id, delay="1m")
+        p.run_until_idle()
+        assert [(r.outcome, r.at_ms) for r in p.history] == [
+            ("succeeded", moved.due_ms),
+            ("duplicate", job.due_ms),  # its key is done: never twice
+        ]
+        assert len(calls) == 1
+
+
+def test_a_second_reschedule_supersedes_the_first() -> None:
+    calls: list[Any] = []
+    with InMemoryPipeline([recording("t", calls)]) as p:
+        job = p.scheduler.schedule("t", delay="10m")
+        first = p.scheduler.reschedule(job.job_id, delay="20m")
+        second = p.scheduler.reschedule(job.job_id, delay="30m")
+        assert (first.rescheduled, second.rescheduled, second.old_due_ms) == (
+            True,
+            True,
+            first.due_ms,
+        )
+        p.run_until_idle()
+        assert [(r.outcome, r.due_ms) for r in p.history] == [
+            ("rescheduled", job.due_ms),
+            ("rescheduled", first.due_ms),
+            ("succeeded", second.due_ms),
+        ]
+        assert len(calls) == 1
+
+
+@pytest.mark.parametrize(
+    ("setup", "reason"),
+    [
+        ("ran", "it has succeeded already"),
+        ("cancelled", "it has cancelled already"),
+        ("unknown", "not found"),
+        ("same time", "it is due then already"),
+    ],
+)
+def test_a_job_that_is_not_pending_is_not_rescheduled_and_says_why(setup: str, reason: str) -> None:
+    with InMemoryPipeline([recording("t", [])]) as p:
+        job = p.scheduler.schedule("t", run_at="2030-01-01T01:00:00Z")
+        job_id = job.job_id
+        if setup == "ran":
+            p.run_until_idle()
+        elif setup == "cancelled":
+            p.scheduler.cancel(job_id)
+        elif setup == "unknown":
+            job_id = "nobody-scheduled-this"
+        kwargs: dict[str, Any] = {"queue": "default"} if setup == "unknown" else {}
+        got = p.scheduler.reschedule(job_id, run_at="2030-01-01T01:00:00Z", **kwargs)
+        assert not got.rescheduled
+        assert reason in (got.reason or "")
+        assert reason in got.message
+
+
+def test_the_rule_when_the_job_ran_before_its_reschedule_reached_the_worker() -> None:
+    """The race: the job ran at its old time; a reschedule written after that (as a
+    client that did not see it run would) leaves a second timer, which the key store
+    makes a duplicate: still at most once."""
+    from dueflow.producers.rescheduling import moved_timer, reschedule_records
+    from dueflow.producers.targets import Target
+
+    calls: list[Any] = []
+    with InMemoryPipeline([recording("t", calls)]) as p:
+        job = p.scheduler.schedule("t", delay="1m")
+        (timer,) = p.log.records(p.scheduler.names.timers)
+        p.advance(minutes=1)  # it runs
+        late = p.clock() + 60_000
+        moved = moved_timer(
+            timer.value() or b"",
+            timer.headers(),
+            due_ms=late,
+            now_ms=p.clock(),
+            placer=p.scheduler.planner.placer,
+        )
+        p.log.append(p.scheduler.names.timers, moved.key, moved.value, moved.headers)
+        target = Target(
+            job.job_id, "default", job.job_id, True, "scheduled", job.due_ms, "t", None, None, True
+        )
+        for rec in reschedule_records(
+            p.scheduler.names, target, due_ms=late, at_ms=p.clock(), partitions=1
+        ):
+            p.log.append(rec.topic, rec.key, rec.value, rec.headers, rec.partition)
+        p.run_until_idle()
+        assert [(r.outcome, r.ran) for r in p.history] == [
+            ("succeeded", True),
+            ("duplicate", False),
+        ]
+        assert len(calls) == 1
