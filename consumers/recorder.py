@@ -11,6 +11,7 @@ a :class:`~dueflow.consumers.committer.Batch` every commit interval:
   DLQ record (partition p) + idempotency ``dead`` + outcome ``dead``
 - skipped (key final already): outcome ``duplicate`` or ``cancelled``
 - superseded (a reschedule moved the job): outcome ``rescheduled``
+- expired (a first attempt past its deadline): outcome ``expired``
 
 A key finished here is "pending final" until its batch commits, so a
 replayed record of the same key is skipped even before the store knows.
@@ -341,6 +342,12 @@ class BatchRecorder:
         the old time), nothing else (the key is not final: the job is still to run)."""
         self._outcome(d, "rescheduled", now_ms)
         self._tally[(identity(d)[1], "rescheduled")] += 1
+
+    def expired(self, d: Delivery, now_ms: int) -> None:
+        """Not started by its deadline: outcome ``expired``, nothing else (not a dead
+        letter, the key not final: see :mod:`dueflow.deadline`)."""
+        self._outcome(d, "expired", now_ms)
+        self._tally[(identity(d)[1], "expired")] += 1
 
     def _outcome(
         self,

@@ -12,7 +12,9 @@ For each record, at the head of its partition:
 2. its key is final in the key store (done, dead, cancelled) or finished
    in a batch not committed yet -> skipped, counted, outcome
    ``duplicate``/``cancelled``; a reschedule of the key says another due
-   time runs -> skipped, outcome ``rescheduled`` (dueflow.reschedule);
+   time runs -> skipped, outcome ``rescheduled`` (dueflow.reschedule); a
+   first attempt past its deadline (``df-expires``) -> not run, outcome
+   ``expired`` (dueflow.deadline);
 3. a record with the same key is running (a replay) -> held until that one
    finishes, then decided again;
 4. undecodable value or payload, unknown task -> dead letter at once;
@@ -51,7 +53,14 @@ from dueflow.consumers.committer import CommitFailed, TransactionalCommitter
 from dueflow.consumers.context import TaskContext
 from dueflow.consumers.execution import JobExecutor
 from dueflow.consumers.failures import Failure
-from dueflow.consumers.feeds import Delivery, PartitionFeed, attempt_limits, prepare, trace_id
+from dueflow.consumers.feeds import (
+    Delivery,
+    PartitionFeed,
+    attempt_limits,
+    int_or,
+    prepare,
+    trace_id,
+)
 from dueflow.consumers.polling import GroupPoller
 from dueflow.consumers.quarantine import Quarantine
 from dueflow.consumers.ratelimit import QueueRates
@@ -702,6 +711,13 @@ class QueueRuntime:
                 if key in running:
                     backlog.popleft()
                     self._held.setdefault(key, []).append(d)
+                    continue
+            if d.attempt == 1:
+                deadline = d.hmap.get(hdr.EXPIRES)  # dueflow.deadline.expired, inlined
+                if deadline is not None and now_ms > int_or(deadline, now_ms):
+                    backlog.popleft()
+                    self._batch.expired(d, now_ms)
+                    feed.tracker.finish(d.offset)
                     continue
             if d.bad is not None:
                 backlog.popleft()

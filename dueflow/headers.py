@@ -20,6 +20,9 @@ header                    meaning
 ``df-sv``        cron     schedule version the occurrence was computed from
 ``df-occurrence``  cron   the occurrence's nominal instant (ms, before jitter)
 ``df-schema``  optional   value schema, e.g. ``dueflow.Job/1``
+``df-expires`` optional   UTC epoch ms: a job not started by then is not run
+                          (outcome ``expired``; a worker decides at start)
+``df-overlap`` cron       the schedule's overlap policy when not ``allow``
 ``traceparent``           W3C trace context (``tracestate`` too)
 ``df-trace-link``         W3C ``traceparent`` of the job's previous step, when
                           that step is not the parent (see dueflow.tracing)
@@ -84,6 +87,8 @@ SCHEDULE = "df-schedule"
 SCHEDULE_VERSION = "df-sv"
 OCCURRENCE = "df-occurrence"
 SCHEMA = "df-schema"
+EXPIRES = "df-expires"
+OVERLAP = "df-overlap"
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
 TRACE_LINK = "df-trace-link"

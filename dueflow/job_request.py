@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from dueflow.config import Settings
+from dueflow.deadline import job_deadline
 from dueflow.errors import InvalidInput
 from dueflow.jitter import deterministic_jitter_ms
 from dueflow.model import Backoff, BackoffKind, Job
@@ -41,7 +42,9 @@ class JobRequest:
     ``payload`` is any JSON-serializable value (stored as JSON) or ``bytes``
     (stored as is, ``application/octet-stream``). Give ``run_at`` (a tz-aware
     datetime or ISO-8601 text with an offset) or ``delay`` (a duration), or
-    neither to run at once.
+    neither to run at once. ``expires`` (an instant) and ``max_lateness`` (a
+    duration after the due time) give a deadline: a job not started by then
+    is not run (:mod:`dueflow.deadline`).
     """
 
     task: str
@@ -56,6 +59,8 @@ class JobRequest:
     timeout: Duration | None = None
     jitter: Duration | None = None
     labels: Mapping[str, str] | None = None
+    expires: Instant | None = None
+    max_lateness: Duration | None = None
 
 
 REQUEST_FIELDS = frozenset(f.name for f in fields(JobRequest))
@@ -199,6 +204,20 @@ def prepare_job(
             content_hash(task, payload, content_type),
             labels,
         ),
+    )
+
+
+def deadline_of(req: JobRequest, due_ms: int) -> int | None:
+    """The deadline of ``req``'s job due at ``due_ms`` (:func:`dueflow.deadline.job_deadline`);
+    :class:`InvalidInput` names ``expires`` or ``max_lateness``."""
+    if req.expires is None and req.max_lateness is None:
+        return None
+    return job_deadline(
+        due_ms=due_ms,
+        expires_ms=None if req.expires is None else to_utc_ms(req.expires, field="expires"),
+        max_lateness_ms=None
+        if req.max_lateness is None
+        else parse_duration(req.max_lateness, field="max_lateness"),
     )
 
 

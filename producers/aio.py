@@ -151,6 +151,8 @@ class AsyncScheduler:
         timeout: Duration | None = None,  # noqa: ASYNC109 - the job's run time limit
         jitter: Duration | None = None,
         labels: Mapping[str, str] | None = None,
+        expires: Instant | None = None,
+        max_lateness: Duration | None = None,
     ) -> Scheduled:
         """See :meth:`Scheduler.schedule`."""
         return await self.schedule_request(
@@ -167,6 +169,8 @@ class AsyncScheduler:
                 timeout=timeout,
                 jitter=jitter,
                 labels=labels,
+                expires=expires,
+                max_lateness=max_lateness,
             )
         )
 

@@ -18,6 +18,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 from opentelemetry import trace
 
+from dueflow import headers as hdr
 from dueflow import tracing
 from dueflow.clients import kafka_error
 from dueflow.config import Settings
@@ -34,6 +35,7 @@ from dueflow.job_request import (
     bad_attempts,
     bad_name,
     content_hash,
+    deadline_of,
     encode_payload,
     prepare_job,
     unknown_queue,
@@ -107,6 +109,7 @@ class PlannedTimer(NamedTuple):
             job.idempotency_key,
             job.content_hash or "",
             self.record.partition,
+            expires_ms=hdr.header_int(self.record.headers, hdr.EXPIRES),
         )
 
 
@@ -151,6 +154,8 @@ class TimerPlanner:
             and req.backoff is None
             and req.timeout is None
             and req.labels is None
+            and req.expires is None
+            and req.max_lateness is None
             and not trace_headers
         ):
             return self._plan_plain(req, now_ms)
@@ -168,6 +173,9 @@ class TimerPlanner:
                 new_job_id=self.ids.new,
                 trace=_trace_map(trace_headers) if trace_headers else None,
             )
+            deadline = deadline_of(req, job.due_ms)
+            if deadline is not None:  # the worker reads it (dueflow.deadline)
+                trace_headers = [*trace_headers, (hdr.EXPIRES, b"%d" % deadline)]
             record = timer_record(
                 job, now_ms=now_ms, placer=self.placer, trace_headers=trace_headers
             )

@@ -4,7 +4,8 @@
 - :func:`refusal`: why a job cannot be rescheduled (not found, a cron
   occurrence, started or finished already, due then already), or None;
 - :func:`moved_timer`: the job's timer record again, due at the new time
-  (same job id, key and value, but ``due_ms``; its trace context kept);
+  (same job id, key and value, but ``due_ms``; its trace context kept, its
+  deadline moved with it: the same window after the new due time);
 - :func:`reschedule_records`: the reschedule record for the job's key and the
   ``rescheduled`` outcome.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from dueflow import headers as hdr
+from dueflow.deadline import moved_deadline
 from dueflow.errors import UndecodableRecord
 from dueflow.job_status import PENDING_STATES
 from dueflow.partitioning import partition_for_key
@@ -69,6 +71,10 @@ def moved_timer(
     if job.schedule_id is not None:
         raise UndecodableRecord("a cron occurrence, not a one-shot job")
     kept = [(k, v) for k, v in headers if k in KEPT_HEADERS]
+    deadline = hdr.header(headers, hdr.EXPIRES)
+    if deadline is not None and deadline.isdigit():  # the same window after the new due time
+        moved = moved_deadline(int(deadline), old_due_ms=job.due_ms, new_due_ms=due_ms)
+        kept.append((hdr.EXPIRES, b"%d" % moved))
     return timer_record(
         replace(job, due_ms=due_ms), now_ms=now_ms, placer=placer, trace_headers=kept
     )

@@ -15,7 +15,8 @@ class Scheduled(NamedTuple):
 
     ``duplicate`` is True when the same job id with the same content had
     already been scheduled through this client: nothing new was written and
-    the values are those of the first call.
+    the values are those of the first call. ``expires_ms``: the job's deadline
+    (``expires`` / ``max_lateness``), if it has one.
     """
 
     job_id: str
@@ -26,6 +27,7 @@ class Scheduled(NamedTuple):
     content_hash: str
     partition: int
     duplicate: bool = False
+    expires_ms: int | None = None
 
     @property
     def due(self) -> datetime:
@@ -42,6 +44,7 @@ class Scheduled(NamedTuple):
             "idempotency_key": self.idempotency_key,
             "partition": self.partition,
             "duplicate": self.duplicate,
+            "expires_ms": self.expires_ms,
         }
 
 

@@ -218,8 +218,14 @@ class Scheduler:
         timeout: Duration | None = None,
         jitter: Duration | None = None,
         labels: Mapping[str, str] | None = None,
+        expires: Instant | None = None,
+        max_lateness: Duration | None = None,
     ) -> Scheduled:
         """Schedule ``task(payload)`` at ``run_at``, after ``delay``, or now.
+
+        ``expires`` (an instant) / ``max_lateness`` (a duration after the due
+        time): a job not started by then is not run, outcome ``expired``
+        (:mod:`dueflow.deadline`).
 
         Returns the job id and the UTC due time (jitter applied) once the
         broker has the timer. Raises :class:`InvalidInput` (nothing written),
@@ -240,6 +246,8 @@ class Scheduler:
                 timeout=timeout,
                 jitter=jitter,
                 labels=labels,
+                expires=expires,
+                max_lateness=max_lateness,
             )
         )
 

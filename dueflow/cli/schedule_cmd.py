@@ -21,7 +21,7 @@ import orjson
 
 from dueflow.cli.common import add_global_options, print_json, settings_from_args
 from dueflow.errors import InvalidInput
-from dueflow.job_request import JobRequest, JobRules, due_of, prepare_job
+from dueflow.job_request import JobRequest, JobRules, deadline_of, due_of, prepare_job
 from dueflow.producers.core import wall_ms
 from dueflow.producers.scheduler import Scheduler
 from dueflow.timeutil import format_utc
@@ -43,6 +43,12 @@ def register(sub: Any) -> None:
     p.add_argument("--backoff", help="exponential|fixed|none[:BASE[:MAX]], e.g. fixed:1s:1m")
     p.add_argument("--timeout", help="run time limit of one attempt, e.g. 30s")
     p.add_argument("--jitter", help="spread the due time over [0, JITTER], e.g. 10s")
+    p.add_argument(
+        "--expires", help="not started by this instant (ISO-8601 with an offset): not run"
+    )
+    p.add_argument(
+        "--max-lateness", help="not started this long after its due time (e.g. 5m): not run"
+    )
     add_global_options(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_schedule)
@@ -122,23 +128,27 @@ def _schedule(args: argparse.Namespace) -> int:
         backoff=args.backoff,
         timeout=args.timeout,
         jitter=args.jitter,
+        expires=args.expires,
+        max_lateness=args.max_lateness,
     )
     # Everything that needs no broker is checked before connecting.
-    prepare_job(
+    checked = prepare_job(
         req,
         now_ms=wall_ms(),
         rules=JobRules.from_settings(settings),
         new_job_id=lambda now_ms: "not-written",
     )
+    deadline_of(req, checked.due_ms)
     with Scheduler(settings) as scheduler:
         result = scheduler.schedule_request(req)
     if args.json:
         print_json(result.to_json())
     else:
         state = "already scheduled" if result.duplicate else "scheduled"
+        expires = "" if result.expires_ms is None else f", expires {format_utc(result.expires_ms)}"
         print(
             f"{state} job {result.job_id} due {format_utc(result.due_ms)} "
-            f"(queue {result.queue}, task {result.task})"
+            f"(queue {result.queue}, task {result.task}{expires})"
         )
     return 0
 

@@ -40,6 +40,7 @@ from dueflow.consumers.recorder import BatchRecorder
 from dueflow.consumers.registry import TaskRegistry
 from dueflow.consumers.store import STATE_OF, MemoryKeyStore
 from dueflow.consumers.worker import select_queues
+from dueflow.deadline import expired
 from dueflow.errors import UndecodableRecord
 from dueflow.metrics import Metrics
 from dueflow.schemas import codec
@@ -260,6 +261,12 @@ class InMemoryWorker:
             ):
                 recorder.superseded(d, now_ms)
                 return self._commit(queue, d, not_before, now_ms, now_ms, ran=False)
+        deadline = d.hmap.get(hdr.EXPIRES)
+        if deadline is not None and expired(
+            int_or(deadline, now_ms), attempt=d.attempt, now_ms=now_ms
+        ):
+            recorder.expired(d, now_ms)
+            return self._commit(queue, d, not_before, now_ms, now_ms, ran=False)
         if d.bad is not None:
             reason, bad = d.bad
             recorder.dead(d, reason, bad, now_ms, started=False)

@@ -17,9 +17,10 @@ from dueflow.cli.main import main
 from dueflow.config import Settings
 from dueflow.consumers import TaskContext, TaskRegistry
 from dueflow.producers import Scheduler
+from dueflow.topics import names
 from tests.conftest import KafkaCluster
 from tests.integration.pipeline_support import wait_for
-from tests.integration.worker_support import WorkerThread
+from tests.integration.worker_support import WorkerThread, read_topic
 from tests.support.emitters import FAST_EMITTER, SMALL_WHEEL, ensure_topics, threaded_emitter
 
 QUEUE = "jobs"
@@ -251,3 +252,32 @@ def test_a_job_moved_earlier_runs_then_and_its_old_timer_is_a_duplicate(
         assert moved.due_ms <= ran[0][2] < job.due_ms
         assert worker_outcomes(s, job.job_id, 4)[2:] == ["succeeded", "duplicate"]
         assert len(RUNS.of(job.job_id)) == 1
+
+
+# ------------------------------------------------------------ expires / max_lateness
+
+
+def test_a_job_not_started_by_its_deadline_is_not_run_and_not_dead_lettered(
+    settings: Settings,
+) -> None:
+    """The worker is down past the deadline of one job and within that of another:
+    when it comes back, the first expires (outcome ``expired``, no dead letter), the
+    second runs."""
+    with threaded_emitter(settings) as em:
+        em.wait_active()
+        with Scheduler(settings) as s:
+            late = s.schedule("record", queue=QUEUE, delay="1s", max_lateness="1s")
+            fine = s.schedule("record", queue=QUEUE, delay="1s", max_lateness="10m")
+            assert late.expires_ms == late.due_ms + 1_000
+            wait_for("the first deadline", lambda: now_ms() > (late.expires_ms or 0) + 500, 20)
+            with WorkerThread(settings, TaskRegistry([record])):
+                wait_for("the job within its deadline ran", lambda: RUNS.of(fine.job_id), 30)
+                expired = wait_for(
+                    "the expired outcome",
+                    lambda: (st := s.status(late.job_id)) is not None and st.finished and st,
+                    30,
+                )
+            assert (expired.state, expired.last_outcome) == ("expired", "expired")
+            assert RUNS.of(late.job_id) == []
+            n = names(settings)
+            assert read_topic(settings, n.dlq(QUEUE)) == []

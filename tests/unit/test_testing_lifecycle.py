@@ -208,3 +208,65 @@ def test_the_rule_when_the_job_ran_before_its_reschedule_reached_the_worker() ->
             ("duplicate", False),
         ]
         assert len(calls) == 1
+
+
+# ------------------------------------------------------------ expires / max_lateness
+
+
+def test_a_job_not_started_by_its_deadline_is_not_run() -> None:
+    calls: list[Any] = []
+    with InMemoryPipeline([recording("t", calls)]) as p:
+        late = p.scheduler.schedule("t", 1, delay="10m", max_lateness="5m")
+        assert late.expires_ms == late.due_ms + 300_000
+        soon = p.scheduler.schedule("t", 2, delay="10m", expires="2030-01-01T00:20:00Z")
+        p.clock.advance(minutes=17)  # every process down past the first deadline
+        p.run_due()
+        assert [c[2] for c in calls] == [2]
+        assert {r.job_id: r.outcome for r in p.history} == {
+            late.job_id: "expired",
+            soon.job_id: "succeeded",
+        }
+        st = p.scheduler.status(late.job_id)
+        assert st is not None
+        assert (st.state, st.finished) == ("expired", True)
+        assert p.dead_letters() == []  # not a dead letter
+
+
+def test_on_time_it_runs_and_its_retries_run_past_the_deadline() -> None:
+    calls: list[Any] = []
+
+    @task("flaky-once", max_attempts=3)
+    def once(payload: Any, ctx: Any) -> None:
+        calls.append((ctx.job_id, ctx.attempt, payload))
+        if ctx.attempt == 1:
+            raise ConnectionError("not yet")
+
+    with InMemoryPipeline([once]) as p:
+        job = p.scheduler.schedule("flaky-once", delay="1m", max_lateness=0)
+        p.run_until_idle()
+        assert [r.outcome for r in p.history] == ["retrying", "succeeded"]
+        assert p.history[1].at_ms > (job.expires_ms or 0)  # the retry ran after it
+
+
+def test_a_deadline_before_the_due_time_is_refused_and_nothing_is_written() -> None:
+    with InMemoryPipeline([recording("t", [])]) as p:
+        before = len(p.log.records(p.scheduler.names.timers))
+        with pytest.raises(InvalidInput) as info:
+            p.scheduler.schedule("t", delay="1h", expires="2030-01-01T00:30:00Z")
+        assert info.value.field == "expires"
+        with pytest.raises(InvalidInput) as info:
+            p.scheduler.schedule("t", max_lateness="-5m")
+        assert info.value.field == "max_lateness"
+        assert len(p.log.records(p.scheduler.names.timers)) == before
+
+
+def test_a_rescheduled_job_keeps_its_window() -> None:
+    calls: list[Any] = []
+    with InMemoryPipeline([recording("t", calls)]) as p:
+        job = p.scheduler.schedule("t", delay="10m", max_lateness="1m")
+        moved = p.scheduler.reschedule(job.job_id, delay="1h")
+        p.advance(minutes=30)
+        p.clock.advance(minutes=30, seconds=30)  # 30 s late: inside its minute
+        p.run_due()
+        assert [r.outcome for r in p.runs(job.job_id)] == ["succeeded"]
+        assert p.runs(job.job_id)[0].at_ms == moved.due_ms + 30_000
