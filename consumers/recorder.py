@@ -12,6 +12,8 @@ a :class:`~dueflow.consumers.committer.Batch` every commit interval:
 - skipped (key final already): outcome ``duplicate`` or ``cancelled``
 - superseded (a reschedule moved the job): outcome ``rescheduled``
 - expired (a first attempt past its deadline): outcome ``expired``
+- a cron occurrence skipped by its overlap policy: idempotency ``cancelled``
+  + outcome ``skipped``
 
 A key finished here is "pending final" until its batch commits, so a
 replayed record of the same key is skipped even before the store knows.
@@ -342,6 +344,28 @@ class BatchRecorder:
         the old time), nothing else (the key is not final: the job is still to run)."""
         self._outcome(d, "rescheduled", now_ms)
         self._tally[(identity(d)[1], "rescheduled")] += 1
+
+    def skipped_occurrence(self, d: Delivery, now_ms: int) -> None:
+        """A cron occurrence skipped by its schedule's overlap policy: its key is final
+        (``cancelled``: it did not and will not run) + outcome ``skipped``."""
+        job_id, task, key_text = identity(d)
+        if d.key:
+            self.records.append(
+                (
+                    d.feed,
+                    self._idem_topic,
+                    d.feed.partition,
+                    d.key,
+                    encode_key_state(
+                        idempotency_key=key_text, job_id=job_id, state="cancelled", at_ms=now_ms
+                    ),
+                    KEY_HEADERS,
+                )
+            )
+            self.finals.append((d.feed, d.key, CANCELLED, now_ms))
+            self.pending_final[d.key] = CANCELLED
+        self._outcome(d, "skipped", now_ms)
+        self._tally[(task, "skipped")] += 1
 
     def expired(self, d: Delivery, now_ms: int) -> None:
         """Not started by its deadline: outcome ``expired``, nothing else (not a dead

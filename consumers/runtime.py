@@ -17,6 +17,9 @@ For each record, at the head of its partition:
    ``expired`` (dueflow.deadline);
 3. a record with the same key is running (a replay) -> held until that one
    finishes, then decided again;
+   a cron occurrence of a schedule with an overlap policy while another of
+   its occurrences runs -> skipped (outcome ``skipped``) or, ``buffer_one``,
+   held until it finishes (dueflow.cron_overlap);
 4. undecodable value or payload, unknown task -> dead letter at once;
 5. rate limits (queue, task) -> the partitions pause until a token is due;
 6. a concurrency slot -> the handler runs.
@@ -61,6 +64,7 @@ from dueflow.consumers.feeds import (
     prepare,
     trace_id,
 )
+from dueflow.consumers.overlap import OverlapGuard
 from dueflow.consumers.polling import GroupPoller
 from dueflow.consumers.quarantine import Quarantine
 from dueflow.consumers.ratelimit import QueueRates
@@ -69,6 +73,7 @@ from dueflow.consumers.registry import TaskRegistry
 from dueflow.consumers.spans import end_attempt, start_attempt
 from dueflow.consumers.store import StoreFactory
 from dueflow.consumers.tail import KeyTail
+from dueflow.cron_overlap import Admission
 from dueflow.errors import DueflowError
 from dueflow.group_config import (
     apply_group_configs,
@@ -199,6 +204,7 @@ class QueueRuntime:
         self._ready: deque[PartitionFeed] = deque()
         self._running: dict[bytes, Delivery] = {}  # key -> its running attempt
         self._held: dict[bytes, list[Delivery]] = {}  # key -> replays waiting for it
+        self._overlap = OverlapGuard()  # cron occurrences of schedules with a policy
         self._queue_held = False
         self._operator_paused = False  # `dueflow queue pause`: start nothing, keep the group
         # Whether this member may have been expelled without knowing it yet (see
@@ -476,6 +482,7 @@ class QueueRuntime:
         self._held = {
             k: kept for k, v in self._held.items() if (kept := [d for d in v if not d.feed.gone])
         }
+        self._overlap.forget_gone()
 
     # ================================================================== intake
 
@@ -725,6 +732,16 @@ class QueueRuntime:
                 self._batch.dead(d, reason, failure, now_ms, started=False)
                 feed.tracker.finish(d.offset)
                 continue
+            if hdr.OVERLAP in d.hmap:  # a cron occurrence of a schedule with a policy
+                admission = self._overlap.admit(d)
+                if admission is Admission.SKIP:
+                    backlog.popleft()
+                    self._batch.skipped_occurrence(d, now_ms)
+                    feed.tracker.finish(d.offset)
+                    continue
+                if admission is Admission.BUFFER:  # waits for the running one
+                    backlog.popleft()
+                    continue
             if limited and not self._take_token(feed, d):
                 return True
             backlog.popleft()
@@ -814,6 +831,7 @@ class QueueRuntime:
         self._slots.free -= 1
         feed.inflight += 1
         self._running[d.key] = d
+        self._overlap.started(d)
         d.max_attempts, timeout_s = attempt_limits(task, fields, self._ws)
         otel = None
         if self._tracing:
@@ -849,6 +867,9 @@ class QueueRuntime:
         key = d.key
         if self._running.get(key) is d:
             del self._running[key]
+        waited = self._overlap.finished(d)
+        if waited is not None:  # buffer_one: the occurrence that waited for this one
+            self._requeue([waited])
         held = self._held.pop(key, None)
         if held:
             # Records of the same key waiting for this attempt: maybe read again

@@ -24,6 +24,8 @@ Nothing here does I/O, reads the clock or draws random numbers: instants
   schedule that can never fire (``0 0 30 2 *``, an end before its first
   occurrence), as adding one does.
 - Misfires (``dueflow.misfire``): ``misfire_plan`` after downtime.
+- Overlap (``dueflow.cron_overlap``): ``OverlapPolicy`` (``allow``, ``skip``,
+  ``buffer_one``) for an occurrence that comes while the previous one runs.
 - Jitter (``dueflow.jitter``): ``deterministic_jitter_ms`` from a seed.
 
 The full rules with worked examples are in docs/cron.md.
@@ -32,6 +34,7 @@ The full rules with worked examples are in docs/cron.md.
 from __future__ import annotations
 
 from dueflow.cron_expr import MACROS, CronExpr, parse_cron
+from dueflow.cron_overlap import OverlapPolicy
 from dueflow.cron_schedule import CronSchedule, MisfirePolicy, first_occurrence, next_occurrence
 from dueflow.cron_time import next_fire, occurrences, zone
 from dueflow.jitter import deterministic_jitter_ms, occurrence_jitter_ms
@@ -43,6 +46,7 @@ __all__ = [
     "CronSchedule",
     "MisfirePlan",
     "MisfirePolicy",
+    "OverlapPolicy",
     "deterministic_jitter_ms",
     "first_occurrence",
     "misfire_plan",

@@ -20,6 +20,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from dueflow.cron_expr import CronExpr, parse_cron
+from dueflow.cron_overlap import OverlapPolicy
 from dueflow.cron_time import MAX_MS, next_fire, zone
 from dueflow.errors import InvalidInput
 from dueflow.model import Backoff
@@ -75,6 +76,7 @@ class CronSchedule:
     created_ms: int
     updated_ms: int
     labels: Mapping[str, str] = field(default_factory=dict)
+    overlap: OverlapPolicy = OverlapPolicy.ALLOW
 
     def __post_init__(self) -> None:
         for name in ("schedule_id", "queue", "task", "content_type"):
@@ -88,6 +90,12 @@ class CronSchedule:
         except ValueError:
             raise InvalidInput(
                 "misfire", self.misfire, ", ".join(p.value for p in MisfirePolicy)
+            ) from None
+        try:
+            object.__setattr__(self, "overlap", OverlapPolicy(self.overlap))
+        except ValueError:
+            raise InvalidInput(
+                "overlap", self.overlap, ", ".join(p.value for p in OverlapPolicy)
             ) from None
         _int("jitter_ms", self.jitter_ms, low=0)
         _int("start_ms", self.start_ms, low=0, optional=True)
@@ -139,7 +147,14 @@ class CronSchedule:
             "created_ms": self.created_ms,
             "updated_ms": self.updated_ms,
             "labels": dict(self.labels),
+            "overlap": self.overlap.value,
         }
+
+    @property
+    def schema_version(self) -> int:
+        """The oldest version of ``schemas/schedule.avsc`` that holds this schedule: 1
+        unless it has an overlap policy (readers of the previous release read it)."""
+        return 1 if self.overlap == OverlapPolicy.ALLOW else 2
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> CronSchedule:
@@ -164,6 +179,7 @@ class CronSchedule:
             created_ms=rec["created_ms"],
             updated_ms=rec["updated_ms"],
             labels=dict(rec.get("labels") or {}),
+            overlap=rec.get("overlap", OverlapPolicy.ALLOW),
         )
 
 

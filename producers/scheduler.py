@@ -31,7 +31,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from dueflow import tracing
 from dueflow.clients import kafka_error, make_admin, make_producer
 from dueflow.config import Settings
-from dueflow.cron import CronSchedule, MisfirePolicy
+from dueflow.cron import CronSchedule, MisfirePolicy, OverlapPolicy
 from dueflow.errors import DueflowError, InvalidInput, KafkaOperationError, UndecodableRecord
 from dueflow.job_request import Duration, Instant, JobRequest, due_of
 from dueflow.job_status import JobStatus
@@ -590,12 +590,16 @@ class Scheduler:
         timeout: Duration | None = None,
         labels: Mapping[str, str] | None = None,
         paused: bool = False,
+        overlap: OverlapPolicy | str = OverlapPolicy.ALLOW,
     ) -> CronSchedule:
         """Run ``task(payload)`` at every occurrence of ``cron`` read in ``timezone``.
 
         ``misfire`` says what happens to occurrences missed during downtime
-        (``fire_once``, ``fire_all``, ``skip``); ``jitter`` spreads each
-        occurrence over ``[0, jitter]``; ``start``/``end`` bound the window.
+        (``fire_once``, ``fire_all``, ``skip``); ``overlap`` what an occurrence
+        does while the previous one still runs (``allow``, ``skip``,
+        ``buffer_one``: :mod:`dueflow.cron_overlap`); ``jitter`` spreads each
+        occurrence over ``[0, jitter]``; ``start``/``end`` bound the window. A
+        schedule that can never fire is refused.
         The expression, zone, queue and policy are checked before anything is
         written. Adding the same definition again is a no-op; another one
         under the same id is a :class:`ConflictError` (use :meth:`update_schedule`).
@@ -616,6 +620,7 @@ class Scheduler:
             timeout=timeout,
             labels=labels,
             paused=paused,
+            overlap=overlap,
         )
 
     def update_schedule(self, schedule_id: str, **changes: Any) -> CronSchedule:

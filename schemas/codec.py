@@ -33,7 +33,7 @@ from dueflow.errors import UndecodableRecord
 # short name -> (full Avro name, file name, current version)
 SCHEMAS: dict[str, tuple[str, str, int]] = {
     "job": ("dueflow.Job", "job.avsc", 1),
-    "schedule": ("dueflow.Schedule", "schedule.avsc", 1),
+    "schedule": ("dueflow.Schedule", "schedule.avsc", 2),
     "outcome": ("dueflow.Outcome", "outcome.avsc", 2),
     "dead_letter": ("dueflow.DeadLetter", "dead_letter.avsc", 1),
     "idempotency": ("dueflow.IdempotencyRecord", "idempotency_record.avsc", 2),

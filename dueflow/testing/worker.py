@@ -15,7 +15,8 @@ pipeline's seeded random source), the dead letter with its reason, and the
 outcome. Those records go back into the log, where the next poll reads them.
 
 Differences from a worker on Kafka, by design: one delivery runs at a time
-(no concurrency, so no "same key running" hold); a record runs at its "not
+(no concurrency, so no "same key running" hold, and a cron schedule's
+overlap policy never finds a previous occurrence still running); a record runs at its "not
 before" exactly, where on Kafka it may wait behind an earlier record of its
 tier partition; rate limits are not applied (time does not pass by itself);
 ``isolation="process"`` runs in-process (see :mod:`dueflow.testing.attempts`).
@@ -36,10 +37,12 @@ from dueflow.config import QueueSpec, Settings
 from dueflow.consumers.context import TaskContext
 from dueflow.consumers.failures import Failure
 from dueflow.consumers.feeds import Delivery, PartitionFeed, attempt_limits, int_or, prepare
+from dueflow.consumers.overlap import OverlapGuard
 from dueflow.consumers.recorder import BatchRecorder
 from dueflow.consumers.registry import TaskRegistry
 from dueflow.consumers.store import STATE_OF, MemoryKeyStore
 from dueflow.consumers.worker import select_queues
+from dueflow.cron_overlap import Admission
 from dueflow.deadline import expired
 from dueflow.errors import UndecodableRecord
 from dueflow.metrics import Metrics
@@ -96,6 +99,7 @@ class InMemoryWorker:
         self._read: dict[str, int] = {}  # topic -> records read
         self._heap: list[tuple[int, int, Delivery]] = []
         self._seq = itertools.count()
+        self._overlap = OverlapGuard()
         self._asked = None if queues is None else list(queues)
         self.configure(settings, registry)
 
@@ -271,6 +275,10 @@ class InMemoryWorker:
             reason, bad = d.bad
             recorder.dead(d, reason, bad, now_ms, started=False)
             return self._commit(queue, d, not_before, now_ms, now_ms, ran=False, failure=bad)
+        # One delivery at a time: no other occurrence runs now, so an overlap policy
+        # always lets it run here (the decision is the worker's own).
+        if self._overlap.admit(d) is not Admission.RUN:  # pragma: no cover - never in memory
+            raise AssertionError("an occurrence overlapped in memory")
         task, fields = d.task, d.fields
         assert task is not None
         assert fields is not None
@@ -278,7 +286,11 @@ class InMemoryWorker:
         ctx = TaskContext(
             fields, d.attempt, d.max_attempts, d.hmap, (d.feed.topic, d.feed.partition, d.offset)
         )
-        failure, seconds = run_attempt(task, d.payload, ctx, timeout_s, self._loop)
+        self._overlap.started(d)
+        try:
+            failure, seconds = run_attempt(task, d.payload, ctx, timeout_s, self._loop)
+        finally:
+            self._overlap.finished(d)
         finished_ms = max(now_ms, self._clock())  # a handler may have moved the clock
         if failure is None:
             recorder.succeeded(d, seconds, finished_ms)

@@ -3,6 +3,7 @@ where a job is (status, ``dueflow job``), cancel, reschedule, expiry, cron overl
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -13,10 +14,12 @@ from typing import Any
 import pytest
 
 from dueflow import InvalidInput, task
+from dueflow import headers as hdr
 from dueflow.cli.main import main
 from dueflow.config import Settings
 from dueflow.consumers import TaskContext, TaskRegistry
 from dueflow.producers import Scheduler
+from dueflow.schemas import codec
 from dueflow.topics import names
 from tests.conftest import KafkaCluster
 from tests.integration.pipeline_support import wait_for
@@ -281,3 +284,86 @@ def test_a_job_not_started_by_its_deadline_is_not_run_and_not_dead_lettered(
             assert RUNS.of(late.job_id) == []
             n = names(settings)
             assert read_topic(settings, n.dlq(QUEUE)) == []
+
+
+# ------------------------------------------------------------ cron overlap
+
+SPANS: dict[str, list[tuple[int, int]]] = {}
+SPANS_LOCK = threading.Lock()
+
+
+@task("slow-cron", queue=QUEUE)
+def slow_cron(payload: Any, ctx: TaskContext) -> None:
+    """Runs 2.5 s: longer than its schedule's period (1 s)."""
+    started = now_ms()
+    time.sleep(2.5)  # the job's own work, not a synchronization
+    with SPANS_LOCK:
+        SPANS.setdefault(ctx.job_id.split("@")[0], []).append((started, now_ms()))
+
+
+def overlapping(spans: list[tuple[int, int]]) -> bool:
+    ordered = sorted(spans)
+    return any(b[0] < a[1] for a, b in itertools.pairwise(ordered))
+
+
+@pytest.mark.timeout(180)
+def test_cron_overlap_policies_on_one_worker(settings: Settings) -> None:
+    """Occurrences every second of a job that runs 2.5 s: ``allow`` overlaps them (as
+    before), ``skip`` never starts one while another runs (outcome ``skipped``),
+    ``buffer_one`` starts the waiting one when the running one ends and skips the rest."""
+    SPANS.clear()
+    with (
+        threaded_emitter(settings) as em,
+        WorkerThread(settings, TaskRegistry([slow_cron])),
+        Scheduler(settings) as s,
+    ):
+        em.wait_active()
+        for policy in ("allow", "skip", "buffer_one"):
+            s.add_schedule(
+                f"every-second-{policy}",
+                cron="* * * * * *",
+                timezone="UTC",
+                task="slow-cron",
+                queue=QUEUE,
+                overlap=policy,
+            )
+
+        def runs(policy: str) -> list[tuple[int, int]]:
+            with SPANS_LOCK:
+                return list(SPANS.get(f"every-second-{policy}", []))
+
+        wait_for(
+            "three runs of every schedule",
+            lambda: all(len(runs(p)) >= 3 for p in ("allow", "skip", "buffer_one")),
+            60,
+        )
+        for policy in ("allow", "skip", "buffer_one"):
+            s.delete_schedule(f"every-second-{policy}")
+
+        skipped = wait_for(
+            "skipped occurrences",
+            lambda: (
+                (got := outcome_states_of(settings, "every-second-skip")).count("skipped") >= 2
+                and got
+            ),
+            30,
+        )
+    assert overlapping(runs("allow"))  # the default lets them overlap
+    assert not overlapping(runs("skip"))
+    assert not overlapping(runs("buffer_one"))
+    assert "succeeded" in skipped
+    # buffer_one: the waiting occurrence starts as the running one ends (within a second),
+    # and the occurrences that came while one waited were skipped
+    spans = sorted(runs("buffer_one"))
+    assert all(b[0] - a[1] < 1_000 for a, b in itertools.pairwise(spans))
+    assert "skipped" in outcome_states_of(settings, "every-second-buffer_one")
+
+
+def outcome_states_of(settings: Settings, schedule_id: str) -> list[str]:
+    out = []
+    for r in read_topic(settings, names(settings).outcomes):
+        version = codec.parse_schema_header(r.headers.get(hdr.SCHEMA), expected="outcome")
+        o = codec.decode("outcome", r.value or b"", writer_version=version)
+        if o["schedule_id"] == schedule_id:
+            out.append(o["state"])
+    return out

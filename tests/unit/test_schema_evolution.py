@@ -66,6 +66,7 @@ RECORDS: dict[str, dict[str, Any]] = {
         "created_ms": NOW,
         "updated_ms": NOW,
         "labels": {"team": "data"},
+        "overlap": "buffer_one",  # version 2
     },
     "outcome": {
         "job_id": "0190f0c2a1b27c3d8e9f00112233aabb",

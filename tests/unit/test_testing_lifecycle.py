@@ -270,3 +270,29 @@ def test_a_rescheduled_job_keeps_its_window() -> None:
         p.run_due()
         assert [r.outcome for r in p.runs(job.job_id)] == ["succeeded"]
         assert p.runs(job.job_id)[0].at_ms == moved.due_ms + 30_000
+
+
+# ------------------------------------------------------------ cron overlap
+
+
+def test_a_schedule_with_an_overlap_policy_fires_on_its_schedules_partition() -> None:
+    """In memory one delivery runs at a time, so no occurrence is running when the next
+    comes: each runs (a cluster's worker skips or buffers them: tests/integration)."""
+    from dueflow.partitioning import partition_for_key
+
+    calls: list[Any] = []
+    with InMemoryPipeline([recording("t", calls)]) as p:
+        s = p.scheduler.add_schedule(
+            "every-minute", cron="* * * * *", timezone="UTC", task="t", overlap="skip"
+        )
+        assert s.overlap == "skip"
+        assert p.scheduler.get_schedule("every-minute") == s
+        p.advance(minutes=3)
+        assert len(calls) == 3
+        parts = p.settings.queue("default").partitions
+        assert {r.source[1] for r in p.runs()} == {partition_for_key(b"every-minute", parts)}
+        changed = p.scheduler.update_schedule("every-minute", overlap="buffer_one")
+        assert (changed.overlap, changed.version > s.version) == ("buffer_one", True)
+        with pytest.raises(InvalidInput) as info:
+            p.scheduler.update_schedule("every-minute", overlap="sometimes")
+        assert info.value.field == "overlap"
