@@ -131,9 +131,15 @@ def test_add_get_list_update_pause_resume_delete(
     versions = [hdr.header_int(headers_of(m), hdr.SCHEDULE_VERSION) or 0 for m in nightly]
     assert versions == sorted(versions)
     assert len({m.partition() for m in nightly}) == 1  # keyed by id: one partition
-    value = codec.decode("schedule", nightly[3].value() or b"")
-    assert (value["version"], value["paused"]) == (resumed.version, False)
+    # no overlap policy: written as version 1, which emitters of the previous release read
     assert hdr.header(headers_of(nightly[3]), hdr.SCHEMA) == b"dueflow.Schedule/1"
+    value = codec.decode("schedule", nightly[3].value() or b"", writer_version=1)
+    assert (value["version"], value["paused"]) == (resumed.version, False)
+    scheduler.add_schedule("careful", cron="* * * * *", timezone="UTC", task="t", overlap="skip")
+    (careful,) = [m for m in read_all(settings, names(settings).schedules) if m.key() == b"careful"]
+    assert hdr.header(headers_of(careful), hdr.SCHEMA) == b"dueflow.Schedule/2"
+    assert codec.decode("schedule", careful.value() or b"", writer_version=2)["overlap"] == "skip"
+    assert scheduler.get_schedule("careful").overlap == "skip"  # type: ignore[union-attr]
 
 
 def test_adding_the_same_definition_is_idempotent_another_is_a_conflict(
