@@ -30,6 +30,7 @@ import os
 import statistics
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -122,11 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", default=os.environ.get("DUEFLOW_BOOTSTRAP"))
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
-    load = os.getloadavg()[0]
+    load = os.getloadavg()
     with broker(args.bootstrap) as bootstrap:
         out = run(bootstrap, args.jobs, args.rounds, args.single)
-    out["load_before"] = round(load, 1)
-    out["load_after"] = round(os.getloadavg()[0], 1)
+    out["host"] = {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "load_before": [round(x, 2) for x in load],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+    }
     print(
         format_table(
             ["schedule_many", "per second (median)", "ratio to raw", "CPU us/job", "rounds"],
@@ -152,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
             "cost of the outcomes (1 - on/off)": out["cost_on"],
             "schedule() one by one, off": f"{out['one_by_one_off_per_s']}/s",
             "schedule() one by one, on": f"{out['one_by_one_on_per_s']}/s",
-            "host load before -> after": f"{out['load_before']} -> {out['load_after']}",
+            "host load before -> after": (
+                f"{out['host']['load_before'][0]} -> {out['host']['load_after'][0]}"
+            ),
         },
         None,
     )

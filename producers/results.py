@@ -186,6 +186,11 @@ class Rescheduled(NamedTuple):
         return from_utc_ms(self.due_ms)
 
     @property
+    def old_due(self) -> datetime | None:
+        """The due time before, as a tz-aware UTC datetime (None: not known)."""
+        return None if self.old_due_ms is None else from_utc_ms(self.old_due_ms)
+
+    @property
     def message(self) -> str:
         """One line for humans."""
         if not self.rescheduled:
