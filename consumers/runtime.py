@@ -831,7 +831,8 @@ class QueueRuntime:
         self._slots.free -= 1
         feed.inflight += 1
         self._running[d.key] = d
-        self._overlap.started(d)
+        if hdr.OVERLAP in d.hmap:
+            self._overlap.started(d)
         d.max_attempts, timeout_s = attempt_limits(task, fields, self._ws)
         otel = None
         if self._tracing:
@@ -867,9 +868,10 @@ class QueueRuntime:
         key = d.key
         if self._running.get(key) is d:
             del self._running[key]
-        waited = self._overlap.finished(d)
-        if waited is not None:  # buffer_one: the occurrence that waited for this one
-            self._requeue([waited])
+        if hdr.OVERLAP in d.hmap:
+            waited = self._overlap.finished(d)
+            if waited is not None:  # buffer_one: the occurrence that waited for this one
+                self._requeue([waited])
         held = self._held.pop(key, None)
         if held:
             # Records of the same key waiting for this attempt: maybe read again

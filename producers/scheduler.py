@@ -32,13 +32,13 @@ from dueflow import tracing
 from dueflow.clients import kafka_error, make_admin, make_producer
 from dueflow.config import Settings
 from dueflow.cron import CronSchedule, MisfirePolicy, OverlapPolicy
-from dueflow.errors import DueflowError, InvalidInput, KafkaOperationError, UndecodableRecord
+from dueflow.errors import DueflowError, InvalidInput, KafkaOperationError
 from dueflow.job_request import Duration, Instant, JobRequest, due_of
 from dueflow.job_status import JobStatus
 from dueflow.metrics import Metrics
 from dueflow.model import Backoff
 from dueflow.producers.bulk import BulkRun
-from dueflow.producers.cancel import OutgoingRecord, cancel_records
+from dueflow.producers.cancel import OutgoingRecord
 from dueflow.producers.core import (
     JobIds,
     PlannedTimer,
@@ -50,18 +50,15 @@ from dueflow.producers.core import (
     producer_settings,
     wall_ms,
 )
+from dueflow.producers.lifecycle import Lifecycle
 from dueflow.producers.lookup import DEFAULT_SCAN_LIMIT, JobLookup, OutcomeLookup
 from dueflow.producers.outcomes import OutcomeReports, scheduled_outcome
 from dueflow.producers.recent import DEFAULT_CAPACITY, RecentJobs
-from dueflow.producers.rescheduling import moved_timer, refusal, reschedule_records
 from dueflow.producers.results import BulkResult, Cancelled, Rescheduled, Scheduled
 from dueflow.producers.schedules import ScheduleStore
-from dueflow.producers.targets import Target, beyond_retention, resolve_target
+from dueflow.producers.targets import Target
 from dueflow.producers.timer_finder import TimerFinder, WheelTimerFinder
-from dueflow.streams.status.state import FINAL_STATES
-from dueflow.timer_record import TimerRecord
-from dueflow.timeutil import format_utc
-from dueflow.topics import HOUR_MS, names
+from dueflow.topics import names
 from dueflow.tracing import JobTracer
 
 
@@ -371,15 +368,8 @@ class Scheduler:
         the records are acknowledged.
         """
         records, cancelled = self.cancel_plan(job_id, queue=queue, idempotency_key=idempotency_key)
-        deliveries = [Delivery() for _ in records]
-        for rec, d in zip(records, deliveries, strict=True):
-            self._produce_record(rec, d)
-        for d in deliveries:
-            self._wait(d)
-        for d, rec in zip(deliveries, records, strict=True):
-            if d.error is not None:
-                raise delivery_error(f"cancelling job {job_id!r} ({rec.topic})", d.error)
-        return cancelled._replace(partition=deliveries[0].partition) if records else cancelled
+        partition = self._write_all(records, f"cancelling job {job_id!r}")
+        return cancelled._replace(partition=partition) if records else cancelled
 
     def cancel_plan(
         self, job_id: str, *, queue: str | None = None, idempotency_key: str | None = None
@@ -389,33 +379,7 @@ class Scheduler:
         target = self.find_target(
             job_id, queue=queue, idempotency_key=idempotency_key, verb="cancel"
         )
-        at_ms = self.clock()
-        result = Cancelled(
-            job_id,
-            target.queue,
-            target.idempotency_key,
-            -1,
-            at_ms,
-            target.known,
-            found=target.found,
-            state=target.state,
-        )
-        if target.state in FINAL_STATES:
-            return [], result._replace(cancelled=False)
-        self._check_retention(target, target.due_ms, at_ms)
-        records = cancel_records(
-            names=self.names,
-            job_id=job_id,
-            queue=target.queue,
-            idempotency_key=target.idempotency_key,
-            at_ms=at_ms,
-            task=target.task,
-            due_ms=target.due_ms,
-            content_hash=target.content_hash,
-            schedule_id=target.schedule_id,
-            partitions=self.settings.queue(target.queue).partitions,
-        )
-        return records, result
+        return self.lifecycle.cancel_plan(target)
 
     # ------------------------------------------------------------ reschedule
     def reschedule(
@@ -440,78 +404,21 @@ class Scheduler:
         due beyond its queue's idempotency retention from now (workers would
         forget the reschedule record before the old timer fires).
         """
-        now_ms = self.clock()
-        due_ms = due_of(run_at, delay, now_ms=now_ms, required=True)
+        due_ms = due_of(run_at, delay, now_ms=self.clock(), required=True)
         target = self.find_target(job_id, queue=queue, idempotency_key=None, verb="reschedule")
-        result = Rescheduled(
-            job_id,
-            target.queue,
-            target.idempotency_key,
-            target.due_ms,
-            due_ms,
-            False,
-            target.found,
-            target.state,
-        )
-        why = refusal(target, due_ms)
-        if why is None and target.due_ms is None:
-            why = "its due time is not known (no scheduled outcome of it)"
-        if why is not None:
-            return result._replace(reason=why)
-        assert target.due_ms is not None
-        self._check_retention(target, target.due_ms, now_ms)
-        recent = self.planner.recent.get(job_id)
-        found = self.timers.find(
-            job_id=job_id,
-            key=target.idempotency_key,
-            queue=target.queue,
-            due_ms=target.due_ms,
-            now_ms=now_ms,
-            hint=recent.partition if recent is not None and recent.partition >= 0 else None,
-        )
-        if found is None:
-            return result._replace(
-                reason="its timer is not in the wheel nor waiting in its exec partition: it "
-                "has fired and a worker has taken it (or it ran)"
-            )
-        try:
-            timer = moved_timer(
-                found.value,
-                found.headers,
-                due_ms=due_ms,
-                now_ms=self.clock(),
-                placer=self.planner.placer,
-            )
-        except UndecodableRecord as exc:
-            return result._replace(reason=f"its timer record does not hold a job: {exc}")
-        self._write_timer(timer, job_id)
-        at_ms = self.clock()
-        records = reschedule_records(
-            self.names,
-            target,
-            due_ms=due_ms,
-            at_ms=at_ms,
-            partitions=self.settings.queue(target.queue).partitions,
-            trace_id=tracing.trace_id_of(timer.headers),
-        )
-        deliveries = [Delivery() for _ in records]
-        for rec, d in zip(records, deliveries, strict=True):
-            self._produce_record(rec, d)
-        for d in deliveries:
-            self._wait(d)
-        for d, rec in zip(deliveries, records, strict=True):
-            if d.error is not None:
-                raise delivery_error(f"rescheduling job {job_id!r} ({rec.topic})", d.error)
-        self.planner.recent.move(job_id, due_ms, timer.partition)
-        return result._replace(rescheduled=True, partition=timer.partition)
-
-    def _write_timer(self, timer: TimerRecord, job_id: str) -> None:
+        move = self.lifecycle.reschedule_plan(target, due_ms)
+        if move.timer is None:
+            return move.result
+        timer = move.timer
         delivery = Delivery()
         topic = self.planner.topic
         self._produce(topic, timer.value, timer.key, timer.partition, timer.headers, delivery)
         self._wait(delivery)
         if delivery.error is not None:
             raise delivery_error(f"rescheduling job {job_id!r} ({topic})", delivery.error)
+        self._write_all(move.records, f"rescheduling job {job_id!r}")
+        self.planner.recent.move(job_id, due_ms, timer.partition)
+        return move.result
 
     @property
     def timers(self) -> TimerFinder:
@@ -519,6 +426,17 @@ class Scheduler:
         if self._timers is None:
             raise DueflowError("the scheduler is not started: use start() or `with`")
         return self._timers
+
+    @property
+    def lifecycle(self) -> Lifecycle:
+        """Plans cancels and reschedules (:mod:`dueflow.producers.lifecycle`)."""
+        return Lifecycle(
+            self.settings,
+            planner=self.planner,
+            lookup=self.lookup,
+            timers=self.timers,
+            clock=self.clock,
+        )
 
     def find_target(
         self,
@@ -531,38 +449,22 @@ class Scheduler:
         """The job a cancel or reschedule of ``job_id`` means (see
         :mod:`dueflow.producers.targets`): looked up by its outcomes, else what this
         client scheduled, else ``queue``."""
-        if not isinstance(job_id, str) or not job_id:
-            raise InvalidInput("job_id", job_id, "a non-empty string")
-        planner = self.planner
         self._read_own_writes()
-        return resolve_target(
-            job_id,
-            queue=queue,
-            idempotency_key=idempotency_key,
-            status=self.lookup.status(job_id),
-            recent=planner.recent.get(job_id),
-            queues=planner.rules.queues,
-            verb=verb,
+        return self.lifecycle.target(
+            job_id, queue=queue, idempotency_key=idempotency_key, verb=verb
         )
 
-    def _check_retention(self, target: Target, due_ms: int | None, now_ms: int) -> None:
-        """Refuse a record workers would forget before the delivery it is about."""
-        if due_ms is None:
-            return
-        spec = self.settings.queue(target.queue)
-        if beyond_retention(
-            due_ms, now_ms=now_ms, retention_ms=spec.idempotency_retention_ms, margin_ms=HOUR_MS
-        ):
-            days = spec.idempotency_retention_ms / 86_400_000
-            raise InvalidInput(
-                "job_id",
-                target.job_id,
-                f"a job due within queue {target.queue!r}'s idempotency retention ({days:g} "
-                f"days, less an hour) from now; this one is due at {format_utc(due_ms)}, and "
-                "workers would forget the record before then (raise "
-                f"queues.{target.queue}.idempotency_retention_ms, or do it closer to its due "
-                "time)",
-            )
+    def _write_all(self, records: list[OutgoingRecord], what: str) -> int:
+        """Produce ``records``, wait for every one; the first one's partition."""
+        deliveries = [Delivery() for _ in records]
+        for rec, d in zip(records, deliveries, strict=True):
+            self._produce_record(rec, d)
+        for d in deliveries:
+            self._wait(d)
+        for d, rec in zip(deliveries, records, strict=True):
+            if d.error is not None:
+                raise delivery_error(f"{what} ({rec.topic})", d.error)
+        return deliveries[0].partition if deliveries else -1
 
     # ------------------------------------------------------------ cron
     @property

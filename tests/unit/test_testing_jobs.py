@@ -420,6 +420,7 @@ def test_every_public_scheduler_method_is_known_here() -> None:
         "cancel",
         "cancel_plan",
         "find_target",
+        "lifecycle",
         "lookup",
         "status",
         "reschedule",
