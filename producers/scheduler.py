@@ -376,10 +376,10 @@ class Scheduler:
     ) -> tuple[list[OutgoingRecord], Cancelled]:
         """The records that cancel ``job_id`` (none when it has finished) and the
         result (partition not known yet); looks the job up (blocking)."""
-        target = self.find_target(
+        target = self._find_target(
             job_id, queue=queue, idempotency_key=idempotency_key, verb="cancel"
         )
-        return self.lifecycle.cancel_plan(target)
+        return self._lifecycle().cancel_plan(target)
 
     # ------------------------------------------------------------ reschedule
     def reschedule(
@@ -405,8 +405,8 @@ class Scheduler:
         forget the reschedule record before the old timer fires).
         """
         due_ms = due_of(run_at, delay, now_ms=self.clock(), required=True)
-        target = self.find_target(job_id, queue=queue, idempotency_key=None, verb="reschedule")
-        move = self.lifecycle.reschedule_plan(target, due_ms)
+        target = self._find_target(job_id, queue=queue, idempotency_key=None, verb="reschedule")
+        move = self._lifecycle().reschedule_plan(target, due_ms)
         if move.timer is None:
             return move.result
         timer = move.timer
@@ -427,8 +427,7 @@ class Scheduler:
             raise DueflowError("the scheduler is not started: use start() or `with`")
         return self._timers
 
-    @property
-    def lifecycle(self) -> Lifecycle:
+    def _lifecycle(self) -> Lifecycle:
         """Plans cancels and reschedules (:mod:`dueflow.producers.lifecycle`)."""
         return Lifecycle(
             self.settings,
@@ -438,7 +437,7 @@ class Scheduler:
             clock=self.clock,
         )
 
-    def find_target(
+    def _find_target(
         self,
         job_id: str,
         *,
@@ -450,7 +449,7 @@ class Scheduler:
         :mod:`dueflow.producers.targets`): looked up by its outcomes, else what this
         client scheduled, else ``queue``."""
         self._read_own_writes()
-        return self.lifecycle.target(
+        return self._lifecycle().target(
             job_id, queue=queue, idempotency_key=idempotency_key, verb=verb
         )
 

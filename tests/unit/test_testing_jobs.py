@@ -419,8 +419,6 @@ def test_every_public_scheduler_method_is_known_here() -> None:
         "schedule_many",
         "cancel",
         "cancel_plan",
-        "find_target",
-        "lifecycle",
         "lookup",
         "status",
         "reschedule",
