@@ -137,14 +137,29 @@ def default_state_dir(port: int) -> Path:
 
 
 def server_properties(
-    *, port: int, controller_port: int, data_dir: Path, extra: dict[str, str] | None = None
+    *,
+    port: int,
+    controller_port: int,
+    data_dir: Path,
+    node_id: int = 1,
+    voters: str | None = None,
+    replication_factor: int = 1,
+    min_insync_replicas: int = 1,
+    extra: dict[str, str] | None = None,
 ) -> dict[str, str]:
-    """Broker settings for one node (pure)."""
+    """Broker settings for one combined broker+controller node (pure).
+
+    ``voters`` is the static quorum (``id@host:port,...``; default: this node
+    alone). ``replication_factor`` and ``min_insync_replicas`` apply to the
+    defaults of new topics and to every internal topic (consumer offsets,
+    transaction state, share-group state).
+    """
+    rf, isr = str(replication_factor), str(min_insync_replicas)
     props = {
         "process.roles": "broker,controller",
-        "node.id": "1",
+        "node.id": str(node_id),
         # Static quorum: no --standalone needed when formatting.
-        "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
+        "controller.quorum.voters": voters or f"{node_id}@127.0.0.1:{controller_port}",
         "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
         "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
         "controller.listener.names": "CONTROLLER",
@@ -152,16 +167,16 @@ def server_properties(
         "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
         "log.dirs": str(data_dir),
         "metadata.log.dir": str(data_dir),
-        # One node: every internal topic has one replica.
-        "offsets.topic.replication.factor": "1",
+        # The internal topics are replicated like the project's own.
+        "offsets.topic.replication.factor": rf,
         "offsets.topic.num.partitions": "8",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.replication.factor": rf,
+        "transaction.state.log.min.isr": isr,
         "transaction.state.log.num.partitions": "8",
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
-        "default.replication.factor": "1",
-        "min.insync.replicas": "1",
+        "share.coordinator.state.topic.replication.factor": rf,
+        "share.coordinator.state.topic.min.isr": isr,
+        "default.replication.factor": rf,
+        "min.insync.replicas": isr,
         "num.partitions": "1",
         "auto.create.topics.enable": "false",
         "group.initial.rebalance.delay.ms": "0",
@@ -204,7 +219,15 @@ class LocalBroker:
         java: str | None = None,
         extra_properties: dict[str, str] | None = None,
         jvm_options: Sequence[str] = (),
+        node_id: int = 1,
+        voters: str | None = None,
+        replication_factor: int = 1,
+        min_insync_replicas: int = 1,
+        cluster_id: str | None = None,
     ) -> None:
+        """One node; a node of a cluster (``dueflow.broker.cluster``) also gets its
+        ``node_id``, the quorum's ``voters``, the replication settings and the
+        ``cluster_id`` its storage is formatted with (default: a new one)."""
         self.port = port
         self.controller_port = controller_port or port + 1
         self.paths = BrokerPaths((state_dir or default_state_dir(port)).resolve())
@@ -213,6 +236,11 @@ class LocalBroker:
         self.java = java
         self.extra_properties = extra_properties or {}
         self.jvm_options = list(jvm_options)  # after the defaults, so they override them
+        self.node_id = node_id
+        self.voters = voters
+        self.replication_factor = replication_factor
+        self.min_insync_replicas = min_insync_replicas
+        self.cluster_id = cluster_id
         self._proc: subprocess.Popen[bytes] | None = None  # set when this object started it
 
     @property
@@ -222,6 +250,8 @@ class LocalBroker:
     # ------------------------------------------------------------------ status
     def running_pid(self) -> int | None:
         """Pid of this broker if it is running; removes a stale pid file."""
+        if self._proc is not None and self._proc.poll() is not None:
+            self._proc = None  # our child exited on its own: reaped now, not left a zombie
         pid_file = self.paths.pid_file
         try:
             pid = int(pid_file.read_text().strip())
@@ -232,9 +262,9 @@ class LocalBroker:
         pid_file.unlink(missing_ok=True)  # stale: the process is gone or is another program
         return None
 
-    def is_ready(self, timeout_s: float = 2.0) -> bool:
-        """True when the broker answers a metadata request."""
-        return _answers(self._admin(), timeout_s)
+    def is_ready(self, timeout_s: float = 2.0, *, brokers: int = 1) -> bool:
+        """True when the broker answers a metadata request listing ``brokers`` brokers."""
+        return _answers(self._admin(), timeout_s, brokers=brokers)
 
     def _admin(self) -> AdminClient:
         # log_level 0: no "connection refused" lines while the broker boots
@@ -250,6 +280,15 @@ class LocalBroker:
     # ------------------------------------------------------------------- start
     def start(self, *, timeout_s: float = 90.0) -> tuple[int, bool]:
         """Start the broker unless it runs; return ``(pid, started_now)``."""
+        pid, started = self.launch()
+        if started:
+            self.wait_ready(timeout_s=timeout_s)
+        return pid, started
+
+    def launch(self) -> tuple[int, bool]:
+        """Format (first time) and spawn the broker without waiting for it; return
+        ``(pid, started_now)``. A node of a cluster answers only once a majority of
+        the quorum runs, so a cluster launches every node before it waits."""
         pid = self.running_pid()
         if pid is not None:
             return pid, False
@@ -258,12 +297,7 @@ class LocalBroker:
                 f"port {self.port} or {self.controller_port} on 127.0.0.1 is in use by "
                 "another process; choose another with --port"
             )
-        jars = fetch_jars(self.cache_dir)
-        java = self.java or _java()
-        self._write_config()
-        if not self.paths.formatted_marker.exists():
-            self._format(java, jars)
-        self.paths.logs.mkdir(parents=True, exist_ok=True)
+        java, jars = self.prepare()
         log4j = resources.files(_ASSETS) / "log4j2.yaml"
         cmd = [
             java,
@@ -294,30 +328,56 @@ class LocalBroker:
             )
         self._proc = proc
         self.paths.pid_file.write_text(f"{proc.pid}\n")
+        return proc.pid, True
+
+    def prepare(self) -> tuple[str, Path]:
+        """Write the settings and format the storage the first time (no process is left
+        running); ``(java, jar directory)``. Safe to run for several nodes at once, in
+        threads; :meth:`launch` is not (``preexec_fn``)."""
+        jars = fetch_jars(self.cache_dir)
+        java = self.java or _java()
+        self.write_config()
+        if not self.paths.formatted_marker.exists():
+            self._format(java, jars)
+        self.paths.logs.mkdir(parents=True, exist_ok=True)
+        return java, jars
+
+    def wait_ready(self, *, timeout_s: float = 90.0, brokers: int = 1) -> None:
+        """Until the broker answers a metadata request that lists at least ``brokers``
+        brokers; stops it and raises :class:`BrokerError` when it exits or the
+        deadline passes."""
+        proc = self._proc
         deadline = time.monotonic() + timeout_s
         admin = None
         while time.monotonic() < deadline:
-            if proc.poll() is not None:
+            if proc is not None and proc.poll() is not None:
                 self.paths.pid_file.unlink(missing_ok=True)
+                self._proc = None
                 raise BrokerError(
-                    f"broker exited with code {proc.returncode} during startup; last log lines:\n"
+                    f"broker exited with code {proc.returncode} during startup; "
+                    f"errors and signals logged:\n{self.log_errors()}\nlast log lines:\n"
                     + self.log_tail()
                 )
             if _port_busy(self.port):  # listening: now ask for metadata
                 admin = admin or self._admin()
-                if _answers(admin, 1.0):
-                    return proc.pid, True
+                if _answers(admin, 1.0, brokers=brokers):
+                    return
             time.sleep(0.05)
         self.stop()
         raise BrokerError(f"broker did not answer within {timeout_s:.0f}s:\n" + self.log_tail())
 
-    def _write_config(self) -> None:
+    def write_config(self) -> None:
+        """Write ``server.properties`` (every start: settings changes take effect)."""
         self.paths.root.mkdir(parents=True, exist_ok=True)
         self.paths.data.mkdir(parents=True, exist_ok=True)
         props = server_properties(
             port=self.port,
             controller_port=self.controller_port,
             data_dir=self.paths.data.resolve(),
+            node_id=self.node_id,
+            voters=self.voters,
+            replication_factor=self.replication_factor,
+            min_insync_replicas=self.min_insync_replicas,
             extra=self.extra_properties,
         )
         text = "".join(f"{k}={v}\n" for k, v in props.items())
@@ -334,7 +394,7 @@ class LocalBroker:
             STORAGE_TOOL,
             "format",
             "-t",
-            new_cluster_id(),
+            self.cluster_id or new_cluster_id(),
             "-c",
             str(self.paths.properties),
         ]
@@ -350,6 +410,7 @@ class LocalBroker:
         if pid is None:
             return None
         _signal(pid, signal.SIGTERM)
+        _signal(pid, signal.SIGCONT)  # a stopped (SIGSTOP) broker acts on SIGTERM once continued
         if not self._wait(pid, timeout_s):
             _signal(pid, signal.SIGKILL)
             self._wait(pid, 10.0)
@@ -382,6 +443,15 @@ class LocalBroker:
         self.stop()
         shutil.rmtree(self.paths.root, ignore_errors=True)
 
+    def log_errors(self, lines: int = 10) -> str:
+        """The last ERROR / FATAL lines and signals of the server log (why it stopped)."""
+        try:
+            text = self.paths.log_file.read_text(errors="replace")
+        except OSError:
+            return ""
+        wanted = re.compile(r"\] (ERROR|FATAL) |due to signal|Exiting Kafka")
+        return "\n".join([x for x in text.splitlines() if wanted.search(x)][-lines:])
+
     def log_tail(self, lines: int = 30) -> str:
         chunks = []
         for f in (self.paths.stdout_file, self.paths.log_file):
@@ -413,12 +483,12 @@ def _raise_file_limit() -> None:
             continue
 
 
-def _answers(admin: AdminClient, timeout_s: float) -> bool:
+def _answers(admin: AdminClient, timeout_s: float, *, brokers: int = 1) -> bool:
     try:
         md = admin.list_topics(timeout=timeout_s)
     except Exception:
         return False
-    return bool(md.brokers)
+    return len(md.brokers) >= max(1, brokers)
 
 
 def _java() -> str:

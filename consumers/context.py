@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, MutableMapping
-from typing import Any
+from collections.abc import Iterable, Mapping, MutableMapping
+from typing import TYPE_CHECKING, Any
 
 from dueflow import headers as hdr
-from dueflow.errors import InvalidInput
-from dueflow.model import Job
+from dueflow.errors import DueflowError, InvalidInput
+from dueflow.model import Backoff, Job
 from dueflow.schemas.fast import (
     F_DUE_MS,
     F_JOB_ID,
@@ -18,6 +18,12 @@ from dueflow.schemas.fast import (
     F_TRACE,
     JobFields,
 )
+
+if TYPE_CHECKING:
+    from dueflow.config import Settings
+    from dueflow.consumers.follow_ups import FollowUpPlanner
+    from dueflow.follow_up import FollowUp, PlannedFollowUp
+    from dueflow.job_request import Duration, Instant
 
 _LOGGER = "dueflow.task"
 
@@ -29,12 +35,16 @@ class TaskContext:
     payment provider's idempotency header, a unique database key): the key
     is stable across retries and redeliveries, so an effect the handler
     already made is recognised when the job runs again.
+
+    :meth:`schedule` schedules follow-up jobs in the same Kafka transaction as
+    this attempt's success.
     """
 
     __slots__ = (
         "_fields",
         "_job",
         "_logger",
+        "_owner",
         "attempt",
         "headers",
         "max_attempts",
@@ -50,10 +60,15 @@ class TaskContext:
         headers: Mapping[str, bytes],
         source: tuple[str, int, int],
         otel_context: Any = None,
+        owner: Any = None,
     ) -> None:
         # ``fields``: the Job's fields in dataclass order (see schemas.fast);
         # the Job object itself is built only if the handler asks for it.
+        # ``owner``: the attempt (a worker's Delivery, or a follow_ups.Attempt),
+        # whose ``planner`` checks and keeps its follow-ups (None, or no planner:
+        # this context cannot schedule them).
         self._fields = fields
+        self._owner = owner
         self._job: Job | None = None
         self.attempt = attempt
         self.max_attempts = max_attempts
@@ -79,19 +94,29 @@ class TaskContext:
         schedule_id: str | None = None,
         labels: Mapping[str, str] | None = None,
         traceparent: str | None = None,
+        now_ms: int | None = None,
+        queues: Iterable[str] = (),
+        settings: Settings | None = None,
     ) -> TaskContext:
         """A context for calling a handler directly in a unit test::
 
             ctx = TaskContext.for_test("send-invoice", {"id": 7}, attempt=2, max_attempts=3)
             send_invoice({"id": 7}, ctx)
+            assert [f.task for f in ctx.follow_ups] == ["email-receipt"]
 
         The job is built the way a worker sees it: ``payload`` is encoded as the
         scheduling client would (JSON, or bytes as they are; a value JSON cannot
         hold raises :class:`~dueflow.errors.InvalidInput`), the record goes
         through the Avro encoding and back. ``source`` names no real record
-        (``("test", 0, 0)``). For whole jobs (retries, timeouts, the DLQ) use
-        :class:`dueflow.testing.InMemoryPipeline`.
+        (``("test", 0, 0)``). :meth:`schedule` checks follow-ups against
+        ``settings`` (default: the queues ``default``, ``queue`` and ``queues``)
+        with a clock that reads ``now_ms`` (default ``due_ms``), and keeps them
+        in :attr:`follow_ups`. For whole jobs (retries, timeouts, the DLQ,
+        chains) use :class:`dueflow.testing.InMemoryPipeline`.
         """
+        from dueflow.config import QueueSpec
+        from dueflow.config import Settings as _Settings
+        from dueflow.consumers.follow_ups import Attempt, fixed_planner
         from dueflow.job_request import content_hash, encode_payload
         from dueflow.schemas import codec
         from dueflow.schemas.fast import decode_job_fields
@@ -119,7 +144,11 @@ class TaskContext:
         )
         fields = decode_job_fields(codec.encode("job", job.to_record()))
         headers = {hdr.ATTEMPT: str(attempt).encode()}
-        return cls(fields, attempt, max_attempts, headers, ("test", 0, 0))
+        if settings is None:
+            known = dict.fromkeys(["default", queue, *queues])
+            settings = _Settings(queues=tuple(QueueSpec(q) for q in known)).validate()
+        planner = fixed_planner(settings, now_ms=due_ms if now_ms is None else now_ms)
+        return cls(fields, attempt, max_attempts, headers, ("test", 0, 0), None, Attempt(planner))
 
     @property
     def job(self) -> Job:
@@ -169,6 +198,86 @@ class TaskContext:
         return parts[1] if len(parts) >= 4 else None
 
     @property
+    def parent_job_id(self) -> str | None:
+        """The job id of the job whose handler scheduled this one (``ctx.schedule``)."""
+        raw = self.headers.get(hdr.PARENT)
+        return None if raw is None else raw.decode("utf-8", "replace")
+
+    # ------------------------------------------------------------ follow-ups
+
+    def schedule(
+        self,
+        task: str,
+        payload: Any = None,
+        *,
+        run_at: Instant | None = None,
+        delay: Duration | None = None,
+        queue: str | None = None,
+        job_id: str | None = None,
+        idempotency_key: str | None = None,
+        max_attempts: int | None = None,
+        backoff: Backoff | str | Mapping[str, Any] | None = None,
+        timeout: Duration | None = None,
+        jitter: Duration | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> FollowUp:
+        """Schedule a follow-up job, written only if this attempt succeeds.
+
+        The arguments are those of :meth:`dueflow.Scheduler.schedule` and are
+        checked the same way, at once (:class:`~dueflow.errors.InvalidInput` for
+        bad input, nothing kept). ``queue`` defaults to the queue the task is
+        declared in by this worker's app, else ``default``. The job's timer is
+        written in the same Kafka transaction as this attempt's success (its
+        idempotency record, outcome and offset): if the attempt fails, is
+        retried or dead-lettered, or the worker dies before the commit, the
+        follow-up does not exist, and the attempt that runs again schedules it
+        again. Its job id and key default to ``<this job's key>/<n>`` for the
+        n-th call (0-based): deterministic, so a job that runs twice schedules
+        the same follow-up. Call it from sync and async handlers alike (it does
+        no I/O), before the handler returns.
+        """
+        planner = self._planner
+        if planner is None:
+            raise DueflowError(
+                "this context cannot schedule follow-ups (only a running handler's can)"
+            )
+        fields = {
+            "run_at": run_at,
+            "delay": delay,
+            "job_id": job_id,
+            "idempotency_key": idempotency_key,
+            "max_attempts": max_attempts,
+            "backoff": backoff,
+            "timeout": timeout,
+            "jitter": jitter,
+            "labels": labels,
+        }
+        return planner.schedule(self, self._owner, task, payload, queue, fields)
+
+    @property
+    def _planner(self) -> FollowUpPlanner | None:
+        owner = self._owner
+        planner: FollowUpPlanner | None = None if owner is None else owner.planner
+        return planner
+
+    @property
+    def follow_ups(self) -> tuple[FollowUp, ...]:
+        """The follow-ups this attempt scheduled so far, in call order."""
+        planner = self._planner
+        return () if planner is None else planner.pending(self._owner)
+
+    def end_attempt(self) -> list[PlannedFollowUp]:
+        """The attempt ended (in a child process): seal its follow-ups, return them."""
+        planner = self._planner
+        return [] if planner is None else planner.end(self._owner)
+
+    def adopt_follow_ups(self, planned: list[PlannedFollowUp]) -> None:
+        """Follow-ups a child process scheduled for this attempt (isolation="process")."""
+        planner = self._planner
+        if planned and planner is not None:
+            planner.adopt(self._owner, planned)
+
+    @property
     def logger(self) -> logging.LoggerAdapter[logging.Logger]:
         """A logger whose records carry job_id, queue, task, attempt and trace_id."""
         if self._logger is None:
@@ -185,10 +294,18 @@ class TaskContext:
         return self._logger
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # For process isolation: the child gets the job, not the logger or span.
+        # For process isolation: the child gets the job and the follow-up rules,
+        # not the logger, the span or the attempt's buffer (it keeps one of its own).
         return (
             _rebuild,
-            (self._fields, self.attempt, self.max_attempts, dict(self.headers), self.source),
+            (
+                self._fields,
+                self.attempt,
+                self.max_attempts,
+                dict(self.headers),
+                self.source,
+                self._planner,
+            ),
         )
 
     def __repr__(self) -> str:
@@ -204,9 +321,17 @@ def _rebuild(
     max_attempts: int,
     headers: dict[str, bytes],
     source: tuple[str, int, int],
+    planner: FollowUpPlanner | None = None,
 ) -> TaskContext:
+    from dueflow.consumers.follow_ups import Attempt
+
     return TaskContext(
-        fields, attempt=attempt, max_attempts=max_attempts, headers=headers, source=source
+        fields,
+        attempt=attempt,
+        max_attempts=max_attempts,
+        headers=headers,
+        source=source,
+        owner=Attempt(planner) if planner is not None else None,
     )
 
 

@@ -338,9 +338,11 @@ class JobExecutor:
         started = time.perf_counter()
         self._track(job, "process", done, timeout_s, started)
 
-        def finished(failure: Failure | None, seconds: float) -> None:
+        def finished(failure: Failure | None, seconds: float, follow_ups: list[Any]) -> None:
             entry = self._running.pop(job, None)
             if entry is not None:
+                if failure is None:
+                    ctx.adopt_follow_ups(follow_ups)  # what the child's handler scheduled
                 self._changed.set()
                 entry.done(job, failure, seconds)
 

@@ -74,6 +74,12 @@ class Delivery:
         self.fields = None
         self.bad = None
 
+    @property
+    def planner(self) -> Any:
+        """What this attempt's ``ctx.schedule`` goes through (its queue's
+        :class:`~dueflow.consumers.follow_ups.FollowUpPlanner`)."""
+        return self.feed.planner
+
 
 class PartitionFeed:
     """An assigned exec or retry-tier partition.
@@ -97,6 +103,7 @@ class PartitionFeed:
         "loading",
         "partition",
         "paused",
+        "planner",
         "rate_held",
         "revoked",
         "tier_ms",
@@ -106,7 +113,14 @@ class PartitionFeed:
         "tracker",
     )
 
-    def __init__(self, topic: str, partition: int, tier_ms: int | None, keys: KeyStore) -> None:
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        tier_ms: int | None,
+        keys: KeyStore,
+        planner: Any = None,
+    ) -> None:
         self.topic = topic
         self.partition = partition
         self.tp = TopicPartition(topic, partition)
@@ -126,6 +140,7 @@ class PartitionFeed:
         self.revoked = False
         self.gone = False
         self.timer: asyncio.TimerHandle | None = None
+        self.planner = planner  # ctx.schedule's FollowUpPlanner of the queue
 
     @property
     def held(self) -> bool:

@@ -5,7 +5,9 @@ handler by reference (``module:qualname``, so it must be a module-level
 function), runs one job at a time and answers over a pipe; the event loop
 watches the pipes, so no thread waits on a child. A child whose job
 overruns its timeout is killed (SIGKILL) and replaced; a child that dies by
-itself fails its job (retriable) and is replaced too.
+itself fails its job (retriable) and is replaced too. A job that succeeds
+sends back the follow-ups its handler scheduled (``ctx.schedule``, see
+:mod:`dueflow.consumers.follow_ups`); a failed one's are dropped in the child.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from typing import Any
 from dueflow.consumers.failures import Failure
 from dueflow.errors import DueflowError
 
-Finished = Callable[[Failure | None, float], None]
+# (failure or None, seconds, the follow-ups of a successful attempt)
+Finished = Callable[[Failure | None, float, list[Any]], None]
 
 
 def _resolve(ref: str) -> Callable[..., Any]:
@@ -64,7 +67,8 @@ def _child_main(conn: Connection) -> None:
             if fn is None:
                 fn = cache[ref] = _resolve(ref)
             fn(payload, ctx)
-            reply: tuple[Any, ...] = ("ok", time.perf_counter() - started)
+            follow_ups = ctx.end_attempt()
+            reply: tuple[Any, ...] = ("ok", time.perf_counter() - started, follow_ups)
         except BaseException as exc:
             kind = type(exc)
             reply = (
@@ -134,6 +138,7 @@ class ChildPool:
                 finished(
                     Failure(type(exc).__qualname__, f"could not hand the job to a child: {exc}"),
                     0.0,
+                    [],
                 )
 
     def _start_child(self) -> _Child:
@@ -158,15 +163,15 @@ class ChildPool:
         if reply is None:  # the child died by itself
             self._retire(child)
             if finished is not None:
-                finished(Failure("ChildProcessError", "the handler's child process died"), 0.0)
+                finished(Failure("ChildProcessError", "the handler's child process died"), 0.0, [])
         else:
             self._idle.append(child)
             if finished is not None:
                 if reply[0] == "ok":
-                    finished(None, reply[1])
+                    finished(None, reply[1], reply[2])
                 else:
                     _, seconds, error_type, message, tb, permanent = reply
-                    finished(Failure(error_type, message, tb, permanent), seconds)
+                    finished(Failure(error_type, message, tb, permanent), seconds, [])
         self._dispatch()
 
     def _retire(self, child: _Child) -> None:

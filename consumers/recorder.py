@@ -6,7 +6,9 @@ a :class:`~dueflow.consumers.committer.Batch` every commit interval:
 - success: idempotency ``done`` (explicit partition p) + outcome ``succeeded``
 - retriable failure: the record again in its retry tier (partition p, the
   value unchanged, headers with the next attempt and its due time) +
-  outcome ``retrying``
+  outcome ``retrying``; a delay longer than the top tier goes back through
+  the timer wheel instead (a timer record that fires into exec partition p at
+  the due time, see :func:`dueflow.backoff.retry_route`)
 - permanent failure, exhausted attempts, unknown task, undecodable record:
   DLQ record (partition p) + idempotency ``dead`` + outcome ``dead``
 - skipped (key final already): outcome ``duplicate`` or ``cancelled``
@@ -14,6 +16,10 @@ a :class:`~dueflow.consumers.committer.Batch` every commit interval:
 - expired (a first attempt past its deadline): outcome ``expired``
 - a cron occurrence skipped by its overlap policy: idempotency ``cancelled``
   + outcome ``skipped``
+
+A successful attempt's follow-ups (``ctx.schedule``) join its records: their
+timer records and ``scheduled`` outcomes (:mod:`dueflow.consumers.follow_ups`).
+A failed attempt's are dropped.
 
 A key finished here is "pending final" until its batch commits, so a
 replayed record of the same key is skipped even before the store knows.
@@ -31,11 +37,12 @@ from typing import Any
 from confluent_kafka import TopicPartition
 
 from dueflow import headers as hdr
-from dueflow.backoff import choose_tier, compute_backoff
+from dueflow.backoff import WHEEL, compute_backoff, retry_route
 from dueflow.config import QueueSpec, Settings
 from dueflow.consumers.committer import Batch
 from dueflow.consumers.failures import Failure
 from dueflow.consumers.feeds import Delivery, PartitionFeed, identity, int_or, trace_id
+from dueflow.consumers.follow_ups import FollowUpPlanner, follow_up_records
 from dueflow.consumers.outputs import (
     KEY_HEADERS,
     OUTCOME_HEADERS,
@@ -45,7 +52,7 @@ from dueflow.consumers.outputs import (
     parse_origin,
     retry_headers,
 )
-from dueflow.consumers.store import CANCELLED, DEAD, DONE
+from dueflow.consumers.store import CANCELLED, DEAD, DONE, RETRYING, retried
 from dueflow.logs import JOB_DEAD_LETTER, JOB_FAILED, JOB_RETRY, JOB_SUCCEEDED, job_event
 from dueflow.metrics import Metrics, observe_many
 from dueflow.reasons import EXHAUSTED, PERMANENT_ERROR, TIMEOUT
@@ -61,6 +68,7 @@ from dueflow.schemas.fast import (
     encode_outcome,
     encode_success,
 )
+from dueflow.timer_record import TimerPlacer, retry_timer
 from dueflow.topics import names, tier_label
 from dueflow.tracing import JobTracer
 
@@ -82,6 +90,7 @@ class BatchRecorder:
         metrics: Metrics,
         tracer: JobTracer,
         rng: random.Random,
+        follow_ups: FollowUpPlanner | None = None,
     ) -> None:
         n = names(settings)
         self._tracer = tracer
@@ -89,6 +98,8 @@ class BatchRecorder:
         self._name = queue.name
         self._tiers = queue.retry_tiers_ms
         self._tier_topics = {tier: n.retry(queue.name, tier) for tier in queue.retry_tiers_ms}
+        self._timers_topic = n.timers
+        self._placer = TimerPlacer(settings.wheel)
         self._idem_topic = n.idempotency(queue.name)
         self._dlq_topic = n.dlq(queue.name)
         self._outcomes_topic = n.outcomes
@@ -104,6 +115,11 @@ class BatchRecorder:
         self._tally: Tally[tuple[str, str]] = Tally()
         self._succeeded: dict[str, int] = {}  # task -> successes (the hot counter)
         self._durations: list[tuple[str, float]] = []
+        # ctx.schedule: the attempts' follow-ups (an empty dict while none has any)
+        self._follow_up_planner = follow_ups
+        self._follow_up_buffers = {} if follow_ups is None else follow_ups.buffers
+        for result in ("written", "dropped"):  # its series exist from the start
+            metrics.follow_ups.labels(queue.name, result)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -137,6 +153,8 @@ class BatchRecorder:
             self.finals.append((feed, key, DONE, now_ms))
             self.pending_final[key] = DONE
         records.append((feed, self._outcomes_topic, -1, job_id.encode(), outcome, OUTCOME_HEADERS))
+        if self._follow_up_buffers:
+            self._follow_ups(d, now_ms)
         ok = self._succeeded
         ok[task] = ok.get(task, 0) + 1
         self._durations.append((task, seconds))
@@ -153,8 +171,33 @@ class BatchRecorder:
                 trace_id=trace_id(d),
             )
 
+    def _follow_ups(self, d: Delivery, now_ms: int) -> None:
+        """The follow-ups of a successful attempt, in its transaction."""
+        assert self._follow_up_planner is not None
+        planned = self._follow_up_planner.take(d)
+        feed = d.feed
+        for topic, partition, key, value, headers in follow_up_records(
+            planned,
+            now_ms=now_ms,
+            placer=self._placer,
+            timers_topic=self._timers_topic,
+            outcomes_topic=self._outcomes_topic,
+            outcome_headers=OUTCOME_HEADERS,
+            worker_id=self._worker_id,
+        ):
+            self.records.append((feed, topic, partition, key, value, headers))
+        if planned:
+            self._metrics.follow_ups.labels(self._name, "written").inc(len(planned))
+
+    def drop_follow_ups(self, d: Delivery) -> int:
+        """The attempt ended without success (or was abandoned): forget its follow-ups."""
+        if self._follow_up_planner is None or not self._follow_up_buffers:
+            return 0
+        return len(self._follow_up_planner.take(d))
+
     def failed(self, d: Delivery, failure: Failure, seconds: float, now_ms: int) -> None:
-        """A handler failed: retry tier, or dead letter when it cannot be retried."""
+        """A handler failed: retry tier, or dead letter when it cannot be retried.
+        Its follow-ups are dropped (the attempt that succeeds schedules them)."""
         fields = d.fields
         assert fields is not None
         assert d.task is not None
@@ -162,6 +205,12 @@ class BatchRecorder:
         self._durations.append((task, seconds))
         if failure.timed_out:
             self._metrics.job_timeouts.labels(self._name, task).inc()
+        extra: dict[str, Any] = {}
+        if self._follow_up_buffers:
+            dropped = self.drop_follow_ups(d)
+            if dropped:
+                extra["follow_ups_dropped"] = dropped
+                self._metrics.follow_ups.labels(self._name, "dropped").inc(dropped)
         job_event(
             _LOG,
             JOB_FAILED,
@@ -177,6 +226,7 @@ class BatchRecorder:
             error=failure.summary,
             timed_out=failure.timed_out,
             permanent=failure.permanent,
+            **extra,
         )
         if failure.permanent:
             self.dead(d, PERMANENT_ERROR, failure, now_ms, started=True, seconds=seconds)
@@ -190,13 +240,14 @@ class BatchRecorder:
         delay = compute_backoff(
             attempt=d.attempt, policy=policy, tiers_ms=self._tiers, rand=self._rng.random()
         )
-        tier = choose_tier(delay, self._tiers)
+        route = retry_route(delay, self._tiers)
         hmap = d.hmap
         origin = hmap.get(hdr.ORIGIN)
+        due_ms = now_ms + delay
         headers = retry_headers(
             d.msg.headers(),
             attempt=d.attempt + 1,
-            due_ms=now_ms + delay,
+            due_ms=due_ms,
             first_failure_ms=int_or(hmap.get(hdr.FIRST_FAILURE), now_ms),
             failed_ms=now_ms,
             failure=failure,
@@ -204,18 +255,55 @@ class BatchRecorder:
             trace=d.span.headers if d.span is not None else (),
         )
         key = d.msg.key()
-        self.records.append(
-            (
-                feed,
-                self._tier_topics[tier],
-                feed.partition,
-                key if key is not None else d.key,
-                d.msg.value(),
-                headers,
+        if key is None:
+            key = d.key
+        value = d.msg.value()
+        if route == WHEEL and key:
+            rec = retry_timer(
+                key=key,
+                value=value or b"",
+                headers=headers,
+                queue=self._name,
+                exec_partition=feed.partition,
+                due_ms=due_ms,
+                now_ms=now_ms,
+                placer=self._placer,
             )
-        )
+            self.records.append(
+                (feed, self._timers_topic, rec.partition, rec.key, rec.value, rec.headers)
+            )
+            label = WHEEL
+        else:
+            # (a record without a key cannot be a timer: it waits in the top tier)
+            tier = self._tiers[-1] if route == WHEEL else int(route)
+            self.records.append(
+                (feed, self._tier_topics[tier], feed.partition, key, value, headers)
+            )
+            label = tier_label(tier)
+        if d.key:
+            # The attempt is handed on: a redelivery of it (read again from an
+            # offset committed behind it, after a rebalance) must not run it again.
+            self.records.append(
+                (
+                    feed,
+                    self._idem_topic,
+                    feed.partition,
+                    d.key,
+                    encode_key_state(
+                        idempotency_key=fields[F_KEY],
+                        job_id=fields[F_JOB_ID],
+                        state=RETRYING,
+                        at_ms=now_ms,
+                        attempts=d.attempt,
+                    ),
+                    KEY_HEADERS,
+                )
+            )
+            state = retried(d.attempt)
+            self.finals.append((feed, d.key, state, now_ms))
+            self.pending_final[d.key] = state
         self._outcome(d, "retrying", now_ms, failure=failure, seconds=seconds)
-        self._metrics.retries.labels(self._name, tier_label(tier)).inc()
+        self._metrics.retries.labels(self._name, label).inc()
         self._tally[(task, "retrying")] += 1
         job_event(
             _LOG,
@@ -228,7 +316,7 @@ class BatchRecorder:
             outcome="retrying",
             trace_id=trace_id(d),
             retry_in_ms=delay,
-            tier=tier_label(tier),
+            tier=label,
             error=failure.summary,
         )
 

@@ -10,6 +10,10 @@ modules (``dueflow worker --app mypkg.tasks``)::
 
     registry = TaskRegistry.from_modules(["mypkg.tasks"])
 
+Worker lifecycle hooks (``@on_startup``, ``@on_shutdown``, ``@on_failure``,
+:mod:`dueflow.consumers.hooks`) in the same modules are found too, and kept in
+:attr:`TaskRegistry.hooks`.
+
 A handler receives the decoded payload and a :class:`TaskContext`. It fails
 the attempt by raising: any exception is retriable, except
 :class:`~dueflow.errors.PermanentJobError`, which skips the retries.
@@ -30,11 +34,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, overload
 
+from dueflow.consumers.hooks import WorkerHooks, hook_kind
 from dueflow.errors import InvalidInput
 from dueflow.model import Backoff
+from dueflow.task_name import check_task_name
 
 ATTRIBUTE = "__dueflow_task__"
-_TASK_NAME_RE = re.compile(r"^[A-Za-z0-9_.:/-]{1,200}$")
 _QUEUE_RE = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
 
 Isolation = Literal["thread", "process"]
@@ -54,8 +59,7 @@ class TaskSpec:
     isolation: Isolation = "thread"
 
     def validate(self) -> TaskSpec:
-        if not isinstance(self.name, str) or not _TASK_NAME_RE.match(self.name):
-            raise InvalidInput("task.name", self.name, "1-200 of [A-Za-z0-9_.:/-]")
+        check_task_name(self.name, field="task.name")  # the rule the SDK checks too
         if not isinstance(self.queue, str) or not _QUEUE_RE.match(self.queue):
             raise InvalidInput("task.queue", self.queue, "1-100 of [A-Za-z0-9_-]")
         if self.timeout_s is not None and not (
@@ -155,12 +159,17 @@ class RegisteredTask:
 
 
 class TaskRegistry:
-    """Handlers by task name, built explicitly (no global registry)."""
+    """Handlers by task name and the app's lifecycle hooks, built explicitly (no
+    global registry). ``functions``: ``@task`` handlers and hook functions."""
 
     def __init__(self, functions: Iterable[Callable[..., Any]] = ()) -> None:
         self._tasks: dict[str, RegisteredTask] = {}
+        self.hooks = WorkerHooks()
         for fn in functions:
-            self.add(fn)
+            if hook_kind(fn) is not None and spec_of(fn) is None:
+                self.hooks.add(fn)
+            else:
+                self.add(fn)
 
     def add(self, fn: Callable[..., Any], spec: TaskSpec | None = None) -> RegisteredTask:
         """Register ``fn`` (decorated with :func:`task`, or with an explicit ``spec``)."""
@@ -181,7 +190,8 @@ class TaskRegistry:
 
     @classmethod
     def from_modules(cls, modules: Iterable[str]) -> TaskRegistry:
-        """Import each module and register every function decorated with :func:`task`."""
+        """Import each module and register every function decorated with :func:`task`
+        and every lifecycle hook (``@on_startup``, ``@on_shutdown``, ``@on_failure``)."""
         registry = cls()
         for name in modules:
             try:
@@ -190,11 +200,18 @@ class TaskRegistry:
                 raise InvalidInput("app", name, f"an importable module ({exc})") from exc
             found = 0
             for value in vars(module).values():
-                if callable(value) and spec_of(value) is not None:
+                if not callable(value):
+                    continue
+                if spec_of(value) is not None:
                     registry.add(value)
                     found += 1
+                elif hook_kind(value) is not None:
+                    registry.hooks.add(value)
+                    found += 1
             if not found:
-                raise InvalidInput("app", name, "a module with at least one @task function")
+                raise InvalidInput(
+                    "app", name, "a module with at least one @task function or worker hook"
+                )
         return registry
 
     def get(self, name: str) -> RegisteredTask | None:
@@ -208,6 +225,11 @@ class TaskRegistry:
 
     def __len__(self) -> int:
         return len(self._tasks)
+
+    @property
+    def declared_queues(self) -> dict[str, str]:
+        """The queue of each registered task (``@task(queue=...)``), by task name."""
+        return {name: t.spec.queue for name, t in self._tasks.items()}
 
     @property
     def queues(self) -> list[str]:

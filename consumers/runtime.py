@@ -48,6 +48,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from dueflow import headers as hdr
+from dueflow.backoff import WHEEL
 from dueflow.blocking import ClientWedged, DaemonThreadExecutor
 from dueflow.clients import make_admin, make_consumer
 from dueflow.clock_probe import ClockProbe
@@ -64,6 +65,8 @@ from dueflow.consumers.feeds import (
     prepare,
     trace_id,
 )
+from dueflow.consumers.follow_ups import FollowUpPlanner, FollowUpSetup
+from dueflow.consumers.hooks import HookRunner
 from dueflow.consumers.overlap import OverlapGuard
 from dueflow.consumers.polling import GroupPoller
 from dueflow.consumers.quarantine import Quarantine
@@ -71,7 +74,7 @@ from dueflow.consumers.ratelimit import QueueRates
 from dueflow.consumers.recorder import BatchRecorder
 from dueflow.consumers.registry import TaskRegistry
 from dueflow.consumers.spans import end_attempt, start_attempt
-from dueflow.consumers.store import StoreFactory
+from dueflow.consumers.store import StoreFactory, skips
 from dueflow.consumers.tail import KeyTail
 from dueflow.cron_overlap import Admission
 from dueflow.errors import DueflowError
@@ -95,6 +98,26 @@ _DLQ_DEPTH_EVERY_S = 15.0
 _ABANDONED: list[Any] = []  # wedged clients, kept referenced: never destroyed
 # Consumer errors after which this member may have been expelled unawares.
 _CONNECTION_LOST = frozenset({KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT})
+
+
+_PASSING = frozenset(
+    {
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.NOT_COORDINATOR,
+    }
+)
+
+
+def _passing(exc: BaseException) -> bool:
+    """A client error that says "not now" (retry), not "never"."""
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    return isinstance(err, KafkaError) and (
+        err.retriable() or (err.code() in _PASSING and not err.fatal())
+    )
 
 
 def _wall_ms() -> int:
@@ -146,6 +169,8 @@ class QueueRuntime:
         tracer: JobTracer | None = None,
         rng: random.Random | None = None,
         clock: ClockProbe | None = None,
+        hooks: HookRunner | None = None,
+        follow_ups: FollowUpSetup | None = None,
     ) -> None:
         self._settings = settings
         # "Is it due?" is asked of the broker's clock, as near as it is known.
@@ -176,6 +201,11 @@ class QueueRuntime:
             quarantine=quarantine,
             group=self._group,
         )
+        self._running: dict[bytes, Delivery] = {}  # key -> its running attempt
+        # ctx.schedule: follow-ups written with their attempt's success (follow_ups.py).
+        self._chain = FollowUpPlanner.of_runtime(
+            settings, registry, self._stamp_now, self._running, self._tracing, follow_ups
+        )
         self._batch = BatchRecorder(
             settings,
             queue,
@@ -183,7 +213,9 @@ class QueueRuntime:
             metrics=metrics,
             tracer=self._tracer,
             rng=rng or random.Random(),
+            follow_ups=self._chain,
         )
+        self._hooks = hooks if hooks is not None and hooks.has_failure_hooks else None
         self._rates = QueueRates(
             queue.rate_limit_per_s,
             task_rates={
@@ -196,13 +228,13 @@ class QueueRuntime:
         metrics.duplicates_skipped.labels(queue.name)
         for tier in queue.retry_tiers_ms:
             metrics.retries.labels(queue.name, tier_label(tier))
+        metrics.retries.labels(queue.name, WHEEL)  # retries longer than the top tier
         metrics.in_flight.labels(queue.name).set(0)
         # Back pressure: a partition whose backlog reaches _high stops fetching until _low.
         self._high = max(2 * self._ws.fetch_batch, 2 * self._ws.concurrency)
         self._low = self._high // 2
         self._feeds: dict[tuple[str, int], PartitionFeed] = {}
         self._ready: deque[PartitionFeed] = deque()
-        self._running: dict[bytes, Delivery] = {}  # key -> its running attempt
         self._held: dict[bytes, list[Delivery]] = {}  # key -> replays waiting for it
         self._overlap = OverlapGuard()  # cron occurrences of schedules with a policy
         self._queue_held = False
@@ -240,6 +272,10 @@ class QueueRuntime:
         return self._queue.name
 
     @property
+    def spec(self) -> QueueSpec:
+        return self._queue
+
+    @property
     def assigned(self) -> list[tuple[str, int]]:
         return sorted(self._feeds)
 
@@ -252,7 +288,7 @@ class QueueRuntime:
                 None, lambda: apply_group_configs(admin, [self._group], configs)
             )
         self._tail.start()
-        await self._connect()
+        await self._connect_until_up(first=True)
         self._commit_task = self._loop.create_task(self._commit_loop())
         self._alive()
 
@@ -367,30 +403,34 @@ class QueueRuntime:
         if self._committer is not None:
             with contextlib.suppress(ClientWedged):
                 await self._in_txn_thread(self._committer.close)
+        await self._connect_until_up(first=False)
+        self._restarting = False
+
+    async def _connect_until_up(self, *, first: bool) -> None:
+        """Connect, again every second while the cluster is not ready for it (a
+        broker restarting, a transaction coordinator moving or still loading:
+        init_transactions times out or says COORDINATOR_LOAD_IN_PROGRESS). At the
+        first start only such passing errors are retried; anything else (a
+        refused authorization, bad settings) is raised to the caller."""
         while not self._closing:
             try:
                 await self._connect()
-                break
+                return
             except ClientWedged as exc:
                 self._abandon_producer()
-                event(
-                    _LOG,
-                    "worker reconnect failed",
-                    logging.WARNING,
-                    queue=self.queue,
-                    error=str(exc),
-                )
+                why = str(exc)
             except (KafkaException, DueflowError) as exc:
-                # e.g. the broker is restarting: init_transactions times out
-                event(
-                    _LOG,
-                    "worker reconnect failed",
-                    logging.WARNING,
-                    queue=self.queue,
-                    error=str(exc),
-                )
+                if first and not _passing(exc):
+                    raise
+                why = str(exc)
                 await asyncio.sleep(1.0)
-        self._restarting = False
+            event(
+                _LOG,
+                "worker start failed; again" if first else "worker reconnect failed",
+                logging.WARNING,
+                queue=self.queue,
+                error=why,
+            )
 
     def _restart_soon(self, reason: str) -> None:
         """Start over from the committed offsets, in a task of its own.
@@ -414,7 +454,8 @@ class QueueRuntime:
             if (tp.topic, tp.partition) in self._feeds:
                 continue
             keys = self._tail.attach(tp.partition)
-            feed = PartitionFeed(tp.topic, tp.partition, self._tier_of.get(tp.topic), keys)
+            tier = self._tier_of.get(tp.topic)
+            feed = PartitionFeed(tp.topic, tp.partition, tier, keys, self._chain)
             self._feeds[(tp.topic, tp.partition)] = feed
         self._tail.drop_parked()
         self._recompute_rates()
@@ -693,10 +734,11 @@ class QueueRuntime:
                     return True
             key = d.key
             if key:
-                state = store.get(key)
+                # What this process finished and has not committed yet is newer.
+                state = pending_final.get(key)
                 if state is None:
-                    state = pending_final.get(key)
-                if state is not None:
+                    state = store.get(key)
+                if state is not None and skips(state, d.attempt):
                     if not d.rechecked and hdr.REDRIVEN_AT in d.hmap:
                         # A redrive clears the key's `dead` state in the same
                         # transaction that wrote this record: decide after the
@@ -855,9 +897,8 @@ class QueueRuntime:
                 trace_id=trace_id(d),
                 max_attempts=d.max_attempts,
             )
-        ctx = TaskContext(
-            fields, d.attempt, d.max_attempts, d.hmap, (feed.topic, feed.partition, d.offset), otel
-        )
+        source = (feed.topic, feed.partition, d.offset)
+        ctx = TaskContext(fields, d.attempt, d.max_attempts, d.hmap, source, otel, d)
         self._executor.run(d, task, d.payload, ctx, timeout_s, self._finished)
 
     def _finished(self, d: Delivery, failure: Failure | None, seconds: float) -> None:
@@ -882,12 +923,15 @@ class QueueRuntime:
             # Abandoned (revoked after the grace period, lost, restarting):
             # nothing is written; the record is read again from the committed
             # offset by whoever owns the partition now.
+            self._batch.drop_follow_ups(d)
             return
         now_ms = self._stamp_now()  # a retry's "not before" counts from here
         if failure is None:
             self._batch.succeeded(d, seconds, now_ms)
         else:
             self._batch.failed(d, failure, seconds, now_ms)
+            if self._hooks is not None:
+                self._hooks.attempt_failed(d, failure)
         if d.span is not None:
             end_attempt(d.span, failure)
         feed.tracker.finish(d.offset)

@@ -1,4 +1,5 @@
-"""Final states of idempotency keys, one store per owned partition.
+"""States of idempotency keys, one store per owned partition: final (done, dead,
+cancelled) or the last attempt handed on to a retry.
 
 The source of truth is the compacted topic ``<prefix>.idempotency.<queue>``;
 a store is a local copy of one partition of it, loaded on assignment and
@@ -40,6 +41,35 @@ from typing import Protocol
 DONE, DEAD, CANCELLED = 0, 1, 2
 STATE_NAMES = ("done", "dead", "cancelled")
 STATE_OF = {name: i for i, name in enumerate(STATE_NAMES)}
+# Not final: attempt n failed and was handed on (a retry record or a wheel timer
+# written in the same transaction), stored as RETRIED + n - 1. A delivery of that
+# key with attempt <= n is a redelivery of work already passed on: skipped.
+RETRIED = 3
+RETRYING = "retrying"
+_STATE_BITS = 24  # the memory store packs (at_ms << 24) | state
+
+
+_STATE_MASK = (1 << _STATE_BITS) - 1
+
+
+def retried(attempt: int) -> int:
+    """The stored state of a key whose attempt ``attempt`` was handed on to a retry."""
+    return RETRIED + min(max(attempt, 1), (1 << _STATE_BITS) - RETRIED) - 1
+
+
+def state_of(name: str, attempts: int) -> int:
+    """The stored state of an idempotency record (its ``state`` and ``attempts``)."""
+    return retried(attempts) if name == RETRYING else STATE_OF[name]
+
+
+def skips(state: int, attempt: int) -> bool:
+    """Whether a delivery of ``attempt`` must not run given its key's stored ``state``:
+    always for a final state; for a retried key, up to the attempt handed on."""
+    return state < RETRIED or attempt <= state - RETRIED + 1
+
+
+def is_final(state: int) -> bool:
+    return state < RETRIED
 
 
 class KeyStore(Protocol):
@@ -49,7 +79,8 @@ class KeyStore(Protocol):
     next_offset: int | None
 
     def get(self, key: bytes) -> int | None:
-        """The key's final state (:data:`DONE`, :data:`DEAD`, :data:`CANCELLED`), if any."""
+        """The key's state (:data:`DONE`, :data:`DEAD`, :data:`CANCELLED`, or
+        :func:`retried` of the attempt handed on last), if any."""
         ...
 
     def apply(
@@ -85,7 +116,7 @@ StoreFactory = Callable[[str, int, int], KeyStore]
 
 
 class MemoryKeyStore:
-    """A dict of key -> ``at_ms * 4 + state``, with an insertion-ordered expiry queue;
+    """A dict of key -> ``at_ms << 24 | state``, with an insertion-ordered expiry queue;
     reschedules in a dict of their own (there are few)."""
 
     __slots__ = ("_dues", "_keys", "_order", "_retention", "next_offset")
@@ -109,7 +140,7 @@ class MemoryKeyStore:
 
     def get(self, key: bytes) -> int | None:
         packed = self._keys.get(key)
-        return None if packed is None else packed & 3
+        return None if packed is None else packed & _STATE_MASK
 
     def apply(
         self, records: Iterable[tuple[bytes, int | None, int]], next_offset: int | None
@@ -119,7 +150,7 @@ class MemoryKeyStore:
             if state is None:
                 keys.pop(key, None)
             else:
-                keys[key] = at_ms * 4 + state
+                keys[key] = (at_ms << _STATE_BITS) | state
                 order.append((at_ms, key))
         if next_offset is not None and (self.next_offset is None or next_offset > self.next_offset):
             self.next_offset = next_offset
@@ -135,7 +166,7 @@ class MemoryKeyStore:
         while order and order[0][0] < cutoff:
             at_ms, key = order.popleft()
             packed = keys.get(key)
-            if packed is not None and packed >> 2 == at_ms:
+            if packed is not None and packed >> _STATE_BITS == at_ms:
                 del keys[key]
                 dropped += 1
         return dropped

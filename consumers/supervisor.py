@@ -50,10 +50,15 @@ def child_main(
     logs.configure(obs.log_format, obs.log_level)
     from dueflow.consumers.registry import TaskRegistry
     from dueflow.consumers.worker import run_worker
+    from dueflow.errors import WorkerStartupFailed
 
     registry = TaskRegistry.from_modules(app)
     event(_LOG, "worker process starting", index=index, pid=os.getpid())
-    sys.exit(run_worker(settings, registry, queues=queues))
+    try:
+        code = run_worker(settings, registry, queues=queues)
+    except WorkerStartupFailed:
+        code = 5  # logged by the worker ("worker startup failed"); no traceback here
+    sys.exit(code)
 
 
 class Supervisor:

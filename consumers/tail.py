@@ -32,7 +32,7 @@ from dueflow.clients import make_consumer
 from dueflow.config import Settings
 from dueflow.consumers.polling import ConsumerThread
 from dueflow.consumers.quarantine import Quarantine
-from dueflow.consumers.store import STATE_OF, KeyStore, StoreFactory
+from dueflow.consumers.store import KeyStore, StoreFactory, is_final, state_of
 from dueflow.errors import UndecodableRecord
 from dueflow.logs import event
 from dueflow.schemas.fast import decode_key_record, decode_key_state
@@ -197,16 +197,18 @@ class KeyTail:
                 reschedules.setdefault(partition, []).append((about, due_ms, at_ms))
                 continue
             store = stores.get(partition)
-            if store is not None and store.get(key) is not None and (partition, key) not in cleared:
-                # Final already (most often: this worker's own record read back).
-                # Any final state means "skip it", so there is nothing to learn.
-                continue
+            if store is not None and (partition, key) not in cleared:
+                known = store.get(key)
+                if known is not None and is_final(known):
+                    # Final already (most often: this worker's own record read back).
+                    # Any final state means "skip it", so there is nothing to learn.
+                    continue
             try:
-                state, at_ms = decode_key_state(value, _schema(msg))
+                state, at_ms, attempts = decode_key_state(value, _schema(msg))
             except UndecodableRecord as exc:
                 self._quarantine.put(msg, reasons.with_detail(reasons.UNDECODABLE_IDEMPOTENCY, exc))
                 continue
-            records.append((key, STATE_OF[state], at_ms))
+            records.append((key, state_of(state, attempts), at_ms))
         for partition, position in positions.items():
             # (``is None``, not truthiness: an empty store is falsy)
             store = self._owned.get(partition)

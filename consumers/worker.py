@@ -1,5 +1,14 @@
 """One worker process: a runtime per queue under one concurrency bound.
 
+Queues: those asked for (``--queues``), else those its tasks route to
+(:func:`~dueflow.routing.served_queues`: ``[routes]``, then ``@task``), else
+every static queue. A queue's spec is the merged view of the static config
+and the queue registry (read at start, then followed). A queue that exists in
+neither yet is **waited for**: the worker starts what it can, logs which queues
+it waits for and how to create them, and starts serving a queue as soon as it
+is registered (``dueflow queue create``), without a restart. A spec that
+changes while a queue is served takes effect at the next start (logged).
+
 Shutdown (SIGTERM or SIGINT, or :meth:`Worker.stop`): stop starting jobs and
 fetching records, let in-flight jobs finish for up to
 ``worker.shutdown_grace_s``, commit what finished, leave the consumer
@@ -10,29 +19,41 @@ key store says they are final) or run again. In a worker process
 are not left: the process exits and its partitions move after the session
 timeout, so no job runs in two places at once. A second signal exits at once;
 what was not committed is redelivered in the same way.
+
+Lifecycle hooks (:mod:`dueflow.consumers.hooks`): the startup hooks run first,
+before any Kafka client is made (a failing one raises
+:class:`~dueflow.errors.WorkerStartupFailed` and nothing starts); the shutdown
+hooks run last, after the final commits and leaving the groups.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
 import signal
 import socket
+import threading
 from collections.abc import Callable, Sequence
 
 from dueflow.clock_probe import ClockProbe
-from dueflow.config import Settings
+from dueflow.config import QueueSpec, Settings
 from dueflow.consumers.control import ControlTail
 from dueflow.consumers.execution import JobExecutor
+from dueflow.consumers.follow_ups import DEFAULT_TIMER_RECORD_BYTES, FollowUpSetup, KnownQueues
+from dueflow.consumers.hooks import HookRunner, WorkerInfo
 from dueflow.consumers.quarantine import Quarantine
 from dueflow.consumers.registry import TaskRegistry
 from dueflow.consumers.runtime import QueueRuntime, Slots
 from dueflow.consumers.store import StoreFactory, memory_stores, sqlite_stores
-from dueflow.errors import ConfigError
+from dueflow.errors import ConfigError, DueflowError, WorkerStartupFailed
 from dueflow.logs import event
 from dueflow.metrics import Metrics
+from dueflow.queue_reader import QueueWatcher
+from dueflow.queue_registry import QueueView
+from dueflow.routing import Router, served_queues
 from dueflow.tracing import JobTracer
 
 _LOG = logging.getLogger("dueflow.worker")
@@ -41,10 +62,12 @@ _LOG = logging.getLogger("dueflow.worker")
 def select_queues(
     settings: Settings, registry: TaskRegistry, queues: Sequence[str] | None
 ) -> list[str]:
-    """The queues to consume: those asked for, else the registry's, else all configured."""
-    chosen = list(queues or registry.queues or settings.queue_names)
-    for name in chosen:
-        settings.queue(name)  # ConfigError naming the queue when it is not configured
+    """The queues to consume: those asked for, else where the registry's tasks are
+    routed (the producers' rule, :mod:`dueflow.routing`), else every static queue.
+    Whether they exist is known once the queue registry is read (:meth:`Worker.run`)."""
+    router = Router(settings.routes, {t.spec.name: t.spec.queue for t in registry})
+    tasks = [t.spec.name for t in registry]
+    chosen = list(dict.fromkeys(queues or served_queues(router, tasks) or settings.queue_names))
     if not chosen:
         raise ConfigError("queues", chosen, "at least one queue to consume")
     return chosen
@@ -80,6 +103,10 @@ class Worker:
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
         self._stop: asyncio.Event | None = None
         self._runtimes: list[QueueRuntime] = []
+        self._waiting: set[str] = set()  # queues asked for that do not exist yet
+        self._starting: set[asyncio.Task[None]] = set()
+        self._make_runtime: Callable[[QueueSpec], QueueRuntime] | None = None
+        self._queue_watch: QueueWatcher | None = None
         self._executor: JobExecutor | None = None
         self._control: ControlTail | None = None
         self.exit_code = 0
@@ -93,6 +120,11 @@ class Worker:
     @property
     def runtimes(self) -> list[QueueRuntime]:
         return list(self._runtimes)
+
+    @property
+    def waiting(self) -> list[str]:
+        """The queues this worker waits for (asked for, not created yet)."""
+        return sorted(self._waiting)
 
     @property
     def metrics(self) -> Metrics:
@@ -109,8 +141,31 @@ class Worker:
         self.stop()
 
     async def run(self, on_started: Callable[[Worker], None] | None = None) -> None:
-        """Start, run until :meth:`stop`, then shut down gracefully."""
+        """Start, run until :meth:`stop`, then shut down gracefully.
+
+        Raises :class:`~dueflow.errors.WorkerStartupFailed` when a startup hook
+        fails (nothing was started then)."""
         self._stop = asyncio.Event()
+        ws = self._settings.worker
+        hooks = HookRunner(self._registry.hooks, metrics=self._metrics, timeout_s=ws.hook_timeout_s)
+        info = WorkerInfo(
+            self.worker_id, tuple(self._queues), tuple(sorted(t.spec.name for t in self._registry))
+        )
+        try:
+            await hooks.startup(info)  # before any client: this member has joined nothing
+        except WorkerStartupFailed as exc:
+            event(_LOG, "worker startup failed", logging.ERROR, hook=exc.hook, error=str(exc))
+            hooks.close()
+            self.exit_code = 5
+            raise
+        try:
+            await self._run(hooks, on_started)
+        finally:
+            await hooks.shutdown(info)  # after the last commit
+            hooks.close()
+
+    async def _run(self, hooks: HookRunner, on_started: Callable[[Worker], None] | None) -> None:
+        assert self._stop is not None
         ws = self._settings.worker
         executor = JobExecutor(
             concurrency=ws.concurrency,
@@ -134,13 +189,35 @@ class Worker:
         clock = ClockProbe(self._settings, component="worker")
         clock.report_to(self._metrics.clock_offset)
         clock.start()
+        loop = asyncio.get_running_loop()
+
+        def on_queues(view: QueueView, _changed: set[str]) -> None:  # the watcher's thread
+            loop.call_soon_threadsafe(self._on_queues, view)
+
+        watcher = QueueWatcher(self._settings, on_change=on_queues, component="worker")
+        self._queue_watch = watcher
         await control.caught_up()
+        # The queues that exist (static + registry) before any runtime starts.
+        await loop.run_in_executor(None, watcher.start)
         # Due times are compared with the broker's clock: know it before any job starts.
-        await asyncio.get_running_loop().run_in_executor(None, clock.wait_first)
-        self._runtimes = [
-            QueueRuntime(
+        await loop.run_in_executor(None, clock.wait_first)
+        # ctx.schedule checks follow-ups against the timer topic's size limit and the
+        # queues that exist (the registry followed; read again for a queue not known
+        # yet, but never on the loop's own thread: an async handler must not block it).
+        timer_bytes = await loop.run_in_executor(None, self._timer_record_bytes)
+        loop_thread = threading.get_ident()
+        follow_ups = FollowUpSetup(
+            timer_bytes,
+            KnownQueues(
+                lambda: watcher.view.names,
+                lambda queue: threading.get_ident() != loop_thread and watcher.knows(queue, 2.0),
+            ),
+        )
+
+        def make_runtime(spec: QueueSpec) -> QueueRuntime:
+            runtime = QueueRuntime(
                 self._settings,
-                self._settings.queue(name),
+                spec,
                 registry=self._registry,
                 executor=executor,
                 slots=slots,
@@ -150,31 +227,114 @@ class Worker:
                 worker_id=self.worker_id,
                 tracer=self._tracer,
                 clock=clock,
+                hooks=hooks,
+                follow_ups=follow_ups,
             )
-            for name in self._queues
-        ]
-        for runtime in self._runtimes:
             runtime.set_paused(control.is_paused(runtime.queue))
+            return runtime
+
+        self._make_runtime = make_runtime
+        view = watcher.view
+        for name in self._queues:
+            spec = view.get(name)
+            if spec is None:
+                self._waiting.add(name)
+            else:
+                self._runtimes.append(make_runtime(spec))
+        reminder = asyncio.create_task(self._remind_waiting())
         try:
-            for runtime in self._runtimes:
+            for runtime in list(self._runtimes):
                 await runtime.start()
             self.started = True
             event(
                 _LOG,
                 "worker started",
                 worker=self.worker_id,
-                queues=self._queues,
+                queues=[r.queue for r in self._runtimes],
+                waiting_for=sorted(self._waiting),
                 tasks=sorted(t.spec.name for t in self._registry),
                 concurrency=ws.concurrency,
             )
+            self._on_queues(watcher.view)  # registered while the runtimes started
             if on_started is not None:
                 on_started(self)
             await self._stop.wait()
         finally:
+            reminder.cancel()
+            self._make_runtime = None  # nothing starts any more
+            for task in list(self._starting):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
             await self._shutdown(executor)
             await control.close()
+            await loop.run_in_executor(None, watcher.close)
             clock.close()
             quarantine.close()
+
+    def _timer_record_bytes(self) -> int:
+        """The timer topic's record size limit, which follow-ups (ctx.schedule) are
+        checked against (the broker's default when the topic cannot be read)."""
+        from dueflow.clients import make_admin
+        from dueflow.producers.core import read_max_message_bytes
+        from dueflow.topics import names
+
+        topic = names(self._settings).timers
+        try:
+            return read_max_message_bytes(make_admin(self._settings), topic, timeout_s=10.0)
+        except DueflowError as exc:
+            event(
+                _LOG,
+                "timer topic not described: follow-ups are checked against the default size",
+                logging.WARNING,
+                topic=topic,
+                max_bytes=DEFAULT_TIMER_RECORD_BYTES,
+                error=str(exc),
+            )
+            return DEFAULT_TIMER_RECORD_BYTES
+
+    def _on_queues(self, view: QueueView) -> None:
+        """The registry changed (on the loop): start the queues waited for that exist now."""
+        for runtime in self._runtimes:
+            spec = view.get(runtime.queue)
+            if spec is not None and spec != runtime.spec:
+                event(
+                    _LOG,
+                    "queue spec changed: restart the worker to apply it",
+                    logging.WARNING,
+                    queue=runtime.queue,
+                )
+        if self._make_runtime is None:
+            return
+        for name in sorted(self._waiting):
+            spec = view.get(name)
+            if spec is None:
+                continue
+            self._waiting.discard(name)
+            task = asyncio.create_task(self._start_queue(spec))
+            self._starting.add(task)
+            task.add_done_callback(self._starting.discard)
+
+    async def _start_queue(self, spec: QueueSpec) -> None:
+        make = self._make_runtime
+        if make is None:
+            return
+        runtime = make(spec)
+        self._runtimes.append(runtime)
+        await runtime.start()
+        event(_LOG, "queue registered: serving it now", queue=spec.name, worker=self.worker_id)
+
+    async def _remind_waiting(self, every_s: float = 30.0) -> None:
+        """Say, now and then, which queues this worker still waits for."""
+        while True:
+            for name in sorted(self._waiting):
+                event(
+                    _LOG,
+                    "waiting for a queue that does not exist: create it with "
+                    f"`dueflow queue create {name} --partitions N` (or configure it statically)",
+                    logging.WARNING,
+                    queue=name,
+                )
+            await asyncio.sleep(every_s)
 
     def _on_control(self, queue: str, paused: bool) -> None:
         """An operator paused or resumed ``queue`` (on the loop)."""

@@ -14,8 +14,13 @@ if TYPE_CHECKING:  # what type checkers see of the lazy names below ("X as X": e
     from dueflow.config import QueueSpec as QueueSpec
     from dueflow.config import Settings as Settings
     from dueflow.config import load_settings as load_settings
+    from dueflow.consumers import FollowUp as FollowUp
     from dueflow.consumers import TaskContext as TaskContext
     from dueflow.consumers import TaskRegistry as TaskRegistry
+    from dueflow.consumers import WorkerInfo as WorkerInfo
+    from dueflow.consumers import on_failure as on_failure
+    from dueflow.consumers import on_shutdown as on_shutdown
+    from dueflow.consumers import on_startup as on_startup
     from dueflow.consumers import task as task
     from dueflow.cron import CronSchedule as CronSchedule
     from dueflow.cron import MisfirePolicy as MisfirePolicy
@@ -46,6 +51,11 @@ _EXPORTS = {
     "AsyncScheduler": "dueflow.producers",
     "JobRequest": "dueflow.producers",
     "task": "dueflow.consumers",
+    "on_startup": "dueflow.consumers",
+    "on_shutdown": "dueflow.consumers",
+    "on_failure": "dueflow.consumers",
+    "WorkerInfo": "dueflow.consumers",
+    "FollowUp": "dueflow.consumers",
     "TaskContext": "dueflow.consumers",
     "TaskRegistry": "dueflow.consumers",
     "CronSchedule": "dueflow.cron",

@@ -15,6 +15,13 @@ Two ways to get the delay, by what the job (or its task) says:
   ``[0, capped]`` ("full jitter", which spreads a herd of jobs that failed
   together over the whole window). ``none`` retries at once (delay 0).
 
+Where a retry waits (:func:`retry_route`): tier T holds the delays from T up
+to the next tier, so a record waits behind another one in its tier topic at
+most the gap to the next tier. The top tier holds only its own delay; a
+longer one goes back through the timer wheel (``WHEEL``), which fires it into
+the exec topic at its due time instead of holding every shorter retry of the
+top tier's partition behind it.
+
 The random draw ``rand`` (uniform in [0, 1)) is an argument: this module
 never reads a clock or a random source.
 """
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Final, Literal
 
 from dueflow.errors import InvalidInput
 from dueflow.model import Backoff, BackoffKind
@@ -75,3 +83,22 @@ def choose_tier(delay_ms: int, tiers_ms: Sequence[int]) -> int:
         else:
             break
     return int(chosen)
+
+
+WHEEL: Final = "wheel"
+"""Route of a retry longer than the top tier: a timer record in the timer topic."""
+
+
+def retry_route(delay_ms: int, tiers_ms: Sequence[int]) -> int | Literal["wheel"]:
+    """Where a retry with ``delay_ms`` waits: a tier (its delay in ms), or :data:`WHEEL`.
+
+    Delays up to the top tier wait in :func:`choose_tier`'s tier; longer ones go
+    through the timer wheel, so no tier holds a record due later than the next
+    tier's delay after the records before it: for tier T_k below the top the
+    wait behind another record is at most T_k+1 - T_k, for the top tier zero.
+    """
+    if not tiers_ms:
+        raise InvalidInput("tiers_ms", tiers_ms, "one or more retry tiers")
+    if delay_ms > tiers_ms[-1]:
+        return WHEEL
+    return choose_tier(delay_ms, tiers_ms)

@@ -9,7 +9,11 @@ Environment variables:
 
 - ``DUEFLOW_BOOTSTRAP``, ``DUEFLOW_TOPIC_PREFIX``, ``DUEFLOW_REPLICATION_FACTOR``,
   ``DUEFLOW_MIN_INSYNC_REPLICAS``, ... : top-level settings by upper-case name.
-- ``DUEFLOW_QUEUES=billing:12,default``: queue names with optional partition count.
+- ``DUEFLOW_QUEUES=billing:12,default``: queue names with optional partition count
+  (static queues: a bootstrap beside the queue registry, see docs/queues.md).
+- ``DUEFLOW_ROUTES=report=reports,billing.*=billing``: the route table (task name or
+  glob -> queue), ``[routes]`` in the TOML file.
+- ``DUEFLOW_APP=myapp.tasks``: modules whose ``@task`` declarations route jobs.
 - ``DUEFLOW_<SECTION>_<FIELD>`` for the sections ``wheel``, ``emitter``, ``worker``
   and ``observability`` (e.g. ``DUEFLOW_EMITTER_SESSION_TIMEOUT_MS=3000``).
 - ``DUEFLOW_KAFKA_<KEY>``: passed to librdkafka with ``_`` turned into ``.``
@@ -106,6 +110,8 @@ class WorkerSettings:
     aborted by the broker. ``store``: ``memory`` or ``disk`` (SQLite files in
     ``store_dir``) for idempotency keys. ``isolated_processes``: child
     processes per worker process for ``isolation="process"`` tasks.
+    ``hook_timeout_s``: how long a lifecycle hook (``@on_startup``,
+    ``@on_shutdown``, ``@on_failure``) may run before it counts as failed.
     """
 
     concurrency: int = 64
@@ -125,6 +131,7 @@ class WorkerSettings:
     store_dir: str = ".dueflow/keys"
     isolated_processes: int = 2
     max_orphaned_threads: int = 256
+    hook_timeout_s: float = 60.0  # a lifecycle hook call (consumers/hooks.py) at most
 
     @property
     def heartbeat_ms(self) -> int:
@@ -183,6 +190,10 @@ class Settings:
     schedules_partitions: int = 3
     outcomes_partitions: int = 6
     kafka: Mapping[str, str] = field(default_factory=dict)
+    # Task name or glob -> queue, in the order given (see dueflow.routing).
+    routes: tuple[tuple[str, str], ...] = ()
+    # Modules whose @task declarations tell the SDK a task's queue.
+    app: tuple[str, ...] = ()
     emitter: EmitterSettings = EmitterSettings()
     worker: WorkerSettings = WorkerSettings()
     observability: ObservabilitySettings = ObservabilitySettings()
@@ -217,26 +228,21 @@ class Settings:
             raise ConfigError("queues", self.queues, "at least one queue")
         seen: set[str] = set()
         for i, q in enumerate(self.queues):
-            where = f"queues[{i}]"
-            if not _NAME_RE.match(q.name):
-                raise ConfigError(f"{where}.name", q.name, "1-100 of [A-Za-z0-9_-]")
+            validate_queue(q, f"queues[{i}]")
             if q.name in seen:
-                raise ConfigError(f"{where}.name", q.name, "a name not used by another queue")
+                raise ConfigError(f"queues[{i}].name", q.name, "a name not used by another queue")
             seen.add(q.name)
-            _positive(f"{where}.partitions", q.partitions)
-            if not q.retry_tiers_ms or any(t <= 0 for t in q.retry_tiers_ms):
+        for i, route in enumerate(self.routes):
+            pattern, queue = route
+            if not pattern or len(pattern) > 255:
+                raise ConfigError(f"routes[{i}]", pattern, "a task name or glob of 1-255 chars")
+            if not _NAME_RE.match(queue):
                 raise ConfigError(
-                    f"{where}.retry_tiers_ms", q.retry_tiers_ms, "one or more delays > 0 ms"
+                    f"routes[{pattern}]", queue, "a queue name: 1-100 of [A-Za-z0-9_-]"
                 )
-            if list(q.retry_tiers_ms) != sorted(q.retry_tiers_ms):
-                raise ConfigError(
-                    f"{where}.retry_tiers_ms", q.retry_tiers_ms, "delays in increasing order"
-                )
-            _positive(f"{where}.idempotency_retention_ms", q.idempotency_retention_ms)
-            if q.rate_limit_per_s is not None and q.rate_limit_per_s <= 0:
-                raise ConfigError(
-                    f"{where}.rate_limit_per_s", q.rate_limit_per_s, "a number > 0, or unset"
-                )
+        for module in self.app:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_.]*$", module):
+                raise ConfigError("app", module, "a dotted module name, e.g. myapp.tasks")
         self.wheel.validate()
         _positive("replication_factor", self.replication_factor)
         _positive("min_insync_replicas", self.min_insync_replicas)
@@ -293,6 +299,8 @@ class Settings:
             "max_orphaned_threads",
         ):
             _positive(f"worker.{name}", getattr(self.worker, name))
+        if not self.worker.hook_timeout_s > 0:
+            raise ConfigError("worker.hook_timeout_s", self.worker.hook_timeout_s, "seconds > 0")
         for name in ("shutdown_grace_s", "rebalance_grace_s", "default_timeout_s"):
             value = getattr(self.worker, name)
             if not value >= 0:
@@ -350,6 +358,26 @@ class Settings:
         return self
 
 
+def validate_queue(q: QueueSpec, where: str = "queue") -> QueueSpec:
+    """Check one queue's spec; :class:`ConfigError` names ``where.<field>``."""
+    if not isinstance(q.name, str) or not _NAME_RE.match(q.name):
+        raise ConfigError(f"{where}.name", q.name, "1-100 of [A-Za-z0-9_-]")
+    _positive(f"{where}.partitions", q.partitions)
+    if not q.retry_tiers_ms or any(not isinstance(t, int) or t <= 0 for t in q.retry_tiers_ms):
+        raise ConfigError(f"{where}.retry_tiers_ms", q.retry_tiers_ms, "one or more delays > 0 ms")
+    if list(q.retry_tiers_ms) != sorted(set(q.retry_tiers_ms)):
+        raise ConfigError(
+            f"{where}.retry_tiers_ms", q.retry_tiers_ms, "distinct delays in increasing order"
+        )
+    _positive(f"{where}.idempotency_retention_ms", q.idempotency_retention_ms)
+    rate = q.rate_limit_per_s
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int | float)):
+        raise ConfigError(f"{where}.rate_limit_per_s", rate, "a number > 0, or unset")
+    if rate is not None and not rate > 0:
+        raise ConfigError(f"{where}.rate_limit_per_s", rate, "a number > 0, or unset")
+    return q
+
+
 def _positive(name: str, value: int) -> None:
     if not isinstance(value, int) or value < 1:
         raise ConfigError(name, value, "an integer >= 1")
@@ -388,6 +416,8 @@ def settings_from_dict(data: Mapping[str, Any]) -> Settings:
     data = dict(data)
     if "queues" in data:
         data["queues"] = _queues(data["queues"])
+    if "routes" in data:
+        data["routes"] = _routes(data["routes"])
     if "wheel" in data:
         wheel = dict(data["wheel"])
         if "levels" in wheel:
@@ -410,13 +440,23 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    top = {f.name for f in dataclasses.fields(Settings)} - set(_SECTIONS) - {"kafka", "queues"}
+    top = (
+        {f.name for f in dataclasses.fields(Settings)}
+        - set(_SECTIONS)
+        - {
+            "kafka",
+            "queues",
+            "routes",
+        }
+    )
     for key, value in env.items():
         if not key.startswith(_ENV_PREFIX) or key == _ENV_PREFIX + "CONFIG":
             continue
         name = key[len(_ENV_PREFIX) :].lower()
         if name == "queues":
             out["queues"] = _queues_from_text(value)
+        elif name == "routes":
+            out["routes"] = value
         elif name.startswith("kafka_"):
             out.setdefault("kafka", {})[name[len("kafka_") :].replace("_", ".")] = value
         elif name in top:
@@ -457,6 +497,34 @@ def _queues(value: Any) -> tuple[QueueSpec, ...]:
             out.append(q)
         else:
             raise ConfigError(f"queues[{i}]", item, "a table with at least `name`")
+    return tuple(out)
+
+
+def _routes(value: Any) -> tuple[tuple[str, str], ...]:
+    """The route table from a TOML table, ``PATTERN=QUEUE,...`` text, or pairs."""
+    accepted = "a table of task name or glob = queue, or 'PATTERN=QUEUE,...'"
+    if isinstance(value, str):
+        pairs = []
+        for part in filter(None, (p.strip() for p in value.split(","))):
+            pattern, sep, queue = part.rpartition("=")
+            if not sep or not pattern.strip():
+                raise ConfigError("routes", part, accepted)
+            pairs.append((pattern.strip(), queue.strip()))
+        return tuple(pairs)
+    if isinstance(value, Mapping):
+        items = list(value.items())
+    elif isinstance(value, list | tuple):
+        items = list(value)
+    else:
+        raise ConfigError("routes", value, accepted)
+    out = []
+    for item in items:
+        if not (isinstance(item, list | tuple) and len(item) == 2):
+            raise ConfigError("routes", item, accepted)
+        pattern, queue = item
+        if not isinstance(pattern, str) or not isinstance(queue, str):
+            raise ConfigError(f"routes[{pattern}]", queue, "a queue name (a string)")
+        out.append((pattern.strip(), queue.strip()))
     return tuple(out)
 
 
@@ -517,7 +585,9 @@ def _coerce(tp: Any, value: Any, name: str) -> Any:
             raise ConfigError(name, value, " or ".join(repr(a) for a in args))
         return value
     if origin is tuple:
-        items = value.split(",") if isinstance(value, str) else value
+        items = (
+            [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
+        )
         if isinstance(value, tuple) and all(isinstance(v, QueueSpec | WheelLevel) for v in value):
             return value
         return tuple(_coerce(args[0], v, f"{name}[{i}]") for i, v in enumerate(items))

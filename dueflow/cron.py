@@ -35,7 +35,13 @@ from __future__ import annotations
 
 from dueflow.cron_expr import MACROS, CronExpr, parse_cron
 from dueflow.cron_overlap import OverlapPolicy
-from dueflow.cron_schedule import CronSchedule, MisfirePolicy, first_occurrence, next_occurrence
+from dueflow.cron_schedule import (
+    CronSchedule,
+    MisfirePolicy,
+    fire_time_ms,
+    first_occurrence,
+    next_occurrence,
+)
 from dueflow.cron_time import next_fire, occurrences, zone
 from dueflow.jitter import deterministic_jitter_ms, occurrence_jitter_ms
 from dueflow.misfire import MisfirePlan, misfire_plan
@@ -48,6 +54,7 @@ __all__ = [
     "MisfirePolicy",
     "OverlapPolicy",
     "deterministic_jitter_ms",
+    "fire_time_ms",
     "first_occurrence",
     "misfire_plan",
     "next_fire",

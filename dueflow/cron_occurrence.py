@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from dueflow import headers as hdr
-from dueflow.cron import CronSchedule, OverlapPolicy, next_occurrence, occurrence_jitter_ms
+from dueflow.cron import CronSchedule, OverlapPolicy, fire_time_ms, next_occurrence
 from dueflow.model import Job
 from dueflow.schemas import codec
 from dueflow.wheel import WheelGeometry, place_timer
@@ -42,18 +42,13 @@ def occurrence_job(
 ) -> Job:
     """The job one occurrence runs (due at the occurrence plus its jitter)."""
     job_id = occurrence_id(schedule.schedule_id, occurrence_ms)
-    delay = (
-        occurrence_jitter_ms(schedule.schedule_id, occurrence_ms, schedule.jitter_ms)
-        if jitter
-        else 0
-    )
     return Job(
         job_id=job_id,
         queue=schedule.queue,
         task=schedule.task,
         payload=schedule.payload,
         content_type=schedule.content_type,
-        due_ms=occurrence_ms + delay,
+        due_ms=fire_time_ms(schedule, occurrence_ms) if jitter else occurrence_ms,
         idempotency_key=job_id,
         created_ms=created_ms,
         max_attempts=schedule.max_attempts,

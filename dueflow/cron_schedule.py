@@ -23,6 +23,7 @@ from dueflow.cron_expr import CronExpr, parse_cron
 from dueflow.cron_overlap import OverlapPolicy
 from dueflow.cron_time import MAX_MS, next_fire, zone
 from dueflow.errors import InvalidInput
+from dueflow.jitter import occurrence_jitter_ms
 from dueflow.model import Backoff
 from dueflow.timeutil import format_utc
 
@@ -195,6 +196,16 @@ def next_occurrence(schedule: CronSchedule, *, after_ms: int) -> int | None:
     return found
 
 
+def fire_time_ms(schedule: CronSchedule, occurrence_ms: int) -> int:
+    """When occurrence ``occurrence_ms`` of ``schedule`` is meant to fire: the
+    occurrence plus its deterministic jitter (:func:`~dueflow.jitter.occurrence_jitter_ms`)."""
+    if not schedule.jitter_ms:
+        return occurrence_ms
+    return occurrence_ms + occurrence_jitter_ms(
+        schedule.schedule_id, occurrence_ms, schedule.jitter_ms
+    )
+
+
 def first_occurrence(schedule: CronSchedule, *, now_ms: int) -> int:
     """The first occurrence of ``schedule`` after ``now_ms`` (and at or after its
     start); :class:`InvalidInput` when it would never fire.
@@ -230,4 +241,4 @@ def first_occurrence(schedule: CronSchedule, *, now_ms: int) -> int:
     )
 
 
-__all__ = ["CronSchedule", "MisfirePolicy", "first_occurrence", "next_occurrence"]
+__all__ = ["CronSchedule", "MisfirePolicy", "fire_time_ms", "first_occurrence", "next_occurrence"]

@@ -51,6 +51,7 @@ _QUEUE = hdr.QUEUE
 _KIND = hdr.KIND
 _CRON = hdr.KIND_CRON.encode()
 _JOB = hdr.KIND_JOB.encode()
+_PARTITION = hdr.PARTITION
 
 
 # ------------------------------------------------------------------ geometry
@@ -227,16 +228,20 @@ def classify_timer(
     headers: Any,
     key: bytes | None,
     exec_topics: Mapping[bytes, str],
-) -> tuple[int, str, bool] | str:
-    """``(due_ms, exec topic, is_cron)`` of a timer record, or why it is malformed.
+    exec_partitions: Mapping[bytes, int] | None = None,
+) -> tuple[int, str, bool, int] | str:
+    """``(due_ms, exec topic, is_cron, exec partition)`` of a timer record, or why it
+    is malformed.
 
     ``headers`` is a record's header list of ``(name, value)`` pairs (or None;
     a repeated name: the last one counts). Reads headers only (the value is
     never decoded). ``exec_topics`` maps the ``df-queue`` value of every
-    configured queue to its exec topic.
+    configured queue to its exec topic, ``exec_partitions`` to its partition
+    count. The exec partition is ``df-partition`` (a job timer only: a retry a
+    worker sent through the wheel keeps its partition), else -1: by the key.
     """
     # One pass over the pairs, no dict: this runs for every timer the emitter reads.
-    due_raw = queue_raw = kind_raw = None
+    due_raw = queue_raw = kind_raw = part_raw = None
     if headers:
         for name, value in headers:
             if name == _DUE:
@@ -245,6 +250,8 @@ def classify_timer(
                 queue_raw = value
             elif name == _KIND:
                 kind_raw = value
+            elif name == _PARTITION:
+                part_raw = value
     if due_raw is None:
         return reasons.MISSING_DUE
     try:
@@ -261,9 +268,20 @@ def classify_timer(
     if not key:
         return reasons.MISSING_TIMER_KEY
     if kind_raw is None or kind_raw == _JOB:
-        return due, topic, False
+        if part_raw is None:
+            return due, topic, False, -1
+        partitions = exec_partitions.get(queue_raw) if exec_partitions is not None else None
+        try:
+            partition = int(part_raw) if part_raw.isdigit() else -1
+        except ValueError:
+            partition = -1
+        if partition < 0 or (partitions is not None and partition >= partitions):
+            return reasons.with_detail(
+                reasons.BAD_PARTITION, f"not a partition of {topic}: {part_raw[:40]!r}"
+            )
+        return due, topic, False, partition
     if kind_raw == _CRON:
-        return due, topic, True
+        return due, topic, True, -1
     return reasons.with_detail(reasons.UNKNOWN_KIND, repr(kind_raw[:40]))
 
 

@@ -7,6 +7,8 @@ so callers route failures without knowing every class.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class DueflowError(Exception):
     """Root of every error raised by dueflow."""
@@ -43,6 +45,24 @@ class InvalidInput(DueflowError):
         self.field = field
         self.value = value
         self.accepted = accepted
+
+
+class UnknownQueue(InvalidInput):
+    """A job, schedule or command names a queue that neither the static config nor
+    the queue registry has; the message says how to create it."""
+
+    def __init__(self, queue: object, known: Iterable[str]) -> None:
+        shown = sorted(known)
+        name = queue if isinstance(queue, str) and queue else "NAME"
+        super().__init__(
+            "queue",
+            queue,
+            f"one of the queues {shown}; to create {name!r}: "
+            f"`dueflow queue create {name} --partitions N` (docs/queues.md), "
+            "or configure it statically (DUEFLOW_QUEUES / [[queues]])",
+        )
+        self.queue = queue
+        self.known = shown
 
 
 class ConflictError(DueflowError):
@@ -92,3 +112,13 @@ class PermanentJobError(JobError):
 
 class UndecodableRecord(DueflowError):
     """A record's bytes do not match the schema they claim (or any known one)."""
+
+
+class WorkerStartupFailed(DueflowError):
+    """A worker's startup hook raised (or overran its time): the worker did not start.
+
+    ``hook`` names it (``module:qualname``); ``cause`` is what it raised."""
+
+    def __init__(self, hook: str, error: str, *, cause: BaseException | None = None) -> None:
+        super().__init__(f"worker startup hook {hook} failed: {error}", cause=cause)
+        self.hook = hook

@@ -19,6 +19,13 @@ header                    meaning
 ``df-schedule``  cron     schedule id of an occurrence
 ``df-sv``        cron     schedule version the occurrence was computed from
 ``df-occurrence``  cron   the occurrence's nominal instant (ms, before jitter)
+``df-partition``          optional: the exec partition a job fires into
+                          (default: by key); workers set it on a retry they
+                          send back through the wheel (the job keeps its
+                          partition)
+``df-parent``  optional   job id of the job whose handler scheduled this one
+                          (``ctx.schedule``: the worker writes the timer in
+                          that job's transaction), for logs and tracing
 ``df-schema``  optional   value schema, e.g. ``dueflow.Job/1``
 ``df-expires`` optional   UTC epoch ms: a job not started by then is not run
                           (outcome ``expired``; a worker decides at start)
@@ -86,6 +93,8 @@ TASK = "df-task"
 SCHEDULE = "df-schedule"
 SCHEDULE_VERSION = "df-sv"
 OCCURRENCE = "df-occurrence"
+PARTITION = "df-partition"
+PARENT = "df-parent"
 SCHEMA = "df-schema"
 EXPIRES = "df-expires"
 OVERLAP = "df-overlap"

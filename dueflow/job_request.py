@@ -5,15 +5,26 @@
 goes into the timer topic, or raises :class:`InvalidInput` naming the field,
 the value and what is accepted. Nothing is written before this succeeds.
 
+Limits, so that every accepted job can be encoded and read back: a due time
+(``run_at``, ``now + delay``, plus the jitter window) at or before
+9999-12-31T23:59:59.999Z, the last instant a :class:`~datetime.datetime`
+holds (:data:`MAX_DUE_MS`); timeouts and backoff times up to an Avro long;
+``max_attempts`` up to an Avro int; task names by the workers' rule
+(:mod:`dueflow.task_name`); a JSON payload without NaN or Infinity (JSON has
+neither: orjson would write them as ``null``).
+
 The clock and the random job id are arguments (``now_ms``, ``new_job_id``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timedelta
+from enum import Enum
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
@@ -21,15 +32,21 @@ import orjson
 
 from dueflow.config import Settings
 from dueflow.deadline import job_deadline
-from dueflow.errors import InvalidInput
+from dueflow.errors import InvalidInput, UnknownQueue
 from dueflow.jitter import deterministic_jitter_ms
 from dueflow.model import Backoff, BackoffKind, Job
-from dueflow.timeutil import parse_duration, to_utc_ms
+from dueflow.routing import Router
+from dueflow.task_name import TASK_NAME_ACCEPTED, is_task_name
+from dueflow.timeutil import format_utc, parse_duration, to_utc_ms
 
 JSON = "application/json"
 OCTET_STREAM = "application/octet-stream"
 MAX_NAME_CHARS = 255
-MAX_INT32 = (1 << 31) - 1
+MAX_INT32 = (1 << 31) - 1  # an Avro int
+MAX_LONG = (1 << 63) - 1  # an Avro long
+# The latest due time: 9999-12-31T23:59:59.999Z, the last millisecond a datetime
+# holds (results and logs show due times as datetimes), far inside an Avro long.
+MAX_DUE_MS = 253_402_300_799_999
 
 Instant = datetime | str
 Duration = timedelta | float | int | str
@@ -42,7 +59,8 @@ class JobRequest:
     ``payload`` is any JSON-serializable value (stored as JSON) or ``bytes``
     (stored as is, ``application/octet-stream``). Give ``run_at`` (a tz-aware
     datetime or ISO-8601 text with an offset) or ``delay`` (a duration), or
-    neither to run at once. ``expires`` (an instant) and ``max_lateness`` (a
+    neither to run at once. ``queue`` ``None``: the task's route decides
+    (:mod:`dueflow.routing`). ``expires`` (an instant) and ``max_lateness`` (a
     duration after the due time) give a deadline: a job not started by then
     is not run (:mod:`dueflow.deadline`).
     """
@@ -51,7 +69,7 @@ class JobRequest:
     payload: Any = None
     run_at: Instant | None = None
     delay: Duration | None = None
-    queue: str = "default"
+    queue: str | None = None
     job_id: str | None = None
     idempotency_key: str | None = None
     max_attempts: int | None = None
@@ -68,14 +86,36 @@ REQUEST_FIELDS = frozenset(f.name for f in fields(JobRequest))
 
 @dataclass(frozen=True, slots=True)
 class JobRules:
-    """What the cluster accepts: its queues and the default attempt count."""
+    """What the cluster accepts: its queues, the default attempt count, and how a
+    job without a queue is routed."""
 
     queues: frozenset[str]
     default_max_attempts: int = 4
+    router: Router = field(default_factory=Router)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> JobRules:
-        return cls(frozenset(settings.queue_names), settings.worker.default_max_attempts)
+    def from_settings(
+        cls,
+        settings: Settings,
+        *,
+        queues: Iterable[str] | None = None,
+        declared: Mapping[str, str] | None = None,
+    ) -> JobRules:
+        """Rules of ``settings``; ``queues``: the known queues (default: the static
+        ones), ``declared``: ``@task`` queues by task name (see :mod:`dueflow.routing`)."""
+        return cls(
+            frozenset(settings.queue_names if queues is None else queues),
+            settings.worker.default_max_attempts,
+            Router(settings.routes, declared),
+        )
+
+    def with_queues(self, queues: Iterable[str]) -> JobRules:
+        return replace(self, queues=frozenset(queues))
+
+    def queue_of(self, req: JobRequest) -> object:
+        """The queue of ``req``: its own, or its task's route."""
+        queue = req.queue
+        return self.router.queue_for(req.task) if queue is None else queue
 
 
 def as_request(item: JobRequest | Mapping[str, Any], *, field: str = "job") -> JobRequest:
@@ -85,10 +125,9 @@ def as_request(item: JobRequest | Mapping[str, Any], *, field: str = "job") -> J
     if isinstance(item, Mapping):
         unknown = set(item) - REQUEST_FIELDS
         if unknown:
+            first = sorted(unknown, key=str)[0]  # keys need not be strings
             raise InvalidInput(
-                f"{field}.{sorted(unknown)[0]}",
-                item[sorted(unknown)[0]],
-                f"only the fields {sorted(REQUEST_FIELDS)}",
+                f"{field}.{first}", item[first], f"only the fields {sorted(REQUEST_FIELDS)}"
             )
         if "task" not in item:
             raise InvalidInput(f"{field}.task", None, "a task name (required)")
@@ -149,9 +188,11 @@ def prepare_job(
     runs it for every job.)
     """
     task = req.task
-    if type(task) is not str or not 0 < len(task) <= MAX_NAME_CHARS:
-        raise bad_name("task", task)
+    if not is_task_name(task):
+        raise bad_task(task)
     queue = req.queue
+    if queue is None:
+        queue = rules.router.queue_for(task)
     if queue not in rules.queues:
         raise unknown_queue(queue, rules.queues)
     payload = req.payload
@@ -162,17 +203,24 @@ def prepare_job(
     job_id = req.job_id
     if job_id is None:
         job_id = new_job_id(now_ms)
-    elif type(job_id) is not str or not 0 < len(job_id) <= MAX_NAME_CHARS:
+    elif not is_name(job_id):
         raise bad_name("job_id", job_id)
     key = req.idempotency_key
     if key is None:
         key = job_id
-    elif type(key) is not str or not 0 < len(key) <= MAX_NAME_CHARS:
+    elif not is_name(key):
         raise bad_name("idempotency_key", key)
     due_ms = _due_ms(req, now_ms)
     jitter_ms = 0
     if req.jitter is not None:
         jitter_ms = parse_duration(req.jitter, field="jitter")
+        if jitter_ms > MAX_DUE_MS - due_ms:
+            raise InvalidInput(
+                "jitter",
+                req.jitter,
+                f"a window ending at or before {format_utc(MAX_DUE_MS)} "
+                f"(at most {MAX_DUE_MS - due_ms} ms after the due time)",
+            )
         if jitter_ms:
             due_ms += deterministic_jitter_ms(job_id, jitter_ms)
     max_attempts = req.max_attempts
@@ -181,7 +229,7 @@ def prepare_job(
     elif type(max_attempts) is not int or not 1 <= max_attempts <= MAX_INT32:
         raise bad_attempts(max_attempts)
     backoff = None if req.backoff is None else parse_backoff(req.backoff)
-    timeout_ms = None if req.timeout is None else _timeout_ms(req.timeout)
+    timeout_ms = None if req.timeout is None else parse_timeout(req.timeout)
     labels = NO_STRINGS if req.labels is None else _labels(req.labels)
     return _new_prepared(
         PreparedJob,
@@ -222,15 +270,68 @@ def deadline_of(req: JobRequest, due_ms: int) -> int | None:
 
 
 def encode_payload(payload: Any) -> tuple[bytes, str]:
-    """Payload bytes and content type: bytes as is, anything else as JSON (sorted keys)."""
+    """Payload bytes and content type: bytes as is, anything else as JSON (sorted keys).
+
+    A NaN or infinite float anywhere in it is refused (:func:`check_finite`)."""
     if isinstance(payload, bytes):
         return payload, OCTET_STREAM
     if isinstance(payload, bytearray | memoryview):
         return bytes(payload), OCTET_STREAM
     try:
-        return orjson.dumps(payload, option=orjson.OPT_SORT_KEYS), JSON
+        raw = orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)
     except (TypeError, orjson.JSONEncodeError) as exc:
         raise bad_payload(payload, exc) from None
+    if b"null" in raw:  # orjson writes NaN and Infinity as null: look only then
+        check_finite(payload)
+    return raw, JSON
+
+
+NON_FINITE_ACCEPTED = (
+    "a finite number: JSON has no NaN or Infinity (they would be written as null); "
+    "send null or a string instead"
+)
+
+
+def check_finite(payload: Any) -> None:
+    """Raise :class:`InvalidInput` naming the path (``payload['a'][2]``) of the first
+    NaN or infinite float in ``payload``, looking where orjson does: dicts, lists,
+    tuples, dataclasses and enum values."""
+    found = _non_finite(payload)
+    if found is not None:
+        steps, value = found
+        path = "payload" + "".join(
+            f".{s}" if isinstance(s, _Attribute) else f"[{s!r}]" for s in reversed(steps)
+        )
+        raise InvalidInput(path, value, NON_FINITE_ACCEPTED)
+
+
+class _Attribute(str):
+    """A step into a dataclass field (shown ``.name``; a dict key is ``['name']``)."""
+
+    __slots__ = ()
+
+
+def _non_finite(value: Any) -> tuple[list[object], float] | None:
+    """(steps from the hit up to the top, the value) of the first non-finite float."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else ([], value)
+    items: Any
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = ((_Attribute(f.name), getattr(value, f.name)) for f in dataclasses.fields(value))
+    elif isinstance(value, Enum):
+        return _non_finite(value.value)
+    else:
+        return None
+    for step, item in items:
+        found = _non_finite(item)
+        if found is not None:
+            found[0].append(step)
+            return found
+    return None
 
 
 def bad_payload(payload: Any, exc: Exception) -> InvalidInput:
@@ -318,8 +419,10 @@ def _checked_backoff(b: Backoff, shown: object) -> Backoff:
         raise InvalidInput("backoff", shown, _BACKOFF_ACCEPTED)
     for name in ("base_ms", "max_ms"):
         v = getattr(b, name)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise InvalidInput(f"backoff.{name}", v, "an integer number of milliseconds >= 0")
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MAX_LONG:
+            raise InvalidInput(
+                f"backoff.{name}", v, f"an integer number of milliseconds from 0 to {MAX_LONG}"
+            )
     if b.max_ms < b.base_ms:
         raise InvalidInput("backoff.max_ms", b.max_ms, f">= base_ms ({b.base_ms})")
     if not isinstance(b.multiplier, int | float) or not 1.0 <= b.multiplier <= 1000.0:
@@ -329,13 +432,49 @@ def _checked_backoff(b: Backoff, shown: object) -> Backoff:
     return b
 
 
+def is_name(value: object) -> bool:
+    """Whether ``value`` is a usable job id or idempotency key: 1 to 255 characters
+    that UTF-8 can encode (no lone surrogates)."""
+    if type(value) is not str or not 0 < len(value) <= MAX_NAME_CHARS:
+        return False
+    return value.isascii() or _utf8(value)
+
+
+def _utf8(value: str) -> bool:
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def bad_name(field: str, value: object) -> InvalidInput:
-    """The error for a task, job id or key that is not a usable name."""
-    return InvalidInput(field, value, f"a non-empty string of at most {MAX_NAME_CHARS} chars")
+    """The error for a job id or key that is not a usable name."""
+    return InvalidInput(
+        field, value, f"a non-empty string of at most {MAX_NAME_CHARS} chars (valid UTF-8)"
+    )
 
 
-def unknown_queue(queue: object, queues: frozenset[str]) -> InvalidInput:
-    return InvalidInput("queue", queue, f"one of the configured queues {sorted(queues)}")
+def bad_task(value: object) -> InvalidInput:
+    """The error for a task name a worker would not accept (:mod:`dueflow.task_name`)."""
+    return InvalidInput("task", value, TASK_NAME_ACCEPTED)
+
+
+def due_too_late(field: str, value: object, *, now_ms: int) -> InvalidInput:
+    """The error for a ``run_at`` or ``delay`` whose due time is after :data:`MAX_DUE_MS`."""
+    if field == "delay":
+        accepted = (
+            f"a duration putting the due time at or before {format_utc(MAX_DUE_MS)} "
+            f"(at most {MAX_DUE_MS - now_ms} ms from now)"
+        )
+    else:
+        accepted = f"a time at or before {format_utc(MAX_DUE_MS)}"
+    return InvalidInput(field, value, accepted)
+
+
+def unknown_queue(queue: object, queues: frozenset[str]) -> UnknownQueue:
+    """The error for a queue nobody knows: names it and says how to create it."""
+    return UnknownQueue(queue, queues)
 
 
 def bad_attempts(value: object) -> InvalidInput:
@@ -354,14 +493,21 @@ def due_of(
     if run_at is not None:
         if delay is not None:
             raise InvalidInput("delay", delay, "either run_at or delay, not both")
-        return to_utc_ms(run_at, field="run_at")
+        due_ms = to_utc_ms(run_at, field="run_at")
+        if due_ms > MAX_DUE_MS:
+            raise due_too_late("run_at", run_at, now_ms=now_ms)
+        return due_ms
     if delay is None:
         if required:
             raise InvalidInput("run_at", None, "the new due time: run_at= or delay=")
         return now_ms
     if type(delay) is int and delay >= 0:
-        return now_ms + delay * 1000
-    return now_ms + parse_duration(delay, field="delay")
+        due_ms = now_ms + delay * 1000
+    else:
+        due_ms = now_ms + parse_duration(delay, field="delay")
+    if due_ms > MAX_DUE_MS:
+        raise due_too_late("delay", delay, now_ms=now_ms)
+    return due_ms
 
 
 def _max_attempts(value: int | None, default: int) -> int:
@@ -372,18 +518,23 @@ def _max_attempts(value: int | None, default: int) -> int:
     return value
 
 
-def _timeout_ms(value: Duration | None) -> int | None:
+TIMEOUT_ACCEPTED = f"a duration of at least 1 ms and at most {MAX_LONG} ms, or None"
+
+
+def parse_timeout(value: Duration | None) -> int | None:
+    """A job's ``timeout`` in ms (``None``: the worker's default); 1 ms to an Avro long."""
     if value is None:
         return None
     ms = parse_duration(value, field="timeout")
-    if ms < 1:
-        raise InvalidInput("timeout", value, "a duration of at least 1 ms, or None")
+    if not 1 <= ms <= MAX_LONG:
+        raise InvalidInput("timeout", value, TIMEOUT_ACCEPTED)
     return ms
 
 
 def _labels(value: Mapping[str, str]) -> Mapping[str, str]:
     if not isinstance(value, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        isinstance(k, str) and isinstance(v, str) and _utf8(k) and _utf8(v)
+        for k, v in value.items()
     ):
-        raise InvalidInput("labels", value, "a dict of strings to strings")
+        raise InvalidInput("labels", value, "a dict of strings to strings (valid UTF-8)")
     return dict(value)

@@ -222,6 +222,19 @@ class Metrics:
             ["queue", "result"],
             registry=r,
         )
+        self.follow_ups = Counter(
+            "dueflow_follow_ups_total",
+            "Follow-up jobs handlers scheduled (ctx.schedule): written with their "
+            "attempt's success, or dropped with its failure",
+            ["queue", "result"],
+            registry=r,
+        )
+        self.hook_calls = Counter(
+            "dueflow_worker_hook_calls_total",
+            "Worker lifecycle hook calls (startup, shutdown, failure) by result",
+            ["hook", "result"],
+            registry=r,
+        )
         self.rate_limited = Counter(
             "dueflow_rate_limit_waits_total",
             "Times a worker paused partitions for a rate limit",

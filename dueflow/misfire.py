@@ -3,31 +3,41 @@
 The emitter keeps one next occurrence of each schedule in the wheel. When it
 fires occurrence ``due_ms`` at ``now_ms`` (late after downtime, or on time),
 ``misfire_plan`` says which occurrence instants to fire now and which
-occurrence to place next. All instants are nominal occurrences (before
-jitter), UTC epoch ms.
+occurrence to place next. Instants are nominal occurrences (before jitter),
+UTC epoch ms; lateness is judged against when each one was meant to fire.
 
-An occurrence ``o`` of ``[due_ms, now_ms]`` is *on time* when
-``now_ms - o <= grace_ms`` and *missed* otherwise.
-
+- An occurrence ``o`` is *meant to fire* at ``o`` plus its deterministic
+  jitter (:func:`~dueflow.cron_schedule.fire_time_ms`, the time the wheel
+  holds it for), but not before the occurrence before it: occurrences fire
+  in order, so one whose jitter would put it before its predecessor is meant
+  to fire with it (this matters only when the jitter exceeds the period).
+- An occurrence is *due* once that time is ``<= now_ms``. The plan covers
+  ``due_ms`` and the occurrences after it that are due; the first one that
+  is not due yet is ``next_ms``, the one to place (the first occurrence after
+  ``now_ms`` when all are due; None when the schedule has ended).
+- A due occurrence is *on time* when ``now_ms - meant <= grace_ms`` and
+  *missed* otherwise. A jitter larger than the grace period therefore never
+  makes an occurrence fired at its jittered time late.
 - On-time occurrences always fire, under every policy (``due_ms`` itself and,
   for schedules faster than the grace period, later ones already due).
 - Missed occurrences follow the schedule's ``misfire`` policy:
   ``fire_all`` fires each of them, oldest first; ``fire_once`` fires one run
-  for all of them, at ``due_ms`` (the first missed occurrence, the one the
-  wheel held); ``skip`` fires none.
+  for all of them, at the oldest (``due_ms``, the one the wheel held);
+  ``skip`` fires none.
 - At most ``max_catchup`` instants fire in one plan. On-time occurrences take
   the room first; missed ones fill what is left, oldest first; the rest never
   fire (``skipped`` says so). The cap bounds the burst after a long downtime
-  (thundering herd); set it high for schedules where every run matters.
-- ``next_ms`` is the first occurrence strictly after ``now_ms`` (None when the
-  schedule has ended): the schedule is in its steady state after one plan.
+  (thundering herd); set it high for schedules where every run matters. A
+  plan also looks at no more than :data:`MAX_STEPS` occurrences one by one (a
+  schedule much faster than its jitter, after a long downtime): then the
+  rest never fire and ``next_ms`` is the first occurrence after ``now_ms``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dueflow.cron_schedule import CronSchedule, MisfirePolicy, next_occurrence
+from dueflow.cron_schedule import CronSchedule, MisfirePolicy, fire_time_ms, next_occurrence
 from dueflow.errors import InvalidInput
 
 
@@ -54,10 +64,15 @@ def _between(schedule: CronSchedule, *, after_ms: int, until_ms: int, limit: int
     return out
 
 
+# Occurrences a plan looks at one by one (drawing their jitter), at most: about
+# 16 us each, so a plan never holds the emitter for more than a fraction of a second.
+MAX_STEPS = 10_000
+
+
 def misfire_plan(
     schedule: CronSchedule, *, due_ms: int, now_ms: int, grace_ms: int, max_catchup: int
 ) -> MisfirePlan:
-    """Decide which occurrences of ``[due_ms, now_ms]`` fire now and what comes next."""
+    """Decide which occurrences from ``due_ms`` fire at ``now_ms`` and what comes next."""
     if due_ms > now_ms:
         raise InvalidInput(
             "due_ms", due_ms, f"<= now_ms ({now_ms}): an occurrence never fires early"
@@ -66,42 +81,70 @@ def misfire_plan(
         raise InvalidInput("grace_ms", grace_ms, "an integer >= 0")
     if max_catchup < 1:
         raise InvalidInput("max_catchup", max_catchup, "an integer >= 1")
-    cutoff = now_ms - grace_ms  # occurrences before this are missed
-    late = due_ms < cutoff
+    window = schedule.jitter_ms
+    cutoff = now_ms - grace_ms  # meant to fire before this: missed
+    late = fire_time_ms(schedule, due_ms) < cutoff
+    on_time: list[int] = [] if late else [due_ms]
+    missed: list[int] = [due_ms] if late else []
+    at = due_ms
+    if late:
+        # Meant before the cutoff whatever their jitter (o + window < cutoff): missed,
+        # listed without drawing their jitter, one more than any policy fires.
+        surely = cutoff - window - 1
+        missed += _between(schedule, after_ms=due_ms, until_ms=surely, limit=max_catchup + 1)
+        at = max(at, surely)
+    # Later occurrences one by one, in order, up to the first one not due yet. Once
+    # one is on time the rest are too (occurrences are meant to fire in order).
+    next_ms: int | None = None
+    full = False  # more on-time occurrences than the cap: the rest never fire
+    steps = 0
+    while True:
+        o = next_occurrence(schedule, after_ms=at)
+        if o is None:
+            break
+        if o > now_ms:
+            next_ms = o
+            break
+        meant = fire_time_ms(schedule, o)
+        if meant > now_ms:
+            next_ms = o
+            break
+        at = o
+        steps += 1
+        if steps > MAX_STEPS:
+            full = True
+            next_ms = next_occurrence(schedule, after_ms=now_ms)
+            break
+        if full:
+            continue
+        if not on_time and meant < cutoff:
+            if len(missed) <= max_catchup:
+                missed.append(o)
+        else:
+            on_time.append(o)
+            if len(on_time) > max_catchup:
+                full = True
+                at = max(at, now_ms - window)  # these are all due: skip to the unsure ones
 
-    on_time = [] if late else [due_ms]
-    on_time += _between(
-        schedule,
-        after_ms=max(due_ms, cutoff - 1),
-        until_ms=now_ms,
-        limit=max_catchup + 1 - len(on_time),
-    )
-    skipped = len(on_time) > max_catchup
+    skipped = full
     on_time = on_time[:max_catchup]
     room = max_catchup - len(on_time)
-
-    missed: list[int] = []
-    if late:
-        if schedule.misfire is MisfirePolicy.FIRE_ALL:
-            candidates = [
-                due_ms,
-                *_between(schedule, after_ms=due_ms, until_ms=cutoff - 1, limit=room),
-            ]
-            missed = candidates[:room]
-            skipped = skipped or len(candidates) > room
-        elif schedule.misfire is MisfirePolicy.FIRE_ONCE:
-            missed = [due_ms][:room]
-            more = _between(schedule, after_ms=due_ms, until_ms=cutoff - 1, limit=1)
-            skipped = skipped or room == 0 or bool(more)
-        else:
-            skipped = True
+    if schedule.misfire is MisfirePolicy.FIRE_ALL:
+        fired_missed = missed[:room]
+        skipped = skipped or len(missed) > room
+    elif schedule.misfire is MisfirePolicy.FIRE_ONCE:
+        fired_missed = missed[:1][:room]
+        skipped = skipped or len(missed) > len(fired_missed)
+    else:
+        fired_missed = []
+        skipped = skipped or bool(missed)
 
     return MisfirePlan(
-        fire=(*missed, *on_time),
-        next_ms=next_occurrence(schedule, after_ms=now_ms),
+        fire=(*fired_missed, *on_time),
+        next_ms=next_ms,
         late=late,
         skipped=skipped,
     )
 
 
-__all__ = ["MisfirePlan", "misfire_plan"]
+__all__ = ["MAX_STEPS", "MisfirePlan", "misfire_plan"]

@@ -41,6 +41,7 @@ MISSING_QUEUE = "missing df-queue header"
 UNKNOWN_QUEUE = "unknown queue"  # also a schedule whose queue is not configured
 MISSING_TIMER_KEY = "missing key (the idempotency key)"
 UNKNOWN_KIND = "unknown df-kind"
+BAD_PARTITION = "bad df-partition"  # not a partition of the queue's exec topic
 # emitter, schedules topic
 SCHEDULE_KEY_NOT_UTF8 = "key is not UTF-8"
 MISSING_SCHEDULE_KEY = "missing key (the schedule id)"
@@ -50,6 +51,8 @@ SCHEDULE_KEY_MISMATCH = "key is not the schedule id"
 IDEMPOTENCY_WITHOUT_KEY = "idempotency record without a key"
 UNDECODABLE_IDEMPOTENCY = "undecodable idempotency record"
 BAD_CONTROL = "bad control record"
+# emitter (the active one): queue registry topic
+BAD_QUEUE_RECORD = "bad queue registry record"
 # status view: outcomes topic
 UNDECODABLE_OUTCOME = "undecodable outcome"
 
@@ -60,6 +63,7 @@ QUARANTINE_REASONS = (
     UNKNOWN_QUEUE,
     MISSING_TIMER_KEY,
     UNKNOWN_KIND,
+    BAD_PARTITION,
     SCHEDULE_KEY_NOT_UTF8,
     MISSING_SCHEDULE_KEY,
     UNDECODABLE_SCHEDULE,
@@ -67,6 +71,7 @@ QUARANTINE_REASONS = (
     IDEMPOTENCY_WITHOUT_KEY,
     UNDECODABLE_IDEMPOTENCY,
     BAD_CONTROL,
+    BAD_QUEUE_RECORD,
     UNDECODABLE_OUTCOME,
 )
 

@@ -7,7 +7,7 @@ instead of moving: ``Scheduler.reschedule(job_id, run_at=D)`` writes
    same value but ``due_ms = D``), then
 2. a *reschedule record* in the job's ``<prefix>.idempotency.<queue>``
    partition: "of the deliveries of this key, only the one due at D runs"
-   (``run_only_due_ms = D``, schema version 2), and
+   (``run_only_due_ms = D``, schema version 3), and
 3. an outcome ``rescheduled`` (due D) for the status view.
 
 The rule workers apply to every delivery of a key, in this order:
@@ -42,7 +42,7 @@ beside the key's final state instead of replacing it. Workers keep it for
 the queue's idempotency retention after it was written, like every record
 of that topic; ``reschedule`` therefore refuses a job whose current due time
 is further away than that (less an hour). Workers of a release before
-reschedules quarantine the record (schema version 2), so there the job runs
+reschedules quarantine the record (schema version 3), so there the job runs
 at its old time and the new timer is a duplicate: still at most once.
 """
 

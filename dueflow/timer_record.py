@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from dueflow import headers as hdr
+from dueflow.errors import InvalidInput
 from dueflow.schemas.codec import schema_header
 from dueflow.schemas.job_binary import JobFields, JobValues, encode_job_values, job_values
 from dueflow.wheel import WheelGeometry
@@ -191,3 +192,52 @@ def record_size(
     for name, raw in headers:
         size += HEADER_OVERHEAD + len(name) + len(raw)
     return size
+
+
+def record_too_large(
+    payload_bytes: int, record_bytes: int, *, limit: int, topic: str
+) -> InvalidInput:
+    """The error for a payload whose timer record exceeds ``limit`` (the
+    ``max.message.bytes`` of the timer topic ``topic``)."""
+    return InvalidInput(
+        "payload",
+        f"{payload_bytes} bytes (a timer record of {record_bytes} bytes)",
+        f"a timer record of at most {limit} bytes (max.message.bytes of {topic})",
+    )
+
+
+def retry_timer(
+    *,
+    key: bytes,
+    value: bytes,
+    headers: Sequence[tuple[str, bytes | None]] | None,
+    queue: str,
+    exec_partition: int,
+    due_ms: int,
+    now_ms: int,
+    placer: TimerPlacer,
+) -> TimerRecord:
+    """A retry that waits in the timer wheel instead of a retry tier (see
+    :func:`dueflow.backoff.retry_route`): the retry record's value bytes and
+    headers (``df-attempt``, ``df-due`` = its not-before, failure, origin and
+    trace headers), as a job timer of ``queue`` that the emitter fires into
+    partition ``exec_partition`` of the exec topic (``df-partition``), so the
+    job keeps its partition. ``df-kind`` is ``job`` (a cron occurrence's retry
+    is not an occurrence to plan again); the first fire's ``df-fired`` and
+    ``df-src`` are dropped, the emitter sets them again.
+    """
+    out = hdr.replace(
+        headers,
+        [
+            (hdr.DUE, due_ms),
+            (hdr.QUEUE, queue),
+            (hdr.KIND, hdr.KIND_JOB),
+            (hdr.PARTITION, exec_partition),
+            (hdr.FIRED, None),
+            (hdr.SOURCE, None),
+        ],
+    )
+    partition = placer.partition(due_ms=due_ms, now_ms=now_ms, spread=zlib.crc32(key))
+    return _new_tuple(
+        TimerRecord, (partition, key, value or b"", out, record_size(key, value, out))
+    )

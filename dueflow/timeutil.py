@@ -76,10 +76,10 @@ def parse_duration(value: timedelta | float | int | str, *, field: str) -> int:
         raise InvalidInput(field, value, _DURATION_ACCEPTED)
     if isinstance(value, timedelta):
         ms = value // timedelta(milliseconds=1)
-    elif isinstance(value, int | float):
-        if not math.isfinite(value):
-            raise InvalidInput(field, value, _DURATION_ACCEPTED)
-        ms = round(value * 1_000)
+    elif isinstance(value, int):
+        ms = value * 1_000
+    elif isinstance(value, float):
+        ms = _whole_ms(value * 1_000, value, field)
     elif isinstance(value, str):
         ms = _parse_duration_text(value, field)
     else:
@@ -101,9 +101,7 @@ def _parse_duration_text(value: str, field: str) -> int:
     except ValueError:
         pass
     else:
-        if not math.isfinite(seconds):
-            raise InvalidInput(field, value, _DURATION_ACCEPTED)
-        ms = round(seconds * 1_000)
+        ms = _whole_ms(seconds * 1_000, value, field)
         return -ms if negative else ms
     pos = 0
     total = 0.0
@@ -114,5 +112,12 @@ def _parse_duration_text(value: str, field: str) -> int:
         pos = match.end()
     if pos != len(text):
         raise InvalidInput(field, value, _DURATION_ACCEPTED)
-    ms = round(total)
+    ms = _whole_ms(total, value, field)
     return -ms if negative else ms
+
+
+def _whole_ms(ms: float, value: object, field: str) -> int:
+    """``ms`` rounded; NaN and values too large for a float (infinity) are refused."""
+    if not math.isfinite(ms):
+        raise InvalidInput(field, value, _DURATION_ACCEPTED + "; it must be finite")
+    return round(ms)

@@ -135,17 +135,29 @@ class TopicAdmin:
         return raced
 
     def _configs(self, specs: Sequence[TopicSpec]) -> dict[str, dict[str, str]]:
-        if not specs:
-            return {}
-        resources = [ConfigResource(ResourceType.TOPIC, s.name) for s in specs]
+        """Configs per topic. On a cluster, a broker whose metadata has not caught up
+        with a topic created a moment ago says it does not know it: asked again (up to
+        the timeout)."""
         out: dict[str, dict[str, str]] = {}
-        futures = self._admin.describe_configs(resources, request_timeout=self._timeout)
-        for res, fut in futures.items():
-            try:
-                entries = fut.result()
-            except KafkaException as exc:
-                raise kafka_error(f"describe configs of {res.name}", exc) from exc
-            out[res.name] = {k: str(v.value) for k, v in entries.items()}
+        left = [s.name for s in specs]
+        deadline = time.monotonic() + self._timeout
+        while left:
+            resources = [ConfigResource(ResourceType.TOPIC, name) for name in left]
+            futures = self._admin.describe_configs(resources, request_timeout=self._timeout)
+            unknown = []
+            for res, fut in futures.items():
+                try:
+                    entries = fut.result()
+                except KafkaException as exc:
+                    lagging = exc.args and exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+                    if lagging and time.monotonic() < deadline:
+                        unknown.append(res.name)
+                        continue
+                    raise kafka_error(f"describe configs of {res.name}", exc) from exc
+                out[res.name] = {k: str(v.value) for k, v in entries.items()}
+            left = unknown
+            if left:
+                time.sleep(0.2)
         return out
 
 

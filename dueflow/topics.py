@@ -64,6 +64,11 @@ class TopicNames:
         return f"{self.prefix}.quarantine"
 
     @property
+    def queues(self) -> str:
+        """Compacted queue registry: a queue's spec keyed by its name (docs/queues.md)."""
+        return f"{self.prefix}.queues"
+
+    @property
     def clock(self) -> str:
         """Where processes measure their clock against the broker's (dueflow.clock)."""
         return f"{self.prefix}.clock"
@@ -165,6 +170,7 @@ def topic_layout(settings: Settings) -> list[TopicSpec]:
         ),
         TopicSpec(n.quarantine, "quarantine", 1, {"cleanup.policy": "delete", **forever, **isr}),
         TopicSpec(n.control, "control", 1, {"cleanup.policy": "compact", **isr}),
+        registry_topic(n, isr),
         TopicSpec(
             n.clock,
             "clock",
@@ -183,6 +189,17 @@ def topic_layout(settings: Settings) -> list[TopicSpec]:
     for q in settings.queues:
         specs.extend(queue_topics(n, q, isr))
     return specs
+
+
+def registry_topic(n: TopicNames, isr: Mapping[str, str]) -> TopicSpec:
+    """The queue registry: compacted (the latest spec of every queue is kept for
+    ever), one partition, so every reader sees the records in write order."""
+    return TopicSpec(
+        n.queues,
+        "queues",
+        1,
+        {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1", **isr},
+    )
 
 
 def queue_topics(n: TopicNames, q: QueueSpec, isr: Mapping[str, str]) -> list[TopicSpec]:

@@ -95,6 +95,15 @@ def inject_headers(ctx: otel_context.Context | None = None) -> list[tuple[str, b
     return [(k, v.encode()) for k, v in carrier.items()]
 
 
+def span_headers(ctx: otel_context.Context) -> list[tuple[str, bytes]]:
+    """``traceparent`` (and ``tracestate``) naming the current span of ``ctx`` (W3C,
+    whatever the global propagator): a record with them starts a child of that
+    span. Empty when ``ctx`` holds no valid span."""
+    carrier: dict[str, str] = {}
+    _W3C.inject(carrier, context=ctx)
+    return [(k, carrier[k].encode()) for k in (hdr.TRACEPARENT, hdr.TRACESTATE) if k in carrier]
+
+
 def trace_id_of(headers: HeaderInput) -> str | None:
     """The 32-hex trace id in a ``traceparent`` header, without OpenTelemetry.
 

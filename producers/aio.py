@@ -37,7 +37,7 @@ from dueflow.producers.core import PlannedTimer, ScheduleSpan, delivery_error, w
 from dueflow.producers.lookup import DEFAULT_SCAN_LIMIT
 from dueflow.producers.recent import DEFAULT_CAPACITY
 from dueflow.producers.results import BulkResult, Cancelled, Rescheduled, Scheduled
-from dueflow.producers.scheduler import Scheduler
+from dueflow.producers.scheduler import App, Scheduler
 from dueflow.tracing import JobTracer
 
 
@@ -84,6 +84,7 @@ class AsyncScheduler:
         tracer: JobTracer | None = None,
         scheduled_outcomes: bool = True,
         status_scan_limit: int = DEFAULT_SCAN_LIMIT,
+        app: App = None,
     ) -> None:
         self.sync = Scheduler(
             settings,
@@ -96,6 +97,7 @@ class AsyncScheduler:
             tracer=tracer,
             scheduled_outcomes=scheduled_outcomes,
             status_scan_limit=status_scan_limit,
+            app=app,
         )
         self._poller: threading.Thread | None = None
         self._stop = threading.Event()
@@ -143,7 +145,7 @@ class AsyncScheduler:
         *,
         run_at: Instant | None = None,
         delay: Duration | None = None,
-        queue: str = "default",
+        queue: str | None = None,
         job_id: str | None = None,
         idempotency_key: str | None = None,
         max_attempts: int | None = None,
@@ -178,7 +180,16 @@ class AsyncScheduler:
         """:meth:`schedule` for a prepared :class:`JobRequest`."""
         self._require_started()
         sync = self.sync
-        planner, now_ms = sync.planner, sync.clock()
+        planner = sync.planner
+        req = planner.routed(req)
+        if req.queue not in planner.rules.queues:
+            # Not known yet: read the registry off the loop (raises UnknownQueue).
+            try:
+                await asyncio.to_thread(planner.check_queue, req.queue)
+            except DueflowError:
+                planner.count_error(req.queue)
+                raise
+        now_ms = sync.clock()
         span = None
         if sync.tracer.enabled:
             span = ScheduleSpan(sync.tracer, req, ids=planner.ids, now_ms=now_ms)

@@ -1,7 +1,8 @@
 """``schedule_many``: many timer records through one producer, errors per job.
 
-One pass over the input: each job is checked and planned, then produced;
-a bad job becomes a :class:`BulkError` at its index and the rest go on.
+One pass over the input: each job is checked and planned completely (its
+record built, every limit checked) before it is produced; a bad job becomes a
+:class:`BulkError` at its index, nothing of it is written, and the rest go on.
 Delivery reports come only for failures (the bulk producer is configured
 with ``delivery.report.only.error``): each names its job through the job id
 at the start of the record value and is mapped back to the input index at
@@ -106,6 +107,7 @@ class BulkRun:
                 req = item if type(item) is JobRequest else as_request(item, field=f"jobs[{index}]")
                 if traced:
                     now_ms = clock()
+                    req = self.planner.routed(req)  # the span names the queue
                     span = ScheduleSpan(self.tracer, req, ids=self.planner.ids, now_ms=now_ms)
                     planned = self._plan_traced(span, now_ms)
                 else:

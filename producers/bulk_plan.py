@@ -32,15 +32,19 @@ from dueflow.errors import ConflictError, InvalidInput
 from dueflow.ids import uuid7_head
 from dueflow.job_request import (
     JSON,
+    MAX_DUE_MS,
     MAX_INT32,
-    MAX_NAME_CHARS,
     OCTET_STREAM,
     JobRequest,
     bad_attempts,
     bad_name,
     bad_payload,
+    bad_task,
+    check_finite,
     content_hash_prefix,
+    due_too_late,
     encode_payload,
+    is_name,
     unknown_queue,
 )
 from dueflow.producers.core import PlannedTimer, TimerPlanner
@@ -57,6 +61,7 @@ from dueflow.schemas.job_binary import (
     queue_task,
     varint,
 )
+from dueflow.task_name import is_task_name
 from dueflow.timer_record import FIXED_RECORD_SIZE, KIND_JOB_HEADER, SCHEMA_HEADER, name_headers
 from dueflow.timeutil import parse_duration
 
@@ -98,7 +103,9 @@ class BulkPlanner:
         self.planner = planner
         self.pending: list[tuple[str, Entry]] = []  # drawn ids, not yet remembered
         self._names: dict[tuple[str, str], _Names] = {}
-        self._queues = planner.rules.queues
+        self._rules = planner.rules
+        self._route = planner.rules.router.queue_for
+        self._unknown: set[str] = set()  # queues looked up in vain during this call
         self._default_options = plain_options(planner.rules.default_max_attempts)
         self._placer = planner.placer
         self._near = planner.placer.near_partitions
@@ -128,16 +135,21 @@ class BulkPlanner:
         try:
             task = req.task
             queue = req.queue
+            if queue is None:
+                queue = self._route(task)
             try:
                 names = self._names[queue, task]
             except (KeyError, TypeError):
                 names = self._check_names(queue, task)
             payload = req.payload
             if type(payload) is dict:
+                given = payload
                 try:
-                    payload = _dumps(payload, option=_SORT_KEYS)
+                    payload = _dumps(given, option=_SORT_KEYS)
                 except _JSON_ERRORS as exc:
-                    raise bad_payload(payload, exc) from None
+                    raise bad_payload(given, exc) from None
+                if b"null" in payload:  # NaN and Infinity come out as null
+                    check_finite(given)
                 hasher, content_type = names.json
             elif type(payload) is bytes:
                 hasher, content_type = names.octet
@@ -157,7 +169,7 @@ class BulkPlanner:
                 id_bytes = job_id.encode()
                 id_length = _LENGTH_32
                 drawn = True
-            elif type(job_id) is not str or not 0 < len(job_id) <= MAX_NAME_CHARS:
+            elif not is_name(job_id):
                 raise bad_name("job_id", job_id)
             else:
                 id_bytes = job_id.encode()
@@ -166,7 +178,7 @@ class BulkPlanner:
             key = req.idempotency_key
             if key is None:
                 key, key_bytes, key_length = job_id, id_bytes, id_length
-            elif type(key) is not str or not 0 < len(key) <= MAX_NAME_CHARS:
+            elif not is_name(key):
                 raise bad_name("idempotency_key", key)
             else:
                 key_bytes = key.encode()
@@ -174,10 +186,13 @@ class BulkPlanner:
             delay = req.delay
             if delay is None:
                 due_ms = now_ms
-            elif type(delay) is int and delay >= 0:
-                due_ms = now_ms + delay * 1000
             else:
-                due_ms = now_ms + parse_duration(delay, field="delay")
+                if type(delay) is int and delay >= 0:
+                    due_ms = now_ms + delay * 1000
+                else:
+                    due_ms = now_ms + parse_duration(delay, field="delay")
+                if due_ms > MAX_DUE_MS:
+                    raise due_too_late("delay", delay, now_ms=now_ms)
             attempts = req.max_attempts
             if attempts is None:
                 options = self._default_options
@@ -251,7 +266,7 @@ class BulkPlanner:
             ]
             return (job_id, due_ms, queue, task, key, partition, key_bytes, value, headers)
         except (InvalidInput, ConflictError):
-            self.planner.count_error(req.queue)
+            self.planner.count_error(self.planner.rules.queue_of(req))
             raise
 
     def general(self, planned: PlannedTimer | Scheduled) -> Plan | Scheduled:
@@ -273,10 +288,18 @@ class BulkPlanner:
         )
 
     def _check_names(self, queue: Any, task: Any) -> _Names:
-        if type(task) is not str or not 0 < len(task) <= MAX_NAME_CHARS:
-            raise bad_name("task", task)
-        if queue not in self._queues:
-            raise unknown_queue(queue, self._queues)
+        if not is_task_name(task):
+            raise bad_task(task)
+        if queue not in self._rules.queues:
+            if queue in self._unknown:
+                raise unknown_queue(queue, self._rules.queues)
+            try:
+                self.planner.check_queue(queue)  # may read the registry once
+            except InvalidInput:
+                if isinstance(queue, str):
+                    self._unknown.add(queue)
+                raise
+            self._rules = self.planner.rules
         names = _Names(queue, task)
         if len(self._names) < _NAMES_LIMIT:  # a call with very many task names
             self._names[queue, task] = names

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple
 
@@ -25,8 +25,8 @@ from dueflow.config import Settings
 from dueflow.errors import ConflictError, InvalidInput, KafkaOperationError, TopicMismatch
 from dueflow.ids import TAIL_BYTES, uuid7_head, uuid7_tails
 from dueflow.job_request import (
+    MAX_DUE_MS,
     MAX_INT32,
-    MAX_NAME_CHARS,
     NO_STRINGS,
     OCTET_STREAM,
     JobRequest,
@@ -34,9 +34,12 @@ from dueflow.job_request import (
     PreparedJob,
     bad_attempts,
     bad_name,
+    bad_task,
     content_hash,
     deadline_of,
+    due_too_late,
     encode_payload,
+    is_name,
     prepare_job,
     unknown_queue,
 )
@@ -44,7 +47,14 @@ from dueflow.metrics import Metrics
 from dueflow.producers.recent import RecentJobs
 from dueflow.producers.results import Scheduled
 from dueflow.schemas.job_binary import encode_plain_job
-from dueflow.timer_record import TimerPlacer, TimerRecord, record_of, timer_record
+from dueflow.task_name import is_task_name
+from dueflow.timer_record import (
+    TimerPlacer,
+    TimerRecord,
+    record_of,
+    record_too_large,
+    timer_record,
+)
 from dueflow.timeutil import parse_duration
 from dueflow.topics import names
 from dueflow.tracing import JobTracer
@@ -114,7 +124,9 @@ class PlannedTimer(NamedTuple):
 
 
 class TimerPlanner:
-    """Checks requests and builds timer records; remembers recent jobs (no I/O)."""
+    """Checks requests and builds timer records; remembers recent jobs (no I/O of
+    its own: ``queue_lookup`` is the client's way to learn of a queue it does not
+    know yet, see :meth:`check_queue`)."""
 
     def __init__(
         self,
@@ -124,15 +136,39 @@ class TimerPlanner:
         ids: JobIds,
         max_record_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         metrics: Metrics | None = None,
+        rules: JobRules | None = None,
+        queue_lookup: Callable[[str], bool] | None = None,
     ) -> None:
         self.settings = settings
-        self.rules = JobRules.from_settings(settings)
+        # Replaced as a whole (one attribute store) when the known queues change.
+        self.rules = rules or JobRules.from_settings(settings)
+        self.queue_lookup = queue_lookup
         self.topic = names(settings).timers
         self.placer = TimerPlacer(settings.wheel)
         self.recent = recent
         self.ids = ids
         self.max_record_bytes = max_record_bytes
         self.metrics = metrics
+
+    def set_queues(self, queues: Iterable[str]) -> None:
+        """The queues that exist changed (the registry was read)."""
+        self.rules = self.rules.with_queues(queues)
+
+    def routed(self, req: JobRequest) -> JobRequest:
+        """``req`` with its queue resolved (by the route of its task when it has none)."""
+        if req.queue is not None or type(req.task) is not str:
+            return req
+        return replace(req, queue=self.rules.router.queue_for(req.task))
+
+    def check_queue(self, queue: object) -> None:
+        """Raise :class:`~dueflow.errors.UnknownQueue` unless ``queue`` exists. A queue
+        not known yet is looked up first (``queue_lookup``: the client reads the
+        queue registry to its end, so a queue created a moment ago is found)."""
+        if queue in self.rules.queues:
+            return
+        if type(queue) is str and self.queue_lookup is not None and self.queue_lookup(queue):
+            return
+        raise unknown_queue(queue, self.rules.queues)
 
     def plan(
         self,
@@ -166,6 +202,11 @@ class TimerPlanner:
     ) -> PlannedTimer | Scheduled:
         """:meth:`plan` for any request: :func:`prepare_job`, then :func:`timer_record`."""
         try:
+            if is_task_name(req.task):
+                queue = self.rules.queue_of(req)
+                self.check_queue(queue)  # before prepare_job, which knows no registry
+                if req.queue is None:
+                    req = replace(req, queue=queue)  # type: ignore[arg-type]
             job = prepare_job(
                 req,
                 now_ms=now_ms,
@@ -194,7 +235,7 @@ class TimerPlanner:
                 job.task,
             )
         except (InvalidInput, ConflictError):
-            self.count_error(req.queue)
+            self.count_error(self.rules.queue_of(req))
             raise
         if earlier is not None:
             return earlier
@@ -208,11 +249,13 @@ class TimerPlanner:
         ``schedule_many`` at 100k jobs/s."""
         try:
             task = req.task
-            if type(task) is not str or not 0 < len(task) <= MAX_NAME_CHARS:
-                raise bad_name("task", task)
+            if not is_task_name(task):
+                raise bad_task(task)
             queue = req.queue
+            if queue is None:
+                queue = self.rules.router.queue_for(task)
             if queue not in self.rules.queues:
-                raise unknown_queue(queue, self.rules.queues)
+                self.check_queue(queue)
             payload = req.payload
             if type(payload) is bytes:
                 content_type = OCTET_STREAM
@@ -221,20 +264,23 @@ class TimerPlanner:
             job_id = req.job_id
             if job_id is None:
                 job_id = self.ids.new(now_ms)
-            elif type(job_id) is not str or not 0 < len(job_id) <= MAX_NAME_CHARS:
+            elif not is_name(job_id):
                 raise bad_name("job_id", job_id)
             key = req.idempotency_key
             if key is None:
                 key = job_id
-            elif type(key) is not str or not 0 < len(key) <= MAX_NAME_CHARS:
+            elif not is_name(key):
                 raise bad_name("idempotency_key", key)
             delay = req.delay
             if delay is None:
                 due_ms = now_ms
-            elif type(delay) is int and delay >= 0:
-                due_ms = now_ms + delay * 1000
             else:
-                due_ms = now_ms + parse_duration(delay, field="delay")
+                if type(delay) is int and delay >= 0:
+                    due_ms = now_ms + delay * 1000
+                else:
+                    due_ms = now_ms + parse_duration(delay, field="delay")
+                if due_ms > MAX_DUE_MS:
+                    raise due_too_late("delay", delay, now_ms=now_ms)
             attempts = req.max_attempts
             if attempts is None:
                 attempts = self.rules.default_max_attempts
@@ -273,7 +319,7 @@ class TimerPlanner:
                 job_id, (chash, due_ms, queue, task, key, record.partition), task
             )
         except (InvalidInput, ConflictError):
-            self.count_error(req.queue)
+            self.count_error(self.rules.queue_of(req))
             raise
         if earlier is not None:
             return earlier
@@ -281,11 +327,8 @@ class TimerPlanner:
 
     def too_large(self, payload_bytes: int, record_bytes: int) -> InvalidInput:
         """The error for a payload whose timer record exceeds the topic's limit."""
-        return InvalidInput(
-            "payload",
-            f"{payload_bytes} bytes (a timer record of {record_bytes} bytes)",
-            f"a timer record of at most {self.max_record_bytes} bytes "
-            f"(max.message.bytes of {self.topic})",
+        return record_too_large(
+            payload_bytes, record_bytes, limit=self.max_record_bytes, topic=self.topic
         )
 
     def delivered(self, queue: str, n: int = 1) -> None:
@@ -297,9 +340,9 @@ class TimerPlanner:
         self.recent.forget(planned.job.job_id)
         self.count_error(planned.job.queue)
 
-    def count_error(self, queue: str, n: int = 1) -> None:
+    def count_error(self, queue: object, n: int = 1) -> None:
         if self.metrics is not None:
-            label = queue if queue in self.rules.queues else "unknown"
+            label = queue if isinstance(queue, str) and queue in self.rules.queues else "unknown"
             self.metrics.schedule_errors.labels(label).inc(n)
 
 
@@ -316,7 +359,7 @@ class ScheduleSpan:
     def __init__(self, tracer: JobTracer, req: JobRequest, *, ids: JobIds, now_ms: int) -> None:
         if req.job_id is None:
             req = replace(req, job_id=ids.new(now_ms))
-        self.request = req
+        self.request = req  # its queue resolved by the caller (the span names it)
         self.step = tracer.span_for_schedule(
             job_id=str(req.job_id), queue=str(req.queue), task=str(req.task)
         )

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from dueflow import tracing
-from dueflow.config import Settings
+from dueflow.config import QueueSpec, Settings
 from dueflow.errors import InvalidInput, UndecodableRecord
 from dueflow.producers.cancel import OutgoingRecord, cancel_records
 from dueflow.producers.core import TimerPlanner
@@ -47,8 +47,11 @@ class Lifecycle:
         lookup: JobLookup,
         timers: TimerFinder,
         clock: Callable[[], int],
+        queue_spec: Callable[[str], QueueSpec] | None = None,
     ) -> None:
         self.settings = settings
+        # A queue's spec (partitions, retention): static or registered.
+        self.queue_spec = queue_spec or settings.queue
         self.names = names(settings)
         self.planner = planner
         self.lookup = lookup
@@ -62,13 +65,17 @@ class Lifecycle:
         this client scheduled, else ``queue``."""
         if not isinstance(job_id, str) or not job_id:
             raise InvalidInput("job_id", job_id, "a non-empty string")
+        queues = set(self.planner.rules.queues)
+        if queue is not None:
+            self.planner.check_queue(queue)  # UnknownQueue, saying how to create it
+            queues.add(queue)
         return resolve_target(
             job_id,
             queue=queue,
             idempotency_key=idempotency_key,
             status=self.lookup.status(job_id),
             recent=self.planner.recent.get(job_id),
-            queues=self.planner.rules.queues,
+            queues=queues,
             verb=verb,
         )
 
@@ -99,7 +106,7 @@ class Lifecycle:
             due_ms=target.due_ms,
             content_hash=target.content_hash,
             schedule_id=target.schedule_id,
-            partitions=self.settings.queue(target.queue).partitions,
+            partitions=self.queue_spec(target.queue).partitions,
         )
         return records, result
 
@@ -154,7 +161,7 @@ class Lifecycle:
             target,
             due_ms=due_ms,
             at_ms=self.clock(),
-            partitions=self.settings.queue(target.queue).partitions,
+            partitions=self.queue_spec(target.queue).partitions,
             trace_id=tracing.trace_id_of(timer.headers),
         )
         return Move(timer, records, result._replace(rescheduled=True, partition=timer.partition))
@@ -163,7 +170,7 @@ class Lifecycle:
         """Refuse a record workers would forget before the delivery it is about."""
         if due_ms is None:
             return
-        spec = self.settings.queue(target.queue)
+        spec = self.queue_spec(target.queue)
         if beyond_retention(
             due_ms, now_ms=now_ms, retention_ms=spec.idempotency_retention_ms, margin_ms=HOUR_MS
         ):

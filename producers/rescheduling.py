@@ -90,7 +90,7 @@ def reschedule_records(
     trace_id: str | None = None,
 ) -> list[OutgoingRecord]:
     """The reschedule record of the job's key (on the key's partition of its queue's
-    idempotency topic; schema version 2) and the ``rescheduled`` outcome."""
+    idempotency topic; schema version 3) and the ``rescheduled`` outcome."""
     key = target.idempotency_key.encode()
     record = OutgoingRecord(
         names.idempotency(target.queue),
@@ -110,7 +110,7 @@ def reschedule_records(
         [
             (hdr.JOB_ID, target.job_id.encode()),
             (hdr.QUEUE, target.queue.encode()),
-            (hdr.SCHEMA, codec.schema_header("idempotency", 2)),
+            (hdr.SCHEMA, codec.schema_header("idempotency", 3)),
         ],
         partition_for_key(key, partitions),
     )

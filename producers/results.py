@@ -50,7 +50,10 @@ class Scheduled(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class BulkError:
-    """Why job ``index`` of a ``schedule_many`` call was not scheduled."""
+    """Why job ``index`` of a ``schedule_many`` call was not scheduled (nothing of it
+    was written). ``str()`` names the job, and for invalid input the field, the
+    value and what is accepted: ``jobs[3] (job id 'a'): delay: got ...; accepted: ...``.
+    """
 
     index: int
     job_id: str | None
@@ -60,6 +63,12 @@ class BulkError:
     def field(self) -> str | None:
         """The rejected field, for invalid input."""
         return self.error.field if isinstance(self.error, InvalidInput) else None
+
+    def __str__(self) -> str:
+        job = f"jobs[{self.index}]"
+        if self.job_id is not None:
+            job += f" (job id {self.job_id!r})"
+        return f"{job}: {self.error.message}"
 
     def to_json(self) -> dict[str, object]:
         return {

@@ -2,9 +2,18 @@
 
 ::
 
-    with Scheduler(settings) as s:
+    with Scheduler(settings, app="myapp.tasks") as s:
         job = s.schedule("send_email", {"to": "a@example.com"}, delay="10m")
         s.add_schedule("nightly", cron="0 3 * * *", timezone="Europe/Paris", task="report")
+
+A job without ``queue=`` goes where its task is routed (:mod:`dueflow.routing`:
+the ``[routes]`` table, then the ``@task`` declarations of ``app``, then
+``default``). The queues that exist are the static ones of the settings and
+those of the queue registry, read at ``start()`` and followed on a thread
+(:class:`~dueflow.queue_reader.QueueWatcher`), so a queue created while the
+client runs is usable at once; a job for a queue that does not exist is
+refused with :class:`~dueflow.errors.UnknownQueue` (after reading the
+registry to its end once more), never written.
 
 Every call checks its input completely before anything is written and
 raises :class:`~dueflow.errors.InvalidInput` naming the field, the value and
@@ -22,18 +31,18 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from dueflow import tracing
 from dueflow.clients import kafka_error, make_admin, make_producer
-from dueflow.config import Settings
+from dueflow.config import QueueSpec, Settings
 from dueflow.cron import CronSchedule, MisfirePolicy, OverlapPolicy
-from dueflow.errors import DueflowError, InvalidInput, KafkaOperationError
-from dueflow.job_request import Duration, Instant, JobRequest, due_of
+from dueflow.errors import DueflowError, InvalidInput, KafkaOperationError, UnknownQueue
+from dueflow.job_request import Duration, Instant, JobRequest, JobRules, due_of
 from dueflow.job_status import JobStatus
 from dueflow.metrics import Metrics
 from dueflow.model import Backoff
@@ -58,8 +67,16 @@ from dueflow.producers.results import BulkResult, Cancelled, Rescheduled, Schedu
 from dueflow.producers.schedules import ScheduleStore
 from dueflow.producers.targets import Target
 from dueflow.producers.timer_finder import TimerFinder, WheelTimerFinder
+from dueflow.queue_reader import QueueWatcher
+from dueflow.queue_registry import QueueView, merge_queues
 from dueflow.topics import names
 from dueflow.tracing import JobTracer
+
+if TYPE_CHECKING:
+    from dueflow.consumers.registry import TaskRegistry
+
+# An app: module name(s) with @task handlers, or a TaskRegistry.
+App = Union[str, Sequence[str], "TaskRegistry", None]
 
 
 class Delivery:
@@ -101,8 +118,14 @@ class Scheduler:
         tracer: JobTracer | None = None,
         scheduled_outcomes: bool = True,
         status_scan_limit: int = DEFAULT_SCAN_LIMIT,
+        app: App = None,
+        registry_timeout_s: float = 10.0,
     ) -> None:
         self.settings = settings
+        # Where @task declarations come from (routing): this, else settings.app.
+        self._app = app
+        self.registry_timeout_s = registry_timeout_s
+        self._queues: QueueWatcher | None = None
         # Also write a `scheduled` outcome per job, so the status view, status()
         # and `dueflow job` know a job before it runs (dueflow.producers.outcomes;
         # its cost: README, "Where is my job").
@@ -140,13 +163,28 @@ class Scheduler:
         limit = check_timer_topic(
             admin, self.names.timers, partitions=self.settings.wheel.total_partitions
         )
+        declared = declared_queues(self._app if self._app is not None else self.settings.app)
+        watcher = QueueWatcher(self.settings, on_change=self._on_queues, component="scheduler")
         self._planner = TimerPlanner(
             self.settings,
             recent=RecentJobs(self._recent_capacity),
             ids=JobIds(self._random_bytes),
             max_record_bytes=limit,
             metrics=self.metrics,
+            rules=JobRules.from_settings(self.settings, declared=declared),
+            queue_lookup=lambda queue: watcher.knows(queue, self.registry_timeout_s),
         )
+        watcher.start(self.registry_timeout_s)
+        self._queues = watcher
+        self._planner.set_queues(watcher.view.names)
+        try:
+            self._make_producers(limit)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _make_producers(self, limit: int) -> None:
         conf = {
             "message.timeout.ms": int(self.delivery_timeout_s * 1000),
             **producer_settings(limit),
@@ -155,10 +193,41 @@ class Scheduler:
         self._producer_conf = conf
         self._producer = make_producer(self.settings, **conf)
         self._bulk_producer = make_producer(self.settings, **{**BULK_PRODUCER, **conf})
-        self._schedules = ScheduleStore(self.settings, write=self.write_record, clock=self.clock)
+        planner = self.planner
+        self._schedules = ScheduleStore(
+            self.settings,
+            write=self.write_record,
+            clock=self.clock,
+            route=planner.rules.router.queue_for,
+            check_queue=planner.check_queue,
+        )
         self._lookup = OutcomeLookup(self.settings, scan_limit=self.status_scan_limit)
-        self._timers = WheelTimerFinder(self.settings)
-        return self
+        self._timers = WheelTimerFinder(self.settings, queue_spec=self.queue_spec)
+
+    def _on_queues(self, view: QueueView, changed: set[str]) -> None:
+        """The registry changed (on the watcher's thread)."""
+        planner = self._planner
+        if planner is not None:
+            planner.set_queues(view.names)
+
+    @property
+    def queues(self) -> QueueView:
+        """The queues this client knows now: static and registered, merged (a
+        client without a registry, as the in-memory one: the static queues)."""
+        if self._queues is not None:
+            return self._queues.view
+        if self._planner is None:
+            raise DueflowError("the scheduler is not started: use start() or `with`")
+        return merge_queues(self.settings.queues, {})
+
+    def queue_spec(self, name: str) -> QueueSpec:
+        """The spec of queue ``name`` (static or registered); :class:`UnknownQueue`
+        when no one knows it (the registry is read again first)."""
+        self.planner.check_queue(name)
+        spec = self.queues.get(name)
+        if spec is None:
+            raise UnknownQueue(name, self.queues.names)
+        return spec
 
     def close(self) -> None:
         """Wait for outstanding records (up to the delivery timeout), then drop the producer."""
@@ -167,6 +236,9 @@ class Scheduler:
         self._schedules = None
         self._lookup = None
         self._timers = None
+        watcher, self._queues = self._queues, None
+        if watcher is not None:
+            watcher.close()
         for producer in producers:
             if producer is not None:
                 producer.flush(self.delivery_timeout_s)
@@ -207,7 +279,7 @@ class Scheduler:
         *,
         run_at: Instant | None = None,
         delay: Duration | None = None,
-        queue: str = "default",
+        queue: str | None = None,
         job_id: str | None = None,
         idempotency_key: str | None = None,
         max_attempts: int | None = None,
@@ -218,14 +290,16 @@ class Scheduler:
         expires: Instant | None = None,
         max_lateness: Duration | None = None,
     ) -> Scheduled:
-        """Schedule ``task(payload)`` at ``run_at``, after ``delay``, or now.
+        """Schedule ``task(payload)`` at ``run_at``, after ``delay``, or now, on
+        ``queue`` (default: where the task is routed, see the module doc).
 
         ``expires`` (an instant) / ``max_lateness`` (a duration after the due
         time): a job not started by then is not run, outcome ``expired``
         (:mod:`dueflow.deadline`).
 
         Returns the job id and the UTC due time (jitter applied) once the
-        broker has the timer. Raises :class:`InvalidInput` (nothing written),
+        broker has the timer. Raises :class:`InvalidInput` (nothing written;
+        :class:`~dueflow.errors.UnknownQueue` for a queue that does not exist),
         :class:`ConflictError`, or :class:`KafkaOperationError` when the
         broker did not take the record.
         """
@@ -254,7 +328,7 @@ class Scheduler:
         if not self.tracer.enabled:
             planned = planner.plan(req, now_ms=now_ms)
             return planned if isinstance(planned, Scheduled) else self._write_one(planned)
-        span = ScheduleSpan(self.tracer, req, ids=planner.ids, now_ms=now_ms)
+        span = ScheduleSpan(self.tracer, planner.routed(req), ids=planner.ids, now_ms=now_ms)
         try:
             planned = planner.plan(span.request, now_ms=now_ms, trace_headers=span.headers)
             result = planned if isinstance(planned, Scheduled) else self._write_one(planned)
@@ -435,6 +509,7 @@ class Scheduler:
             lookup=self.lookup,
             timers=self.timers,
             clock=self.clock,
+            queue_spec=self.queue_spec,
         )
 
     def _find_target(
@@ -481,7 +556,7 @@ class Scheduler:
         timezone: str,
         task: str,
         payload: Any = None,
-        queue: str = "default",
+        queue: str | None = None,
         misfire: MisfirePolicy | str = MisfirePolicy.FIRE_ONCE,
         jitter: Duration | None = None,
         start: Instant | None = None,
@@ -495,6 +570,7 @@ class Scheduler:
     ) -> CronSchedule:
         """Run ``task(payload)`` at every occurrence of ``cron`` read in ``timezone``.
 
+        ``queue`` defaults to the task's route (see the module doc).
         ``misfire`` says what happens to occurrences missed during downtime
         (``fire_once``, ``fire_all``, ``skip``); ``overlap`` what an occurrence
         does while the previous one still runs (``allow``, ``skip``,
@@ -591,3 +667,20 @@ class Scheduler:
             self.producer.poll(0.05)
             if time.monotonic() > deadline:
                 raise KafkaOperationError("no delivery report from the producer in time")
+
+
+def declared_queues(app: App) -> dict[str, str]:
+    """``task -> queue`` of the ``@task`` declarations of ``app`` (modules are
+    imported: :class:`InvalidInput` names one that is not importable)."""
+    if app is None or app == () or app == "":
+        return {}
+    from dueflow.consumers.registry import TaskRegistry
+
+    if isinstance(app, TaskRegistry):
+        registry = app
+    else:
+        modules = [app] if isinstance(app, str) else list(app)
+        registry = TaskRegistry.from_modules(
+            [m.strip() for item in modules for m in item.split(",") if m.strip()]
+        )
+    return {t.spec.name: t.spec.queue for t in registry}

@@ -38,18 +38,28 @@ from dueflow.cron import (
     parse_cron,
     zone,
 )
-from dueflow.errors import ConflictError, DueflowError, InvalidInput, UndecodableRecord
+from dueflow.cron_time import MAX_MS
+from dueflow.errors import (
+    ConflictError,
+    DueflowError,
+    InvalidInput,
+    UndecodableRecord,
+    UnknownQueue,
+)
 from dueflow.job_request import (
     MAX_INT32,
     MAX_NAME_CHARS,
     Duration,
     encode_payload,
     parse_backoff,
+    parse_timeout,
 )
 from dueflow.logs import event
 from dueflow.model import Backoff
 from dueflow.producers.cancel import OutgoingRecord
+from dueflow.routing import DEFAULT_QUEUE
 from dueflow.schemas import codec
+from dueflow.task_name import check_task_name
 from dueflow.timeutil import parse_duration, to_utc_ms
 from dueflow.topics import names
 
@@ -83,12 +93,17 @@ class ScheduleStore:
         write: Callable[[OutgoingRecord], int],
         clock: Callable[[], int],
         read_timeout_s: float = 30.0,
+        route: Callable[[str], str] | None = None,
+        check_queue: Callable[[object], None] | None = None,
     ) -> None:
         self.settings = settings
         self.topic = names(settings).schedules
         self._write = write
         self._clock = clock
         self.read_timeout_s = read_timeout_s
+        # The scheduling client's routing and queue check (registry included).
+        self._route = route
+        self._check_queue = check_queue
 
     # ----------------------------------------------------------------- writes
     def add(
@@ -99,7 +114,7 @@ class ScheduleStore:
         timezone: str,
         task: str,
         payload: Any = None,
-        queue: str = "default",
+        queue: str | None = None,
         misfire: MisfirePolicy | str = MisfirePolicy.FIRE_ONCE,
         jitter: Duration | None = None,
         start: datetime | str | None = None,
@@ -111,14 +126,18 @@ class ScheduleStore:
         paused: bool = False,
         overlap: OverlapPolicy | str = OverlapPolicy.ALLOW,
     ) -> CronSchedule:
-        """Add a schedule. Adding the same definition again returns the stored one
-        (nothing written); another definition under a live id is a
-        :class:`ConflictError` (use :meth:`update`). A schedule that can never fire
-        (``0 0 30 2 *``, or an end before its first occurrence) is refused with
-        :class:`InvalidInput` naming the expression (:func:`~dueflow.cron.first_occurrence`)."""
+        """Add a schedule (``queue`` ``None``: the task's route). Adding the same
+        definition again returns the stored one (nothing written); another
+        definition under a live id is a :class:`ConflictError` (use :meth:`update`).
+        A schedule that can never fire (``0 0 30 2 *``, or an end before its first
+        occurrence) is refused with :class:`InvalidInput` naming the expression
+        (:func:`~dueflow.cron.first_occurrence`)."""
         now = self._clock()
+        if queue is None:
+            queue = self._route(task) if self._route is not None and type(task) is str else None
         fields = schedule_fields(
             self.settings,
+            check_queue=self._check_queue,
             schedule_id=schedule_id,
             cron=cron,
             timezone=timezone,
@@ -208,7 +227,9 @@ class ScheduleStore:
             "overlap": current.overlap,
         }
         merged.update({k: v for k, v in given.items() if v is not None})
-        fields = schedule_fields(self.settings, payload=payload, **merged)
+        fields = schedule_fields(
+            self.settings, check_queue=self._check_queue, payload=payload, **merged
+        )
         if payload is None:
             fields["payload"], fields["content_type"] = current.payload, current.content_type
         if start is None:
@@ -408,7 +429,7 @@ def schedule_fields(
     timezone: str,
     task: str,
     payload: Any,
-    queue: str,
+    queue: str | None,
     misfire: MisfirePolicy | str,
     jitter: Duration | None,
     start: datetime | str | None,
@@ -418,19 +439,23 @@ def schedule_fields(
     timeout: Duration | None,
     labels: Mapping[str, str] | None,
     paused: bool,
+    check_queue: Callable[[object], None] | None = None,
     overlap: OverlapPolicy | str = OverlapPolicy.ALLOW,
 ) -> dict[str, Any]:
     """The fields of a :class:`CronSchedule` from what a caller gives, every one
-    checked; :class:`InvalidInput` names the first bad field (pure)."""
+    checked; :class:`InvalidInput` names the first bad field (pure; ``check_queue``:
+    the caller's check that the queue exists, default: a static queue of
+    ``settings``). ``queue`` ``None``: ``default``."""
     _check_id(schedule_id)
     parse_cron(cron)
     zone(timezone)
-    if not isinstance(task, str) or not task or len(task) > MAX_NAME_CHARS:
-        raise InvalidInput("task", task, f"a non-empty string of at most {MAX_NAME_CHARS}")
-    if queue not in settings.queue_names:
-        raise InvalidInput(
-            "queue", queue, f"one of the configured queues {sorted(settings.queue_names)}"
-        )
+    check_task_name(task)
+    if queue is None:
+        queue = DEFAULT_QUEUE
+    if check_queue is not None:
+        check_queue(queue)
+    elif queue not in settings.queue_names:
+        raise UnknownQueue(queue, settings.queue_names)
     try:
         policy = MisfirePolicy(misfire)
     except ValueError:
@@ -447,9 +472,10 @@ def schedule_fields(
     attempts = settings.worker.default_max_attempts if max_attempts is None else max_attempts
     if type(attempts) is not int or not 1 <= attempts <= MAX_INT32:
         raise InvalidInput("max_attempts", max_attempts, f"an integer from 1 to {MAX_INT32}")
-    timeout_ms = None if timeout is None else parse_duration(timeout, field="timeout")
-    if timeout_ms is not None and timeout_ms < 1:
-        raise InvalidInput("timeout", timeout, "a duration of at least 1 ms, or None")
+    timeout_ms = parse_timeout(timeout)
+    jitter_ms = 0 if jitter is None else parse_duration(jitter, field="jitter")
+    if jitter_ms > MAX_MS:
+        raise InvalidInput("jitter", jitter, f"a duration of at most {MAX_MS} ms")
     if labels is not None and not (
         isinstance(labels, Mapping)
         and all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items())
@@ -463,7 +489,7 @@ def schedule_fields(
         "task": task,
         "payload": body,
         "content_type": content_type,
-        "jitter_ms": 0 if jitter is None else parse_duration(jitter, field="jitter"),
+        "jitter_ms": jitter_ms,
         "misfire": policy,
         "start_ms": start_ms,
         "end_ms": end_ms,

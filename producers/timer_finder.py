@@ -14,6 +14,7 @@ idempotency key) and the ``df-job`` header. Reads are bounded
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -21,7 +22,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from dueflow import headers as hdr
 from dueflow.clients import kafka_error
-from dueflow.config import Settings
+from dueflow.config import QueueSpec, Settings
 from dueflow.errors import KafkaOperationError
 from dueflow.ops.reading import offsets_for_time, ops_consumer, watermarks
 from dueflow.partitioning import partition_for_key
@@ -66,9 +67,15 @@ class WheelTimerFinder:
     """:class:`TimerFinder` over the timer topic (and the exec topic of the job's queue)."""
 
     def __init__(
-        self, settings: Settings, *, max_records: int = 1_000_000, timeout_s: float = 60.0
+        self,
+        settings: Settings,
+        *,
+        max_records: int = 1_000_000,
+        timeout_s: float = 60.0,
+        queue_spec: Callable[[str], QueueSpec] | None = None,
     ) -> None:
         self.settings = settings
+        self.queue_spec = queue_spec or settings.queue  # static or registered
         self.max_records = max_records
         self.timeout_s = timeout_s
 
@@ -95,7 +102,7 @@ class WheelTimerFinder:
                 if found is not None:
                     return found
             topic = n.exec(queue)
-            p = partition_for_key(wanted, self.settings.queue(queue).partitions)
+            p = partition_for_key(wanted, self.queue_spec(queue).partitions)
             (low, high) = watermarks(consumer, topic, [p])[p]
             start = offsets_for_time(consumer, topic, [p], due_ms - EXEC_LOOKBACK_MS)[p]
             return self._scan(

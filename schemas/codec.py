@@ -12,7 +12,8 @@ version that holds what they write: a record that needs nothing of version 2
 is written as version 1 (``encode(..., version=1)``, or the hand-written
 encoders of :mod:`dueflow.schemas.fast`), and a process of the previous
 release still reads it. Only records that need the new field or symbol
-(a reschedule, an ``expired`` outcome) are written as version 2.
+(a reschedule, an ``expired`` outcome, a retry handed on) are written as
+the version that has it.
 
 Parsed schemas are cached per (name, version).
 """
@@ -36,8 +37,9 @@ SCHEMAS: dict[str, tuple[str, str, int]] = {
     "schedule": ("dueflow.Schedule", "schedule.avsc", 2),
     "outcome": ("dueflow.Outcome", "outcome.avsc", 2),
     "dead_letter": ("dueflow.DeadLetter", "dead_letter.avsc", 1),
-    "idempotency": ("dueflow.IdempotencyRecord", "idempotency_record.avsc", 2),
+    "idempotency": ("dueflow.IdempotencyRecord", "idempotency_record.avsc", 3),
     "quarantined": ("dueflow.Quarantined", "quarantined.avsc", 1),
+    "queue": ("dueflow.Queue", "queue.avsc", 1),
 }
 _BY_FULL_NAME = {full: short for short, (full, _, _) in SCHEMAS.items()}
 

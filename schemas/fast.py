@@ -21,6 +21,8 @@ JOB_V1 = b"dueflow.Job/1"
 OUTCOME_V1 = b"dueflow.Outcome/1"
 OUTCOME_V2 = b"dueflow.Outcome/2"  # adds the states rescheduled, expired, skipped
 IDEMPOTENCY_V1 = b"dueflow.IdempotencyRecord/1"
+# Version 2 added the state `retrying` (the same bytes as version 1 otherwise).
+IDEMPOTENCY_V2 = b"dueflow.IdempotencyRecord/2"
 
 _BACKOFF_KINDS = (BackoffKind.EXPONENTIAL, BackoffKind.FIXED, BackoffKind.NONE)
 JOB_STATES = (
@@ -40,7 +42,8 @@ JOB_STATES = (
 )
 _JOB_STATE_INDEX = {s: i for i, s in enumerate(JOB_STATES)}
 V2_STATES = frozenset(JOB_STATES[9:])
-KEY_STATES = ("done", "dead", "cancelled")
+KEY_STATES = ("done", "dead", "cancelled", "retrying")
+KEY_STATES_V1 = KEY_STATES[:3]
 _KEY_STATE_INDEX = {s: i for i, s in enumerate(KEY_STATES)}
 _DOUBLE = struct.Struct("<d")
 
@@ -289,32 +292,34 @@ def outcome_header(state: str) -> bytes:
 
 def decode_key_record(data: bytes, schema: bytes | None = None) -> tuple[str, int, int | None]:
     """``(state, at_ms, run_only_due_ms)`` of an IdempotencyRecord value: the last is
-    set on a reschedule (version 2, decoded by the codec; version 1 is never one)."""
-    if schema is not None and schema != IDEMPOTENCY_V1:
+    set on a reschedule (version 3, decoded by the codec; versions 1 and 2 are never
+    one)."""
+    if schema is not None and schema != IDEMPOTENCY_V2 and schema != IDEMPOTENCY_V1:
         version = codec.parse_schema_header(schema, expected="idempotency")
         rec = codec.decode("idempotency", data, writer_version=version)
         due = rec.get("run_only_due_ms")
         return str(rec["state"]), int(rec["at_ms"]), None if due is None else int(due)
-    state, at_ms = decode_key_state(data)
+    state, at_ms, _attempts = decode_key_state(data, schema)
     return state, at_ms, None
 
 
-def decode_key_state(data: bytes, schema: bytes | None = None) -> tuple[str, int]:
-    """``(state, at_ms)`` of an IdempotencyRecord value (state: done, dead, cancelled)."""
-    if schema is not None and schema != IDEMPOTENCY_V1:
+def decode_key_state(data: bytes, schema: bytes | None = None) -> tuple[str, int, int]:
+    """``(state, at_ms, attempts)`` of an IdempotencyRecord value (state: done, dead,
+    cancelled, retrying)."""
+    if schema is not None and schema != IDEMPOTENCY_V2 and schema != IDEMPOTENCY_V1:
         version = codec.parse_schema_header(schema, expected="idempotency")
         rec = codec.decode("idempotency", data, writer_version=version)
-        return str(rec["state"]), int(rec["at_ms"])
+        return str(rec["state"]), int(rec["at_ms"]), int(rec.get("attempts") or 0)
     try:
         _key, pos = _bytes(data, 0)
         _job, pos = _bytes(data, pos)
         state, pos = _varint(data, pos)
         at_ms, pos = _varint(data, pos)
-        _attempts, pos = _varint(data, pos)
+        attempts, pos = _varint(data, pos)
         present, pos = _opt_index(data, pos)
         if present:
             _hash, pos = _bytes(data, pos)
-        name = KEY_STATES[state]
+        name = (KEY_STATES_V1 if schema == IDEMPOTENCY_V1 else KEY_STATES)[state]
     except (IndexError, ValueError) as exc:
         raise UndecodableRecord(
             f"value is not a valid dueflow.IdempotencyRecord ({type(exc).__name__}: {exc})",
@@ -322,7 +327,7 @@ def decode_key_state(data: bytes, schema: bytes | None = None) -> tuple[str, int
         ) from exc
     if pos != len(data):
         raise UndecodableRecord("value is not a valid dueflow.IdempotencyRecord: trailing bytes")
-    return name, at_ms
+    return name, at_ms, attempts
 
 
 # --------------------------------------------------------------------------- encoding
@@ -436,7 +441,7 @@ def encode_key_state(
     attempts: int = 0,
     content_hash: str | None = None,
 ) -> bytes:
-    """Avro binary of an IdempotencyRecord (version 1)."""
+    """Avro binary of an IdempotencyRecord (version 2)."""
     return b"".join(
         (
             _s(idempotency_key),

@@ -1,4 +1,5 @@
-"""``dueflow broker start|stop|status|fetch``: the local single-node broker."""
+"""``dueflow broker start|stop|status|fetch``: the local broker, or with ``--nodes N``
+a local replicated cluster of N KRaft nodes (``dueflow.broker.cluster``)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dueflow.broker.cluster import LocalCluster
 from dueflow.broker.local import LocalBroker, fetch_jars, kafka_version
 from dueflow.cli.common import print_json
+from dueflow.errors import InvalidInput
+
+SINGLE_HEAP, NODE_HEAP = "1g", "512m"
 
 
 def register(sub: Any) -> None:
@@ -22,13 +27,50 @@ def register(sub: Any) -> None:
         ("fetch", _fetch, "resolve the broker jars with Maven into the cache"),
     ):
         sp = bsub.add_parser(name, help=help_)
-        sp.add_argument("--port", type=int, default=9092, help="client port on 127.0.0.1")
+        sp.add_argument(
+            "--port",
+            type=int,
+            default=9092,
+            help="client port on 127.0.0.1 (a cluster's base: node i uses port+2(i-1))",
+        )
         sp.add_argument("--controller-port", type=int, help="KRaft controller port (port+1)")
+        sp.add_argument(
+            "--nodes",
+            type=int,
+            default=1,
+            help="nodes: 1 is one broker; 3 is a replicated cluster (replication factor 3, "
+            "min ISR 2, internal topics too)",
+        )
         sp.add_argument("--dir", type=Path, help="state directory (data, logs, pid file)")
         sp.add_argument("--cache", type=Path, help="jar cache (env DUEFLOW_CACHE)")
-        sp.add_argument("--heap", default="1g", help="JVM heap, e.g. 512m or 1g")
+        sp.add_argument(
+            "--heap",
+            help=f"JVM heap per node, e.g. 512m or 1g (default {SINGLE_HEAP}; "
+            f"{NODE_HEAP} with --nodes > 1)",
+        )
         sp.add_argument("--json", action="store_true", help="machine-readable output")
         sp.set_defaults(func=func)
+
+
+def _cluster(args: argparse.Namespace) -> LocalCluster | None:
+    """The cluster of ``--nodes N`` (N > 1); None for the single broker."""
+    if args.nodes < 1:
+        raise InvalidInput("--nodes", args.nodes, "1 or more")
+    if args.nodes == 1:
+        return None
+    if args.controller_port is not None:
+        raise InvalidInput(
+            "--controller-port",
+            args.controller_port,
+            "nothing with --nodes > 1 (node i uses port+2(i-1) and the port after it)",
+        )
+    return LocalCluster(
+        nodes=args.nodes,
+        base_port=args.port,
+        state_dir=args.dir,
+        cache_dir=args.cache,
+        heap=args.heap or NODE_HEAP,
+    )
 
 
 def _broker(args: argparse.Namespace) -> LocalBroker:
@@ -37,11 +79,14 @@ def _broker(args: argparse.Namespace) -> LocalBroker:
         controller_port=args.controller_port,
         state_dir=args.dir,
         cache_dir=args.cache,
-        heap=args.heap,
+        heap=args.heap or SINGLE_HEAP,
     )
 
 
 def _start(args: argparse.Namespace) -> int:
+    cluster = _cluster(args)
+    if cluster is not None:
+        return _start_cluster(args, cluster)
     broker = _broker(args)
     t0 = time.monotonic()
     pid, started = broker.start()
@@ -59,6 +104,9 @@ def _start(args: argparse.Namespace) -> int:
 
 
 def _stop(args: argparse.Namespace) -> int:
+    cluster = _cluster(args)
+    if cluster is not None:
+        return _stop_cluster(args, cluster)
     broker = _broker(args)
     pid = broker.stop()
     if args.json:
@@ -71,6 +119,9 @@ def _stop(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    cluster = _cluster(args)
+    if cluster is not None:
+        return _status_cluster(args, cluster)
     broker = _broker(args)
     pid = broker.running_pid()
     ready = pid is not None and broker.is_ready()
@@ -88,3 +139,90 @@ def _fetch(args: argparse.Namespace) -> int:
     jars = fetch_jars(args.cache, quiet=not args.json)
     print(f"kafka {kafka_version()} jars in {jars} ({time.monotonic() - t0:.1f}s)")
     return 0
+
+
+def _start_cluster(args: argparse.Namespace, cluster: LocalCluster) -> int:
+    t0 = time.monotonic()
+    result = cluster.start()
+    # made now, not by the first worker or emitter (which would wait for three replicas)
+    cluster.create_internal_topics()
+    elapsed = time.monotonic() - t0
+    nodes = [
+        {"node": n, "pid": pid, "started": started, "bootstrap": cluster.broker(n).bootstrap}
+        for n, (pid, started) in result.items()
+    ]
+    if args.json:
+        print_json(
+            {
+                "nodes": nodes,
+                "started": any(x["started"] for x in nodes),
+                "bootstrap": cluster.bootstrap,
+                "seconds": elapsed,
+            }
+        )
+        return 0
+    fresh = [x for x in nodes if x["started"]]
+    if fresh:
+        print(f"cluster started: {len(nodes)} nodes, ready in {elapsed:.1f}s")
+    else:
+        print(f"cluster already running: {len(nodes)} nodes")
+    for x in nodes:
+        state = "started" if x["started"] else "already running"
+        print(f"  node {x['node']}: pid {x['pid']}, {x['bootstrap']} ({state})")
+    print(f"bootstrap: {cluster.bootstrap}")
+    print(f"  logs: {cluster.root}/node-<id>/logs/server.log")
+    return 0
+
+
+def _stop_cluster(args: argparse.Namespace, cluster: LocalCluster) -> int:
+    stopped = cluster.stop()
+    if args.json:
+        print_json(
+            {
+                "stopped": any(pid is not None for pid in stopped.values()),
+                "nodes": [{"node": n, "pid": pid} for n, pid in stopped.items()],
+            }
+        )
+    elif all(pid is None for pid in stopped.values()):
+        print(f"no cluster node running on ports from {args.port} (state dir {cluster.root})")
+    else:
+        for n, pid in stopped.items():
+            print(f"node {n}: " + ("not running" if pid is None else f"stopped: pid {pid}"))
+    return 0
+
+
+def _status_cluster(args: argparse.Namespace, cluster: LocalCluster) -> int:
+    pids = cluster.running()
+    answers = {
+        n: pid is not None and cluster.broker(n).is_ready(brokers=len(pids))
+        for n, pid in pids.items()
+    }
+    running = all(pid is not None for pid in pids.values())
+    ready = running and all(answers.values())
+    if args.json:
+        print_json(
+            {
+                "running": running,
+                "ready": ready,
+                "bootstrap": cluster.bootstrap,
+                "nodes": [
+                    {"node": n, "pid": pid, "running": pid is not None, "ready": answers[n]}
+                    for n, pid in pids.items()
+                ],
+            }
+        )
+    else:
+        up = sum(pid is not None for pid in pids.values())
+        print(
+            f"{up} of {len(pids)} nodes running"
+            + (", all answer with every broker" if ready else "")
+            + f"; bootstrap {cluster.bootstrap}"
+        )
+        for n, pid in pids.items():
+            b = cluster.broker(n)
+            if pid is None:
+                print(f"  node {n}: not running ({b.bootstrap})")
+            else:
+                said = "answers" if answers[n] else "not answering"
+                print(f"  node {n}: pid {pid}, {b.bootstrap}, {said}")
+    return 0 if running else 3

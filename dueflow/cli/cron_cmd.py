@@ -36,7 +36,7 @@ def register(sub: Any) -> None:
     add.add_argument("--cron", required=True, help='expression, e.g. "0 3 * * *" or @hourly')
     add.add_argument("--tz", required=True, help="IANA time zone, e.g. Europe/Paris or UTC")
     add.add_argument("--task", required=True, help="task name")
-    add.add_argument("--queue", default="default", help="queue (default: default)")
+    add.add_argument("--queue", help="queue (default: the task's route, see `dueflow schedule`)")
     add.add_argument("--paused", action="store_true", help="add it paused")
     _definition_options(add)
     add.set_defaults(func=_add)
@@ -139,7 +139,10 @@ def _add(args: argparse.Namespace) -> int:
         "labels": None,
         "paused": args.paused,
     }
-    schedule_fields(settings, schedule_id=args.schedule_id, **definition)  # before connecting
+    # Checked before connecting (whether the queue exists: by the scheduler).
+    schedule_fields(
+        settings, schedule_id=args.schedule_id, check_queue=lambda _q: None, **definition
+    )
     with Scheduler(settings) as scheduler:
         s = scheduler.add_schedule(args.schedule_id, **definition)
     return _show(args, s, "added")

@@ -21,7 +21,8 @@ from typing import Any
 
 from dueflow.cli.common import add_global_options, format_table, print_json, settings_from_args
 from dueflow.cli.progress import progress_bar
-from dueflow.errors import InvalidInput
+from dueflow.config import Settings
+from dueflow.errors import InvalidInput, UnknownQueue
 from dueflow.ops.bounds import parse_time
 from dueflow.ops.control import operator_name
 from dueflow.ops.dlq import DlqFilter, parse_ref, read_dead_letters
@@ -29,6 +30,7 @@ from dueflow.ops.purge import plan_purge, purge
 from dueflow.ops.reading import ops_consumer
 from dueflow.ops.redrive import Redriver
 from dueflow.producers.core import wall_ms
+from dueflow.queue_reader import with_registered_queues
 from dueflow.reasons import DEAD_LETTER_REASONS
 from dueflow.timeutil import format_utc
 
@@ -107,9 +109,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
-def _check_queue(settings: Any, queue: str) -> None:
-    if queue not in settings.queue_names:
-        raise InvalidInput("queue", queue, f"one of the configured queues {settings.queue_names}")
+def _queue_settings(args: argparse.Namespace) -> Settings:
+    """Settings whose queues include the registered ones; ``--queue`` must be one."""
+    settings = with_registered_queues(settings_from_args(args))
+    if args.queue not in settings.queue_names:
+        raise UnknownQueue(args.queue, settings.queue_names)
+    return settings
 
 
 def build_filter(args: argparse.Namespace, *, now_ms: int) -> DlqFilter:
@@ -129,9 +134,8 @@ def build_filter(args: argparse.Namespace, *, now_ms: int) -> DlqFilter:
 
 
 def _list(args: argparse.Namespace) -> int:
-    settings = settings_from_args(args)
-    _check_queue(settings, args.queue)
-    where = build_filter(args, now_ms=wall_ms())
+    where = build_filter(args, now_ms=wall_ms())  # input first: before connecting
+    settings = _queue_settings(args)
     consumer = ops_consumer(settings)
     try:
         entries = read_dead_letters(settings, consumer, args.queue, where=where)
@@ -164,9 +168,8 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    settings = settings_from_args(args)
-    _check_queue(settings, args.queue)
     partition, offset = parse_ref(args.ref)
+    settings = _queue_settings(args)
     consumer = ops_consumer(settings)
     try:
         found = read_dead_letters(
@@ -207,13 +210,12 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _redrive(args: argparse.Namespace) -> int:
-    settings = settings_from_args(args)
-    _check_queue(settings, args.queue)
     where = build_filter(args, now_ms=wall_ms())
     if where == type(where)() and not args.all:
         raise InvalidInput(
             "redrive", "no filter", "a filter (--task, --reason, --since, --ref, ...) or --all"
         )
+    settings = _queue_settings(args)
     redriver = Redriver(settings, by=args.by or operator_name(), rate_per_s=args.rate)
     with progress_bar(f"redriving {args.queue}", enabled=not args.json) as update:
         report = redriver.run(
@@ -236,10 +238,9 @@ def _redrive(args: argparse.Namespace) -> int:
 
 
 def _purge(args: argparse.Namespace) -> int:
-    settings = settings_from_args(args)
-    _check_queue(settings, args.queue)
     before = parse_time(args.before, field="before", now_ms=wall_ms()) if args.before else None
     through = parse_ref(args.through) if args.through else None
+    settings = _queue_settings(args)
     consumer = ops_consumer(settings)
     try:
         cuts = plan_purge(

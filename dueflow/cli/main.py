@@ -40,6 +40,7 @@ from dueflow.errors import (
     ConflictError,
     DueflowError,
     InvalidInput,
+    WorkerStartupFailed,
 )
 
 EXIT_OK = 0
@@ -47,6 +48,7 @@ EXIT_NO = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
 EXIT_FAILED = 4
+EXIT_APP = 5
 EXIT_INTERRUPTED = 130
 
 EXIT_CODES_HELP = """exit codes:
@@ -55,6 +57,7 @@ EXIT_CODES_HELP = """exit codes:
   2    usage or bad input: nothing was written
   3    the Kafka cluster cannot be reached (broker status: no local broker)
   4    Kafka was reached but an operation failed
+  5    the worker's app failed to start (a startup hook raised)
   130  interrupted"""
 
 # Each module has register(subparsers); its parsers set `func(args) -> int`.
@@ -173,6 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except (InvalidInput, ConfigError, ConflictError) as exc:
         return _fail(str(exc), EXIT_USAGE, exc, verbose)
+    except WorkerStartupFailed as exc:
+        return _fail(str(exc), EXIT_APP, exc, verbose)
     except DueflowError as exc:
         code = EXIT_UNREACHABLE if exc.cause is not None and is_unreachable(exc.cause) else 4
         return _fail(str(exc), code, exc, verbose)

@@ -23,7 +23,7 @@ from dueflow.cli.common import add_global_options, print_json, settings_from_arg
 from dueflow.errors import InvalidInput
 from dueflow.job_request import JobRequest, JobRules, deadline_of, due_of, prepare_job
 from dueflow.producers.core import wall_ms
-from dueflow.producers.scheduler import Scheduler
+from dueflow.producers.scheduler import Scheduler, declared_queues
 from dueflow.timeutil import format_utc
 
 PAYLOAD_HELP = "JSON text, or @PATH of a file holding JSON (default: null)"
@@ -36,7 +36,15 @@ def register(sub: Any) -> None:
     when = p.add_mutually_exclusive_group()
     when.add_argument("--at", help="due time, ISO-8601 with an offset (2030-01-01T09:00:00Z)")
     when.add_argument("--delay", help="due after this long: 30s, 5m, 1h30m, 2d")
-    p.add_argument("--queue", default="default", help="queue (default: default)")
+    p.add_argument(
+        "--queue", help="queue (default: the task's route: [routes], then @task of --app, default)"
+    )
+    p.add_argument(
+        "--app",
+        action="append",
+        help="module(s) whose @task declarations route the task, e.g. mypkg.tasks "
+        "(env DUEFLOW_APP; repeatable, comma-separated)",
+    )
     p.add_argument("--job-id", help="job id (default: a new UUIDv7)")
     p.add_argument("--idempotency-key", help="key for dedup and side effects (default: job id)")
     p.add_argument("--max-attempts", type=int, help="attempts before the DLQ (default: settings)")
@@ -131,15 +139,19 @@ def _schedule(args: argparse.Namespace) -> int:
         expires=args.expires,
         max_lateness=args.max_lateness,
     )
-    # Everything that needs no broker is checked before connecting.
+    app = args.app if args.app else settings.app
+    rules = JobRules.from_settings(settings, declared=declared_queues(app))
+    # Everything that needs no broker is checked before connecting; whether the
+    # queue exists is checked by the scheduler, which reads the queue registry.
+    queue = rules.queue_of(req)
     checked = prepare_job(
         req,
         now_ms=wall_ms(),
-        rules=JobRules.from_settings(settings),
+        rules=rules.with_queues({*rules.queues, queue}) if isinstance(queue, str) else rules,
         new_job_id=lambda now_ms: "not-written",
     )
     deadline_of(req, checked.due_ms)
-    with Scheduler(settings) as scheduler:
+    with Scheduler(settings, app=app) as scheduler:
         result = scheduler.schedule_request(req)
     if args.json:
         print_json(result.to_json())
@@ -161,10 +173,8 @@ def _cancel(args: argparse.Namespace) -> int:
     if args.delete:
         raise InvalidInput("delete", True, "only with --schedule")
     settings = settings_from_args(args)
-    queue = args.queue
-    if queue is not None and queue not in settings.queue_names:
-        raise InvalidInput("queue", queue, f"one of the configured queues {settings.queue_names}")
-    with Scheduler(settings) as scheduler:
+    queue = args.queue  # None: the one the job's outcomes name
+    with Scheduler(settings) as scheduler:  # it refuses a queue that does not exist
         result = scheduler.cancel(args.job_id, queue=queue, idempotency_key=args.idempotency_key)
     if args.json:
         print_json(result.to_json())
@@ -175,10 +185,6 @@ def _cancel(args: argparse.Namespace) -> int:
 
 def _reschedule(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
-    if args.queue is not None and args.queue not in settings.queue_names:
-        raise InvalidInput(
-            "queue", args.queue, f"one of the configured queues {settings.queue_names}"
-        )
     due_of(args.at, args.delay, now_ms=wall_ms(), required=True)  # bad input before connecting
     with Scheduler(settings) as scheduler:
         result = scheduler.reschedule(

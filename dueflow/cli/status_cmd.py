@@ -28,6 +28,7 @@ from dueflow.cli.common import (
 )
 from dueflow.config import Settings
 from dueflow.job_status import PENDING_STATES
+from dueflow.queue_reader import with_registered_queues
 
 HTTP_TIMEOUT_S = 3.0
 
@@ -118,6 +119,7 @@ def _status_from_kafka(settings: Settings) -> dict[str, Any]:
     from dueflow.cluster_view import compute_view
     from dueflow.streams.status.cluster_reader import ClusterReader
 
+    settings = with_registered_queues(settings)  # registered queues too
     with ClusterReader(settings) as reader:
         view = compute_view(reader.read(), settings)
     return status_from_cluster(view.to_json(), counts=None, source="kafka")
@@ -310,6 +312,8 @@ def _status_view(args: argparse.Namespace) -> int:
         from dataclasses import replace
 
         settings = replace(settings, observability=replace(obs, status_bind=args.bind))
+    # The queues registered by now are shown too (one created later: after a restart).
+    settings = with_registered_queues(settings)
     view = StatusView(
         settings,
         metrics=Metrics(),

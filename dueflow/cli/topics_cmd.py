@@ -1,14 +1,22 @@
-"""``dueflow topics ensure|describe``: the topic layout as code."""
+"""``dueflow topics ensure|describe``: the topic layout as code.
+
+The queues are the static ones of the settings and those of the queue
+registry, merged (the registry wins: its queues' topics were created with its
+specs), so ``ensure`` also restores a registered queue's missing topics.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
 from dueflow.cli.common import add_global_options, format_table, print_json, settings_from_args
 from dueflow.clients import make_admin
+from dueflow.config import Settings
+from dueflow.queue_reader import read_registry
 from dueflow.topic_admin import TopicAdmin, compare
-from dueflow.topics import topic_layout
+from dueflow.topics import names, registry_topic, topic_layout
 
 
 def register(sub: Any) -> None:
@@ -31,13 +39,27 @@ def _admin(args: argparse.Namespace) -> tuple[TopicAdmin, Any]:
     return admin, settings
 
 
+def _with_registry(settings: Settings) -> tuple[Settings, list[str]]:
+    """``settings`` with the registered queues merged in, and the conflicts."""
+    view = read_registry(settings).view
+    merged = dataclasses.replace(settings, queues=tuple(view.specs.values()))
+    return merged, [str(c) for c in view.conflicts]
+
+
 def _ensure(args: argparse.Namespace) -> int:
     admin, settings = _admin(args)
+    # The registry first (so it can be read), then everything, registered queues too.
+    isr = {"min.insync.replicas": str(settings.min_insync_replicas)}
+    registry = admin.ensure([registry_topic(names(settings), isr)])
+    settings, conflicts = _with_registry(settings)
     report = admin.ensure(topic_layout(settings))
+    report.created[:0] = registry.created
+    report.unchanged = [t for t in report.unchanged if t not in registry.created]
     if args.json:
         print_json(
             {
                 "ok": report.ok,
+                "conflicts": conflicts,
                 "created": report.created,
                 "unchanged": report.unchanged,
                 "differences": [
@@ -58,6 +80,8 @@ def _ensure(args: argparse.Namespace) -> int:
         print(f"{len(report.unchanged)} topics already as needed, {len(report.created)} created")
         for diff in report.differences:
             print(str(diff))
+        for conflict in conflicts:
+            print(f"note: {conflict}")
     if not report.ok:
         print("dueflow did not change or delete any existing topic; fix them by hand.")
         return 1
@@ -66,6 +90,7 @@ def _ensure(args: argparse.Namespace) -> int:
 
 def _describe(args: argparse.Namespace) -> int:
     admin, settings = _admin(args)
+    settings, _conflicts = _with_registry(settings)
     specs = topic_layout(settings)
     states = {s.name: s for s in admin.describe(specs)}
     rows = []

@@ -2,12 +2,16 @@
 
     dueflow worker --app mypkg.tasks --queues billing,default --concurrency 64 --processes 2
 
-``--app`` names modules whose ``@task`` functions are the handlers
-(repeatable or comma-separated). ``--queues`` selects the queues to consume:
-queues configured in the settings (TOML or ``DUEFLOW_QUEUES``) keep their
-partitions, retry tiers and limits; a queue that is not configured is
-added with the defaults (``name:partitions`` sets its partition count).
-Without ``--queues``: the queues the registered tasks name.
+``--app`` names modules whose ``@task`` functions are the handlers and whose
+``@on_startup``/``@on_shutdown``/``@on_failure`` functions are the worker's
+lifecycle hooks (repeatable or comma-separated; a startup hook that raises
+stops the worker with exit code 5). ``--queues`` selects the queues to consume;
+without it, the queues the registered tasks are routed to (``[routes]``, then
+``@task(queue=...)``). A queue's spec (partitions, retry tiers, limits) comes
+from the queue registry (``dueflow queue create``) or the static settings
+(TOML or ``DUEFLOW_QUEUES``; the registry wins); ``name:partitions`` here
+defines one statically. A queue that exists in neither yet is waited for: the
+worker serves it as soon as it is created (docs/queues.md).
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ def register(sub: Any) -> None:
         "--app",
         action="append",
         required=True,
-        help="module(s) with @task handlers, e.g. mypkg.tasks (repeatable, comma-separated)",
+        help="module(s) with @task handlers and worker hooks, e.g. mypkg.tasks "
+        "(repeatable, comma-separated)",
     )
     p.add_argument("--concurrency", type=int, help="jobs running at once per process")
     p.add_argument("--processes", type=int, help="worker processes (group members) to run")
@@ -76,10 +81,11 @@ def worker_settings(args: argparse.Namespace) -> tuple[Settings, list[str] | Non
     args.queues = None  # a selection here, not a redefinition of the configured queues
     settings = settings_from_args(args)
     known = {q.name for q in settings.queues}
+    # name:partitions defines a static queue; a bare name is looked up (registry).
     extra = [
-        QueueSpec(name, partitions) if partitions else QueueSpec(name)
+        QueueSpec(name, partitions)
         for name, partitions in selection
-        if name not in known
+        if name not in known and partitions
     ]
     worker = settings.worker
     changes: dict[str, Any] = {}

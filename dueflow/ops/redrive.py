@@ -91,6 +91,8 @@ def redrive_verdict(entry: DeadLetterEntry, state: KeyState, *, latest: bool) ->
         return "already redriven and done"
     if name == "cancelled":
         return "the job was cancelled"
+    if name == "retrying":
+        return "already redriven: it is being retried"
     if at_ms != entry.dead_ms:
         return "the job was redriven and died again: redrive its newer DLQ record"
     return None
@@ -256,7 +258,10 @@ class Redriver:
                 states[(p, text)] = None
                 return
             try:
-                states[(p, text)] = decode_key_state(value, hdr.header(msg.headers(), hdr.SCHEMA))
+                name, at_ms, _attempts = decode_key_state(
+                    value, hdr.header(msg.headers(), hdr.SCHEMA)
+                )
+                states[(p, text)] = (name, at_ms)
             except UndecodableRecord:
                 return  # not a state: the worker quarantines it; it changes nothing
 

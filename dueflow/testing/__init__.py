@@ -21,10 +21,11 @@
   ``dueflow_eager`` fixtures.
 
 Scheduling checks, retries, backoff and jitter, dead letters, timeouts,
-idempotency keys, cron occurrences and misfires are computed by dueflow's own
-code, the same that runs against Kafka; where memory differs (one job at a
-time, no rate limits, process isolation in-process) the modules say so. The
-README's "Testing your handlers" has the details.
+idempotency keys, cron occurrences and misfires, follow-up jobs
+(``ctx.schedule``) and worker hooks are computed by dueflow's own code, the
+same that runs against Kafka; where memory differs (one job at a time, no
+rate limits, process isolation in-process) the modules say so. The README's
+"Testing your handlers" has the details.
 
 Not to be confused with :mod:`dueflow.consumers.testing`: helpers that write
 exec records to a real broker, for dueflow's own integration tests and
@@ -43,6 +44,7 @@ if TYPE_CHECKING:  # what type checkers see of the lazy names below ("X as X": e
     from dueflow.testing.clock import FakeClock as FakeClock
     from dueflow.testing.context import make_context as make_context
     from dueflow.testing.emitter import Quarantined as Quarantined
+    from dueflow.testing.hooks import HookError as HookError
     from dueflow.testing.pipeline import InMemoryPipeline as InMemoryPipeline
     from dueflow.testing.pipeline import RunawayJobs as RunawayJobs
     from dueflow.testing.scheduler import InMemoryScheduler as InMemoryScheduler
@@ -57,6 +59,7 @@ _EXPORTS = {
     "DeadLetterEntry": "dueflow.ops.dlq",
     "FakeClock": "dueflow.testing.clock",
     "Failure": "dueflow.consumers.failures",
+    "HookError": "dueflow.testing.hooks",
     "InMemoryPipeline": "dueflow.testing.pipeline",
     "InMemoryScheduler": "dueflow.testing.scheduler",
     "InMemoryWorker": "dueflow.testing.worker",

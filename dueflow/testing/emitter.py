@@ -50,6 +50,7 @@ class PendingTimer:
     record: MemoryRecord
     exec_topic: str
     cron: bool
+    partition: int = -1  # the exec partition (df-partition), -1: the key's
 
 
 class MemoryEmitter:
@@ -73,6 +74,7 @@ class MemoryEmitter:
         self._settings = settings
         n = self._names = names(settings)
         self._exec_topics = {q.encode(): n.exec(q) for q in settings.queue_names}
+        self._exec_partitions = {q.name.encode(): q.partitions for q in settings.queues}
         self._table = ScheduleTable(settings)
         self._table.apply(as_messages(self._log.records(n.schedules)))
         self._read[n.schedules] = len(self._log.records(n.schedules))
@@ -111,12 +113,14 @@ class MemoryEmitter:
         return records
 
     def _take(self, record: MemoryRecord, now_ms: int) -> None:
-        found = classify_timer(record.headers(), record.key(), self._exec_topics)
+        found = classify_timer(
+            record.headers(), record.key(), self._exec_topics, self._exec_partitions
+        )
         if isinstance(found, str):
             self._quarantine(record, found, now_ms)
             return
-        due, topic, cron = found
-        timer = PendingTimer(due, record, topic, cron)
+        due, topic, cron, partition = found
+        timer = PendingTimer(due, record, topic, cron, partition)
         heapq.heappush(self._cron if cron else self._jobs, (due, next(self._seq), timer))
 
     def _quarantine(self, record: MemoryRecord, reason: str, now_ms: int) -> None:
@@ -184,7 +188,7 @@ class MemoryEmitter:
         headers.append(
             (hdr.SOURCE, f"{record.topic()}:{record.partition()}:{record.offset()}".encode())
         )
-        self._log.append(timer.exec_topic, record.key(), record.value(), headers)
+        self._log.append(timer.exec_topic, record.key(), record.value(), headers, timer.partition)
 
     def _emit(self, now_ms: int) -> Emit:
         fired_at = str(now_ms).encode()

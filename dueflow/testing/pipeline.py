@@ -22,6 +22,12 @@ or ``eager=True``: every ``schedule`` call runs its job, and its retries,
 before it returns, whatever their due times (Celery's ``task_always_eager``);
 the runs still record their due times. Cron occurrences are not eager (each
 one places the next: they run on the clock).
+
+Follow-ups a handler schedules (``ctx.schedule``) are written with its
+success and run at their due times like any job (eagerly too). Lifecycle
+hooks in ``tasks``: ``@on_startup`` ones run when the pipeline is made,
+``@on_failure`` after each failed attempt, ``@on_shutdown`` at :meth:`close`
+(:mod:`dueflow.testing.hooks`).
 """
 
 from __future__ import annotations
@@ -35,7 +41,8 @@ from typing import Any
 
 from dueflow import headers as hdr
 from dueflow.config import QueueSpec, Settings
-from dueflow.consumers.registry import TaskRegistry
+from dueflow.consumers.hooks import WorkerInfo, hook_kind
+from dueflow.consumers.registry import TaskRegistry, spec_of
 from dueflow.errors import DueflowError
 from dueflow.metrics import Metrics
 from dueflow.ops.dlq import DeadLetterEntry, decode_entry
@@ -43,10 +50,11 @@ from dueflow.schemas import codec
 from dueflow.streams.status.state import JobView, apply_outcome
 from dueflow.testing.clock import FakeClock, _instant_ms
 from dueflow.testing.emitter import MemoryEmitter, PendingTimer, Quarantined
+from dueflow.testing.hooks import HookError
 from dueflow.testing.log import MemoryLog, MemoryRecord
 from dueflow.testing.scheduler import InMemoryScheduler
 from dueflow.testing.views import JobRun, JobState, PendingJob
-from dueflow.testing.worker import InMemoryWorker
+from dueflow.testing.worker import WORKER_ID, InMemoryWorker
 from dueflow.topics import names
 
 Handler = Callable[..., Any]
@@ -99,6 +107,7 @@ class InMemoryPipeline:
             random_bytes=ids.randbytes,
             after_write=self._after_write,
             on_record=self._on_record,
+            app=self.registry,  # jobs without a queue go where their @task says
         ).start()
         self.emitter = MemoryEmitter(self.settings, self.log, metrics=self.metrics)
         self.worker = InMemoryWorker(
@@ -112,6 +121,12 @@ class InMemoryPipeline:
         )
         self._history: list[JobRun] = []
         self._running = threading.Event()
+        self._closed = False
+        try:
+            self.worker.hooks.startup(self._worker_info())
+        except BaseException:
+            self.worker.close()
+            raise
 
     # ------------------------------------------------------------ setup
     def register(self, *tasks: Handler | str) -> None:
@@ -124,15 +139,34 @@ class InMemoryPipeline:
             self.log.configure(self.settings)
             self.scheduler.reconfigure(self.settings)
             self.emitter.configure(self.settings, now_ms=now)
+        else:
+            self.scheduler.reconfigure(self.settings)  # the new tasks' routes
         self.worker.configure(self.settings, self.registry)
+        self.worker.hooks.startup(self._worker_info())  # the startup hooks added now
+
+    def _worker_info(self) -> WorkerInfo:
+        tasks = tuple(sorted(t.spec.name for t in self.registry))
+        return WorkerInfo(WORKER_ID, tuple(self.worker.queues), tasks)
+
+    @property
+    def hook_errors(self) -> list[HookError]:
+        """Hook calls that raised (they are logged and counted, as on a worker)."""
+        return list(self.worker.hooks.errors)
 
     def _settings(self) -> Settings:
         queues = dict.fromkeys(["default", *self.registry.queues])
         return Settings(queues=tuple(QueueSpec(q) for q in queues)).validate()
 
     def close(self) -> None:
-        """Stop the event loop of async handlers (a pytest fixture does it for you)."""
-        self.worker.close()
+        """Run the shutdown hooks and stop the event loop of async handlers (a pytest
+        fixture does it for you)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.worker.hooks.shutdown(self._worker_info())
+        finally:
+            self.worker.close()
 
     def __enter__(self) -> InMemoryPipeline:
         return self
@@ -338,8 +372,13 @@ class InMemoryPipeline:
 def _register(registry: TaskRegistry, tasks: Iterable[Handler | str]) -> None:
     for item in tasks:
         if isinstance(item, str):
-            for entry in TaskRegistry.from_modules([item]):
+            found = TaskRegistry.from_modules([item])
+            for entry in found:
                 registry.add(entry.fn, entry.spec)
+            for hook in found.hooks:
+                registry.hooks.add(hook.fn)
+        elif hook_kind(item) is not None and spec_of(item) is None:
+            registry.hooks.add(item)
         else:
             registry.add(item)
 

@@ -18,11 +18,11 @@ from typing import Any, cast
 from confluent_kafka import Producer
 
 from dueflow.config import Settings
-from dueflow.job_request import Duration, Instant, JobRequest
+from dueflow.job_request import Duration, Instant, JobRequest, JobRules
 from dueflow.producers.core import DEFAULT_MAX_MESSAGE_BYTES, JobIds, TimerPlanner
 from dueflow.producers.recent import DEFAULT_CAPACITY, RecentJobs
 from dueflow.producers.results import BulkResult, Cancelled, Rescheduled, Scheduled
-from dueflow.producers.scheduler import Scheduler
+from dueflow.producers.scheduler import App, Scheduler, declared_queues
 from dueflow.producers.schedules import ScheduleStore, StoredSchedule
 from dueflow.testing.log import MemoryLog, MemoryProducer, MemoryRecord
 from dueflow.testing.lookup import MemoryLookup, MemoryTimerFinder
@@ -40,8 +40,10 @@ class MemoryScheduleStore(ScheduleStore):
         log: MemoryLog,
         write: Callable[[Any], int],
         clock: Callable[[], int],
+        route: Callable[[str], str] | None = None,
+        check_queue: Callable[[object], None] | None = None,
     ) -> None:
-        super().__init__(settings, write=write, clock=clock)
+        super().__init__(settings, write=write, clock=clock, route=route, check_queue=check_queue)
         self._log = log
 
     def read_all(self) -> dict[str, StoredSchedule]:
@@ -72,6 +74,7 @@ class InMemoryScheduler(Scheduler):
         after_write: Callable[[], None] | None = None,
         on_record: Callable[[MemoryRecord], None] | None = None,
         scheduled_outcomes: bool = True,
+        app: App = None,
     ) -> None:
         super().__init__(
             settings,
@@ -80,6 +83,7 @@ class InMemoryScheduler(Scheduler):
             recent_jobs=recent_jobs,
             tracer=JobTracer(),
             scheduled_outcomes=scheduled_outcomes,
+            app=app,
         )
         self._log = log
         self._after_write = after_write or (lambda: None)
@@ -93,17 +97,26 @@ class InMemoryScheduler(Scheduler):
         self.tracer = JobTracer()
         if self._recent is None:
             self._recent = RecentJobs(self._recent_capacity)
+        # Jobs without a queue are routed as the real client routes them (its app:
+        # the pipeline's tasks); the queues are the settings' (no registry here).
+        declared = declared_queues(self._app if self._app is not None else self.settings.app)
         self._planner = TimerPlanner(
             self.settings,
             recent=self._recent,
             ids=JobIds(self._random_bytes),
             max_record_bytes=DEFAULT_MAX_MESSAGE_BYTES,
             metrics=self.metrics,
+            rules=JobRules.from_settings(self.settings, declared=declared),
         )
         producer = cast(Producer, MemoryProducer(self._log, on_record=self._on_record))
         self._producer = self._bulk_producer = producer
         self._schedules = MemoryScheduleStore(
-            self.settings, log=self._log, write=self.write_record, clock=self.clock
+            self.settings,
+            log=self._log,
+            write=self.write_record,
+            clock=self.clock,
+            route=self._planner.rules.router.queue_for,
+            check_queue=self._planner.check_queue,
         )
         self._lookup = MemoryLookup(self.settings, self._log)
         self._timers = MemoryTimerFinder(self.settings, self._log)

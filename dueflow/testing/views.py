@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from dueflow.consumers.failures import Failure
+from dueflow.follow_up import FollowUp
 from dueflow.ops.dlq import DeadLetterEntry
 from dueflow.timeutil import format_utc, from_utc_ms
 
@@ -44,6 +45,9 @@ class JobRun:
     dead_reason: str | None = None  # outcome dead: exhausted, timeout, permanent_error, ...
     schedule_id: str | None = None
     source: tuple[str, int, int] = ("", 0, 0)  # (topic, partition, offset) read from
+    # The jobs its handler scheduled with ctx.schedule, written with its success
+    # (a failed attempt's were dropped: empty then).
+    follow_ups: tuple[FollowUp, ...] = ()
 
     @property
     def started(self) -> datetime:

@@ -20,6 +20,11 @@ overlap policy never finds a previous occurrence still running); a record runs a
 before" exactly, where on Kafka it may wait behind an earlier record of its
 tier partition; rate limits are not applied (time does not pass by itself);
 ``isolation="process"`` runs in-process (see :mod:`dueflow.testing.attempts`).
+
+``ctx.schedule`` works as on a worker (:mod:`dueflow.consumers.follow_ups`):
+the follow-ups of an attempt go into the log with its success, as timer
+records the emitter fires at their due time, and a failed attempt's are
+dropped. Failure hooks (``@on_failure``) run after each failed attempt.
 """
 
 from __future__ import annotations
@@ -37,14 +42,17 @@ from dueflow.config import QueueSpec, Settings
 from dueflow.consumers.context import TaskContext
 from dueflow.consumers.failures import Failure
 from dueflow.consumers.feeds import Delivery, PartitionFeed, attempt_limits, int_or, prepare
+from dueflow.consumers.follow_ups import FollowUpPlanner
+from dueflow.consumers.hooks import will_retry
 from dueflow.consumers.overlap import OverlapGuard
 from dueflow.consumers.recorder import BatchRecorder
 from dueflow.consumers.registry import TaskRegistry
-from dueflow.consumers.store import STATE_OF, MemoryKeyStore
+from dueflow.consumers.store import MemoryKeyStore, is_final, skips, state_of
 from dueflow.consumers.worker import select_queues
 from dueflow.cron_overlap import Admission
 from dueflow.deadline import expired
 from dueflow.errors import UndecodableRecord
+from dueflow.follow_up import FollowUp
 from dueflow.metrics import Metrics
 from dueflow.schemas import codec
 from dueflow.schemas.fast import (
@@ -57,6 +65,7 @@ from dueflow.schemas.fast import (
     decode_key_state,
 )
 from dueflow.testing.attempts import HandlerLoop, run_attempt
+from dueflow.testing.hooks import MemoryHooks
 from dueflow.testing.log import MemoryLog, MemoryRecord, as_message
 from dueflow.testing.views import JobRun, PendingJob
 from dueflow.topics import names, tier_label
@@ -71,6 +80,7 @@ class _Queue:
     recorder: BatchRecorder
     feeds: list[PartitionFeed]
     tiers: dict[str, int]  # retry topic -> tier ms
+    planner: FollowUpPlanner  # ctx.schedule of its jobs
 
 
 class InMemoryWorker:
@@ -93,6 +103,9 @@ class InMemoryWorker:
         self._metrics = metrics
         self._tracer = JobTracer()
         self._loop = HandlerLoop()
+        self._current: Delivery | None = None  # the attempt running now
+        self._follow_ups: tuple[FollowUp, ...] = ()  # the last successful attempt's
+        self.hooks = MemoryHooks(registry.hooks, metrics=metrics, loop=self._loop.loop)
         self._queues: dict[str, _Queue] = {}
         self._feeds: dict[tuple[str, int], PartitionFeed] = {}
         self._stores: dict[tuple[str, int], MemoryKeyStore] = {}
@@ -116,6 +129,8 @@ class InMemoryWorker:
         self._settings = settings
         self._registry = registry
         self._names = names(settings)
+        for queue in self._queues.values():  # their follow-ups may name new queues
+            queue.planner.configure(settings, registry.declared_queues)
         for name in [q for q in self._queues if q not in selected]:
             self._drop_queue(name)
         for name in selected:
@@ -136,6 +151,12 @@ class InMemoryWorker:
 
     def _add_queue(self, spec: QueueSpec) -> None:
         n = self._names
+        planner = FollowUpPlanner(
+            self._settings,
+            declared=self._registry.declared_queues,
+            clock=self._clock,
+            running=lambda d: d is self._current,
+        )
         recorder = BatchRecorder(
             self._settings,
             spec,
@@ -143,16 +164,17 @@ class InMemoryWorker:
             metrics=self._metrics,
             tracer=self._tracer,
             rng=self._rng,
+            follow_ups=planner,
         )
         tiers = {n.retry(spec.name, t): t for t in spec.retry_tiers_ms}
         feeds = []
         for p in range(spec.partitions):
             store = self._stores[(spec.name, p)] = MemoryKeyStore(spec.idempotency_retention_ms)
             for topic, tier in [(n.exec(spec.name), None), *tiers.items()]:
-                feed = self._feeds[(topic, p)] = PartitionFeed(topic, p, tier, store)
+                feed = self._feeds[(topic, p)] = PartitionFeed(topic, p, tier, store, planner)
                 feed.loaded = True
                 feeds.append(feed)
-        self._queues[spec.name] = _Queue(spec, recorder, feeds, tiers)
+        self._queues[spec.name] = _Queue(spec, recorder, feeds, tiers, planner)
 
     def close(self) -> None:
         self._loop.close()
@@ -202,13 +224,16 @@ class InMemoryWorker:
             if due_ms is not None:
                 store.reschedule([(about, due_ms, at_ms)])
             return
-        if store.get(key) is not None:
+        known = store.get(key)
+        if known is not None and is_final(known):
             return  # final already (most often: this worker's own record read back)
         try:
-            state, at_ms = decode_key_state(value, hdr.header(record.headers(), hdr.SCHEMA))
+            state, at_ms, attempts = decode_key_state(
+                value, hdr.header(record.headers(), hdr.SCHEMA)
+            )
         except UndecodableRecord:
             return  # the real tail quarantines it
-        store.apply([(key, STATE_OF[state], at_ms)], None)
+        store.apply([(key, state_of(state, attempts), at_ms)], None)
 
     def _queue_of_idempotency(self, topic: str) -> str:
         return topic[len(self._names.idempotency("")) :]
@@ -254,10 +279,10 @@ class InMemoryWorker:
             d.max_attempts = attempt_limits(d.task, d.fields, self._settings.worker)[0]
         key = d.key
         if key:
-            state = d.feed.keys.get(key)
+            state = recorder.pending_final.get(key)
             if state is None:
-                state = recorder.pending_final.get(key)
-            if state is not None:
+                state = d.feed.keys.get(key)
+            if state is not None and skips(state, d.attempt):
                 recorder.skipped(d, state, now_ms)
                 return self._commit(queue, d, not_before, now_ms, now_ms, ran=False)
             if d.fields is not None and reschedule.superseded(
@@ -283,19 +308,27 @@ class InMemoryWorker:
         assert task is not None
         assert fields is not None
         d.max_attempts, timeout_s = attempt_limits(task, fields, self._settings.worker)
-        ctx = TaskContext(
-            fields, d.attempt, d.max_attempts, d.hmap, (d.feed.topic, d.feed.partition, d.offset)
-        )
+        source = (d.feed.topic, d.feed.partition, d.offset)
+        ctx = TaskContext(fields, d.attempt, d.max_attempts, d.hmap, source, None, d)
+        self._current = d
         self._overlap.started(d)
         try:
             failure, seconds = run_attempt(task, d.payload, ctx, timeout_s, self._loop)
         finally:
+            self._current = None  # ended: a late ctx.schedule raises
             self._overlap.finished(d)
         finished_ms = max(now_ms, self._clock())  # a handler may have moved the clock
+        self._follow_ups = queue.planner.pending(d) if failure is None else ()
         if failure is None:
             recorder.succeeded(d, seconds, finished_ms)
         else:
             recorder.failed(d, failure, seconds, finished_ms)
+            retry = will_retry(
+                permanent=failure.permanent, attempt=d.attempt, max_attempts=d.max_attempts
+            )
+            self.hooks.failed(
+                TaskContext(fields, d.attempt, d.max_attempts, d.hmap, source), failure, retry
+            )
         return self._commit(
             queue, d, not_before, now_ms, finished_ms, ran=True, failure=failure, seconds=seconds
         )
@@ -350,7 +383,8 @@ class InMemoryWorker:
         outcome: dict[str, Any] = {}
         retry_at = tier = reason = None
         for topic, value, headers in written:
-            if topic == n.outcomes and value is not None:
+            if topic == n.outcomes and value is not None and not outcome:
+                # the job's own (a follow-up's `scheduled` outcome comes after it)
                 version = codec.parse_schema_header(
                     hdr.header(headers, hdr.SCHEMA), expected="outcome"
                 )
@@ -386,6 +420,7 @@ class InMemoryWorker:
             dead_reason=reason,
             schedule_id=fields[F_SCHEDULE_ID] if fields else None,
             source=(d.feed.topic, d.feed.partition, d.offset),
+            follow_ups=self._follow_ups if ran and failure is None else (),
         )
 
 

@@ -13,6 +13,7 @@ transaction, so placement, firing and state commit together.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from confluent_kafka import Message, TopicPartition
@@ -46,7 +47,13 @@ class CronKeeper:
     """Places, fires and drops cron occurrences for the active emitter."""
 
     def __init__(
-        self, settings: Settings, metrics: Metrics, table: ScheduleTable, sender: Sender
+        self,
+        settings: Settings,
+        metrics: Metrics,
+        table: ScheduleTable,
+        sender: Sender,
+        *,
+        partitions: Mapping[bytes, int] | None = None,
     ) -> None:
         self._settings = settings
         self._metrics = metrics
@@ -54,8 +61,12 @@ class CronKeeper:
         self._send = sender.send
         self._names = names(settings)
         self._state: dict[str, CronState] = {}
-        self._exec = {q: self._names.exec(q) for q in settings.queue_names}
-        self._partitions = {q.name: q.partitions for q in settings.queues}
+        # queue -> exec partitions (the emitter's live map: static and registered queues)
+        self._partitions = (
+            partitions
+            if partitions is not None
+            else {q.name.encode(): q.partitions for q in settings.queues}
+        )
         self._quarantined_to: dict[int, int] = {}
         self._dirty_offsets = False
 
@@ -170,10 +181,12 @@ class CronKeeper:
             grace_ms=em.misfire_grace_ms,
             max_catchup=em.cron_max_catchup,
         )
-        exec_topic = self._exec.get(schedule.queue, topic)
+        exec_topic = self._names.exec(schedule.queue)  # the table holds known queues only
         # With an overlap policy every occurrence goes to its schedule's partition.
         partition = exec_partition(
-            schedule.schedule_id, schedule.overlap, self._partitions.get(schedule.queue, 1)
+            schedule.schedule_id,
+            schedule.overlap,
+            self._partitions.get(schedule.queue.encode(), 1),
         )
         for instant in plan.fire:
             if instant == occurrence:

@@ -50,8 +50,9 @@ from dueflow.drain import (
 from dueflow.due_queue import DueQueue
 from dueflow.logs import event
 from dueflow.metrics import Metrics, observe_ages
-from dueflow.reasons import reason_label
+from dueflow.reasons import UNKNOWN_QUEUE, reason_label
 from dueflow.streams.emitter.quarantine import quarantine_record
+from dueflow.streams.emitter.queues import QueueTopics
 from dueflow.topics import names
 from dueflow.tracing import JobTracer
 from dueflow.wheel import NEAR_LEVEL, place_timer
@@ -64,8 +65,8 @@ _FIRED = hdr.FIRED
 _SOURCE = hdr.SOURCE
 
 # A timer in the queue, under its due time: (partition, offset, message, exec topic,
-# is cron, headers).
-Entry = tuple[int, int, Message, str, bool, list[Any]]
+# is cron, headers, exec partition or -1: by key).
+Entry = tuple[int, int, Message, str, bool, list[Any], int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +141,7 @@ class WheelDrainer:
         now_ms: int,
         cron: CronFiring | None = None,
         tracer: JobTracer | None = None,
+        queues: QueueTopics | None = None,
     ) -> None:
         geo = settings.wheel
         em = settings.emitter
@@ -153,8 +155,11 @@ class WheelDrainer:
         self._cron = cron
         # Off unless OTEL_TRACES_EXPORTER says otherwise: then every fire is a span.
         self._tracer = tracer if tracer is not None and tracer.enabled else None
-        self._exec_topics = {q.encode(): names(settings).exec(q) for q in settings.queue_names}
-        self._queue_of_topic = {t: q.decode() for q, t in self._exec_topics.items()}
+        # Kept current by the emitter as queues are registered (shared dicts).
+        self._queues = queues if queues is not None else QueueTopics(settings)
+        self._exec_topics = self._queues.exec_topics
+        self._exec_partitions = self._queues.exec_partitions
+        self._queue_of_topic = self._queues.queue_of_topic
         self._horizon = heap_horizon_ms(geo)
         self._slot = geo.levels[0].width_ms  # lag of the drain clock, pause hysteresis
         self._budget = em.heap_budget
@@ -261,6 +266,7 @@ class WheelDrainer:
         paused = self._paused
         classify = classify_timer
         exec_topics = self._exec_topics
+        exec_partitions = self._exec_partitions
         horizon = self._horizon
         push = self._queue.push
         opens = self._open
@@ -319,13 +325,15 @@ class WheelDrainer:
                 if off >= ck.read_to:
                     ck = None
             headers: Any = m.headers()
-            found = classify(headers, m.key(), exec_topics)
+            found = classify(headers, m.key(), exec_topics, exec_partitions)
             read_to[p] = off + 1
+            if isinstance(found, str):
+                found = self._unknown_queue(m, headers, found)
             if isinstance(found, str):
                 if ck is None:
                     self._quarantine(m, p, off, found, now_ms)
                 continue
-            due, topic, cron = found
+            due, topic, cron, target = found
             frontier[p] = due
             if due - m.timestamp()[1] > horizon:
                 if ck is None:
@@ -342,18 +350,18 @@ class WheelDrainer:
                         fire_pair = (_FIRED, str(now_ms).encode())
                     headers.append(fire_pair)
                     headers.append((_SOURCE, sources[p] % off))
-                    send(topic, m.value(), m.key(), headers)
+                    send(topic, m.value(), m.key(), headers, target)
                     fired_here = batches.get(topic)
                     if fired_here is None:
                         fired_here = batches[topic] = []
                     fired_here.append(due)
                 else:
-                    self._fire(m, p, off, due, topic, cron, headers, now_ms)
+                    self._fire(m, p, off, due, topic, cron, headers, now_ms, target)
                 at_once += 1
                 touched.add(p)
                 continue
             opens[p].add(off)  # type: ignore[union-attr]
-            held = push(due, (p, off, m, topic, cron, headers))
+            held = push(due, (p, off, m, topic, cron, headers, target))
             if ck is None and (held >= budget or (level == 0 and due > drain + lead_slot[p])):
                 self._hold(p, off + 1, due - lead[p])
                 self._blocker[p] = off
@@ -365,12 +373,14 @@ class WheelDrainer:
 
     def _from_slot(self, m: Message, p: int, off: int, level: int, now_ms: int) -> None:
         """A record of a level >= 1 slot: handle it when ready, else stop the partition."""
-        found = classify_timer(m.headers(), m.key(), self._exec_topics)
+        found = classify_timer(m.headers(), m.key(), self._exec_topics, self._exec_partitions)
+        if isinstance(found, str):
+            found = self._unknown_queue(m, m.headers(), found)
         if isinstance(found, str):
             self._quarantine(m, p, off, found, now_ms)
             self._read_to[p] = off + 1
             return
-        due, topic, cron = found
+        due, topic, cron, target = found
         ts = m.timestamp()[1]
         ready = cascade_ready_ms(
             geometry=self._geo, level=level, index=self._index[p], due_ms=due, append_ms=ts
@@ -386,7 +396,7 @@ class WheelDrainer:
             self._bucket.take(1)
             if landed_late(geometry=self._geo, level=level, due_ms=due, append_ms=ts):
                 self._metrics.late_timers.inc()
-            self._fire(m, p, off, due, topic, cron, m.headers(), now_ms)  # type: ignore[arg-type]
+            self._fire(m, p, off, due, topic, cron, m.headers(), now_ms, target)  # type: ignore[arg-type]
         else:
             placement = place_timer(
                 due_ms=due, now_ms=now_ms, geometry=self._geo, spread=zlib.crc32(m.key() or b"")
@@ -398,6 +408,18 @@ class WheelDrainer:
             self._metrics.cascaded.labels(str(level)).inc()
         self._read_to[p] = off + 1
         self._touched.add(p)
+
+    def _unknown_queue(
+        self, m: Message, headers: Any, reason: str
+    ) -> tuple[int, str, bool, int] | str:
+        """A timer classified bad: when for a queue not known, ask the registry first
+        (it may have been created a moment ago); classify it again if it exists."""
+        if reason_label(reason) != UNKNOWN_QUEUE:
+            return reason
+        queue = hdr.header(headers, hdr.QUEUE)
+        if queue is None or not self._queues.learn(queue, m.timestamp()[1]):
+            return reason
+        return classify_timer(headers, m.key(), self._exec_topics, self._exec_partitions)
 
     def _place_again(self, m: Message, p: int, due: int, level: int, now_ms: int) -> None:
         """A heap feeder's record due too far from when it was written (a producer
@@ -482,7 +504,9 @@ class WheelDrainer:
         cron: bool,
         headers: list[Any] | None,
         now_ms: int,
+        target: int = -1,
     ) -> None:
+        """Fire one timer into ``topic`` (partition ``target``; -1: by its key)."""
         headers = headers if headers is not None else []
         if cron and self._cron is not None:
             self._cron.fire_occurrence(m, due, topic, headers, now_ms, self._emitter(now_ms))
@@ -498,7 +522,7 @@ class WheelDrainer:
             )
             headers = hdr.replace(headers, step.headers)
             step.end()
-        self._send(topic, m.value(), m.key(), headers)
+        self._send(topic, m.value(), m.key(), headers, target)
         batch = self._batch.get(topic)
         if batch is None:
             batch = self._batch[topic] = []
@@ -557,11 +581,11 @@ class WheelDrainer:
             due, entries = got
             fired_here: list[int] | None = None
             n = 0
-            for p, off, m, topic, cron, headers in entries:
+            for p, off, m, topic, cron, headers, target in entries:
                 if count >= budget:
                     break
                 if traced:
-                    self._fire(m, p, off, due, topic, cron, headers, now_ms)
+                    self._fire(m, p, off, due, topic, cron, headers, now_ms, target)
                 elif cron and cron_keeper is not None:
                     cron_keeper.fire_occurrence(
                         m, due, topic, headers, now_ms, self._emitter(now_ms)
@@ -569,7 +593,7 @@ class WheelDrainer:
                 else:
                     headers.append(fire_pair)
                     headers.append((_SOURCE, sources[p] % off))
-                    send(topic, m.value(), m.key(), headers)
+                    send(topic, m.value(), m.key(), headers, target)
                     fired_here = batches.get(topic)
                     if fired_here is None:
                         fired_here = batches[topic] = []

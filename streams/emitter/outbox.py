@@ -271,7 +271,7 @@ class Outbox:
                 producer.produce(topic, value, key, partition, headers=headers)
                 break
             except BufferError:  # local queue full: let deliveries drain
-                producer.poll(0.05)
+                _serve(producer, 0.05)
             except KafkaException as exc:
                 raise _wrap(f"produce to {topic}", exc) from exc
         if not lane.records:
@@ -301,7 +301,7 @@ class Outbox:
         self._polled_ns = now
         for lane in self._lanes[: self._ring]:
             if lane.producer is not None:
-                lane.producer.poll(0)
+                _serve(lane.producer, 0)
 
     # ------------------------------------------------------------------ commits
     def can_submit(self) -> bool:
@@ -601,6 +601,16 @@ _REFUSED = (
     KafkaError.COORDINATOR_NOT_AVAILABLE,
     KafkaError.NOT_COORDINATOR,
 )
+
+
+def _serve(producer: Producer, timeout_s: float) -> None:
+    """``producer.poll``: a fatal error raises there too (fenced by a newer emitter
+    after this one was stopped, a sequence out of order after a leader change), as
+    :class:`FencedError` like every other call's (the session ends, not the process)."""
+    try:
+        producer.poll(timeout_s)
+    except KafkaException as exc:
+        raise _wrap("poll", exc) from exc
 
 
 def _error(exc: KafkaException) -> KafkaError | None:

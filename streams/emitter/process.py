@@ -22,6 +22,7 @@ from dueflow.logs import event
 from dueflow.metrics import Metrics
 from dueflow.streams.emitter.lease import Lease
 from dueflow.streams.emitter.outbox import Outbox, TransactionAborted
+from dueflow.streams.emitter.queues import EmitterQueues
 from dueflow.streams.emitter.schedules import ScheduleTable
 from dueflow.streams.emitter.session import ActiveSession
 from dueflow.streams.emitter.wheel_source import WheelSource
@@ -29,6 +30,7 @@ from dueflow.tracing import JobTracer
 
 log = logging.getLogger("dueflow.emitter")
 _SCHEDULES_EVERY_S = 0.01
+_QUEUES_EVERY_S = 0.1
 
 
 class EmitterProcess:
@@ -50,11 +52,14 @@ class EmitterProcess:
         self._clock = clock_ms if clock_ms is not None else self._probe_now
         self._tracer = tracer
         self.lease = Lease(settings)
-        self.schedules = ScheduleTable(settings)
+        # Static and registered queues; read before the schedules that name them.
+        self.queues = EmitterQueues(settings, clock_ms=self._clock)
+        self.schedules = ScheduleTable(settings, known_queue=self.queues.knows)
         self.source = WheelSource(settings)
         self.session: ActiveSession | None = None
         self._cooldown_until = 0.0
         self._schedules_at = 0.0  # monotonic time of the next schedules poll
+        self._queues_at = 0.0  # ... and of the next queue registry poll
         self._outbox: Outbox | None = None  # the next active period's, prepared
         metrics.emitter_leader.set(0)
         for queue in settings.queue_names:  # series at 0 from the start, not from the first fire
@@ -70,6 +75,7 @@ class EmitterProcess:
             self._probe.report_to(self._metrics.clock_offset)
             self._probe.start()
             self._probe.wait_first()
+        self.queues.start()
         self.schedules.start()
         self.source.start()
         self._prepare_outbox()
@@ -83,6 +89,7 @@ class EmitterProcess:
             if self._outbox is not None:
                 self._outbox.close(abort=False)
             self.lease.close()
+            self.queues.close()
             self.schedules.close()
             self.source.close()
             if self._probe is not None:
@@ -96,6 +103,9 @@ class EmitterProcess:
         # not every turn (an empty poll costs as much as a small batch of fires).
         changed: set[str] = set()
         now = time.monotonic()
+        if now >= self._queues_at:
+            self._queues_at = now + _QUEUES_EVERY_S
+            self.queues.poll()
         if now >= self._schedules_at:
             self._schedules_at = now + _SCHEDULES_EVERY_S
             changed = self.schedules.poll()
@@ -109,6 +119,8 @@ class EmitterProcess:
             self._activate()
             return
         try:
+            if self.queues.reader.bad:
+                self.session.quarantine_queue_records()
             if changed or self.schedules.bad:
                 self.session.on_schedules(changed)
             self.session.step()
@@ -152,6 +164,7 @@ class EmitterProcess:
             clock_ms=self._clock,
             tracer=self._tracer,
             outbox=outbox,
+            queues=self.queues,
         )
         started = time.monotonic()
         try:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
@@ -53,13 +53,17 @@ class BadSchedule:
 class ScheduleTable:
     """``schedule_id -> CronSchedule``, current with the schedules topic."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self, settings: Settings, *, known_queue: Callable[[str], bool] | None = None
+    ) -> None:
         self._settings = settings
+        # Whether a schedule's queue exists (the emitter's registry-aware check).
+        static = set(settings.queue_names)
+        self._known_queue = known_queue or static.__contains__
         self._topic = names(settings).schedules
         self._cron_topic = names(settings).emitter_cron
         self.cron_state: dict[str, CronState] = {}
         self._cron_ended = False
-        self._queues = set(settings.queue_names)
         self._consumer: Consumer | None = None
         self._schedules: dict[str, CronSchedule] = {}
         self._ended: set[int] = set()
@@ -175,7 +179,7 @@ class ScheduleTable:
             detail = f"key {schedule_id!r}, schedule id {schedule.schedule_id!r}"
             self._remember(m, headers, reasons.with_detail(reasons.SCHEDULE_KEY_MISMATCH, detail))
             return
-        if schedule.queue not in self._queues:
+        if not self._known_queue(schedule.queue):
             self._remember(
                 m, headers, reasons.with_detail(reasons.UNKNOWN_QUEUE, repr(schedule.queue))
             )

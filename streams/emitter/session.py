@@ -27,8 +27,10 @@ from dueflow.streams.emitter.drainer import SealedCommit, WheelDrainer
 from dueflow.streams.emitter.end_watch import EndWatch
 from dueflow.streams.emitter.housekeeping import Housekeeping
 from dueflow.streams.emitter.outbox import Outbox
+from dueflow.streams.emitter.queues import EmitterQueues, RegistryQuarantine
 from dueflow.streams.emitter.schedules import ScheduleTable
 from dueflow.streams.emitter.wheel_source import WheelSource
+from dueflow.topics import names
 from dueflow.tracing import JobTracer
 
 log = logging.getLogger("dueflow.emitter")
@@ -47,15 +49,29 @@ class ActiveSession:
         clock_ms: Callable[[], int] = wall_ms,
         tracer: JobTracer | None = None,
         outbox: Outbox | None = None,
+        queues: EmitterQueues | None = None,
     ) -> None:
         self._settings = settings
+        self._queues = queues
         self._metrics = metrics
         self._clock = clock_ms
         self._schedules = schedules
         self._tracer = tracer
         # prepared ahead
         self.outbox = outbox if outbox is not None else Outbox(settings, clock_ms=clock_ms)
-        self.cron = CronKeeper(settings, metrics, schedules, self.outbox)
+        self.cron = CronKeeper(
+            settings,
+            metrics,
+            schedules,
+            self.outbox,
+            partitions=queues.exec_partitions if queues is not None else None,
+        )
+        self.registry_quarantine = RegistryQuarantine(
+            topic=names(settings).queues,
+            quarantine_topic=names(settings).quarantine,
+            send=self.outbox.send,
+            metrics=metrics,
+        )
         self.source = source  # started by the process: warm before the takeover
         self.housekeeping = Housekeeping(settings, metrics)
         self.end_watch = EndWatch(source.topic)
@@ -97,6 +113,7 @@ class ActiveSession:
         quarantined_to = self.source.committed_elsewhere(
             self._schedules.topic, self._settings.schedules_partitions
         )
+        registry_quarantined_to = self.source.committed_elsewhere(names(self._settings).queues, 1)
         lap("offsets_ms")
         # Cron: every schedule known (a missing one would read as deleted), the
         # state of the wheel, and the bad schedule records quarantined so far.
@@ -117,8 +134,11 @@ class ActiveSession:
             now_ms=now,
             cron=self.cron,
             tracer=self._tracer,
+            queues=self._queues,
         )
         self.cron.start(state=state, quarantined_to=quarantined_to, now_ms=now)
+        self.registry_quarantine.start(registry_quarantined_to.get(0, 0))
+        self.quarantine_queue_records()
         self.source.assign({p: off for p, (off, _) in committed.items()})
         self._group_metadata = self.source.group_metadata()
         self.housekeeping.start()
@@ -201,6 +221,11 @@ class ActiveSession:
         for schedule_id in sorted(changed):
             self.cron.reconcile(schedule_id, now)
 
+    def quarantine_queue_records(self) -> None:
+        """Quarantine the bad queue registry records read since the last call."""
+        if self._queues is not None:
+            self.registry_quarantine.put(self._queues.take_bad(), self._clock())
+
     def commit(self, *, wait: bool = True, reopen: bool = True) -> None:
         """Commit the open transaction with the changed offsets and checkpoints
         (``reopen``: then open that producer's next one ahead, see
@@ -210,7 +235,9 @@ class ActiveSession:
         if not self.outbox.in_transaction:
             return
         sealed = self.drainer.seal()
-        offsets = sealed.offsets + self.cron.commit_offsets()
+        offsets = (
+            sealed.offsets + self.cron.commit_offsets() + self.registry_quarantine.commit_offsets()
+        )
         self._sealed = SealedCommit(offsets, sealed.fired)
         self.outbox.submit(offsets, self._group_metadata, reopen=reopen)
         self._collect(block=wait)

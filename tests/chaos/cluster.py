@@ -3,12 +3,17 @@
 Everything here is started by this object and stopped by pid (process group)
 in :meth:`ChaosCluster.stop_all`, also after a failure. The broker is a
 :class:`~dueflow.broker.local.LocalBroker` on a free port in the run's
-directory, so the suite may stop, kill and restart it with the same data.
+directory, so the suite may stop, kill and restart it with the same data;
+with ``nodes=3`` it is a :class:`~dueflow.broker.cluster.LocalCluster` of
+three nodes on free ports instead (topics with 3 replicas, 2 in sync), whose
+nodes the driver kills and pauses through :mod:`tests.chaos.nodes`.
 Emitters and workers are real ``python -m dueflow ...`` processes, each with
 its own ``client.id`` (``DUEFLOW_KAFKA_CLIENT_ID``), which is how the driver
 tells which emitter holds the lease. A child may run with a skewed wall clock
 (:mod:`tests.chaos.skew`) and may be stopped (SIGSTOP) and continued; so may
 the broker. :meth:`ChaosCluster.stop_all` continues whatever is stopped first.
+Group members are asked through :class:`~tests.chaos.group_probe.GroupProbe`
+(a child process: librdkafka's describe_consumer_groups may abort its process).
 """
 
 from __future__ import annotations
@@ -22,16 +27,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient
-
+from dueflow.broker.cluster import LocalCluster
 from dueflow.broker.local import LocalBroker
-from dueflow.broker.ports import free_port_pair
+from dueflow.broker.ports import free_port_pair, free_port_run
 from dueflow.clients import make_admin
 from dueflow.config import Settings, load_settings
 from dueflow.errors import BrokerError
 from dueflow.topic_admin import TopicAdmin
 from dueflow.topics import names, topic_layout
+from tests.chaos.group_probe import GroupProbe
 from tests.chaos.skew import ClockSkewer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,15 +100,20 @@ class Child:
 
 
 class ChaosCluster:
-    """Broker, emitters and workers of one run."""
+    """Broker (or ``nodes`` of a cluster), emitters and workers of one run."""
 
-    def __init__(self, root: Path, *, ledger: Path, prefix: str = "chaos") -> None:
+    def __init__(self, root: Path, *, ledger: Path, prefix: str = "chaos", nodes: int = 1) -> None:
         self.root = root
         self.ledger = ledger
         self.prefix = prefix
+        self.nodes = nodes
         self.config = root / "dueflow.toml"
         self.config.write_text(CONFIG.format(queue=QUEUE))
-        self._use_port(free_port_pair())
+        self._broker: LocalBroker | None = None
+        self.local_cluster: LocalCluster | None = None
+        self._probe: GroupProbe | None = None
+        self._attempt = 0  # start attempts: each cluster attempt gets a fresh directory
+        self._use_port(free_port_run(2 * nodes) if nodes > 1 else free_port_pair())
         self.emitters: list[Child] = []
         self.workers: list[Child] = []
         self.every: list[Child] = []
@@ -114,30 +123,67 @@ class ChaosCluster:
 
     def _use_port(self, port: int) -> None:
         self.port = port
-        self.broker = LocalBroker(port=port, state_dir=self.root / "broker", heap="768m")
+        replication: dict[str, int] = {}
+        if self.nodes > 1:
+            # a failed start leaves its directory (logs) behind: the next one starts afresh
+            name = "cluster" if self._attempt == 0 else f"cluster-{self._attempt + 1}"
+            self.local_cluster = LocalCluster(
+                nodes=self.nodes, base_port=port, state_dir=self.root / name, heap="512m"
+            )
+            replication = {
+                "replication_factor": self.local_cluster.replication_factor,
+                "min_insync_replicas": self.local_cluster.min_insync_replicas,
+            }
+        else:
+            self._broker = LocalBroker(port=port, state_dir=self.root / "broker", heap="768m")
         self.settings: Settings = load_settings(
             config_file=self.config,
             env={},
-            overrides={"bootstrap": self.broker.bootstrap, "topic_prefix": self.prefix},
+            overrides={"bootstrap": self.bootstrap, "topic_prefix": self.prefix, **replication},
         )
+
+    @property
+    def broker(self) -> LocalBroker:
+        """The single broker (the broker fault kinds); a cluster's nodes are faulted
+        through :class:`tests.chaos.nodes.ClusterNodes` instead."""
+        if self._broker is None:
+            raise RuntimeError("broker faults need the single-node run; a cluster has nodes")
+        return self._broker
+
+    @property
+    def bootstrap(self) -> str:
+        """Every node's address (the one broker's on a single node)."""
+        if self.local_cluster is not None:
+            return self.local_cluster.bootstrap
+        return self.broker.bootstrap
 
     # ------------------------------------------------------------------ broker
     def start_broker(self) -> None:
-        """The first start: on another free port when the chosen one was taken meanwhile
+        """The first start: on other free ports when the chosen ones were taken meanwhile
         (the machine is shared)."""
         for attempt in range(3):
             try:
-                self.broker.start()
+                if self.local_cluster is not None:
+                    self.local_cluster.start(timeout_s=180)
+                    self.local_cluster.create_internal_topics()
+                else:
+                    self.broker.start()
                 return
-            except BrokerError:
+            except BrokerError as exc:
+                if self.local_cluster is not None:
+                    self.local_cluster.stop()  # by pid: what started before the failure
                 if attempt == 2:
                     raise
-                self._use_port(free_port_pair())
+                sys.stderr.write(f"[chaos] broker start failed, trying other ports: {exc}\n")
+                self._attempt += 1
+                self._use_port(
+                    free_port_run(2 * self.nodes) if self.nodes > 1 else free_port_pair()
+                )
 
     def ensure_topics(self) -> None:
-        report = TopicAdmin(make_admin(self.settings), replication_factor=1).ensure(
-            topic_layout(self.settings)
-        )
+        report = TopicAdmin(
+            make_admin(self.settings), replication_factor=self.settings.replication_factor
+        ).ensure(topic_layout(self.settings))
         assert report.ok, report.differences
 
     def restart_broker(self, *, kill: bool) -> float:
@@ -164,8 +210,10 @@ class ChaosCluster:
         env.update(
             {
                 "DUEFLOW_CONFIG": str(self.config),
-                "DUEFLOW_BOOTSTRAP": self.broker.bootstrap,
+                "DUEFLOW_BOOTSTRAP": self.bootstrap,
                 "DUEFLOW_TOPIC_PREFIX": self.prefix,
+                "DUEFLOW_REPLICATION_FACTOR": str(self.settings.replication_factor),
+                "DUEFLOW_MIN_INSYNC_REPLICAS": str(self.settings.min_insync_replicas),
                 "DUEFLOW_CHAOS_LEDGER": str(self.ledger),
                 "DUEFLOW_KAFKA_CLIENT_ID": name,
                 "PYTHONPATH": str(ROOT),
@@ -232,14 +280,17 @@ class ChaosCluster:
                 os.kill(pid, signal.SIGCONT)
         self.broker_paused = False
 
+    def _group_probe(self) -> GroupProbe:
+        if self._probe is None:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("DUEFLOW_")}
+            env["PYTHONPATH"] = str(ROOT)
+            self._probe = GroupProbe(self.bootstrap, cwd=ROOT, env=env)
+        return self._probe
+
     def group_client_ids(self, group: str) -> list[str] | None:
         """Client ids of the members of ``group`` now; None when the broker did not say."""
-        admin = AdminClient(self.settings.client_config(**{"log_level": 0}))
-        try:
-            desc = admin.describe_consumer_groups([group], request_timeout=5)[group].result(10)
-        except KafkaException:
-            return None
-        return [m.client_id for m in desc.members]
+        members = self._group_probe().members(group)
+        return None if members is None else [m.client_id for m in members]
 
     def kill(self, child: Child) -> None:
         """kill -9 (the whole process group)."""
@@ -279,17 +330,10 @@ class ChaosCluster:
 
     def active_emitter(self) -> Child | None:
         """The emitter holding the lease, by its client id; None when none does (now)."""
-        admin = AdminClient(self.settings.client_config(**{"log_level": 0}))
         n = names(self.settings)
-        try:
-            desc = admin.describe_consumer_groups([n.emitter_group], request_timeout=5)[
-                n.emitter_group
-            ].result(10)
-        except KafkaException:
-            return None
-        for member in desc.members:
-            tps = member.assignment.topic_partitions if member.assignment else []
-            if any(tp.topic == n.lease and tp.partition == 0 for tp in tps):
+        members = self._group_probe().members(n.emitter_group)
+        for member in members or []:
+            if (n.lease, 0) in member.assignment:
                 # The lease client's id ends with its process id (streams/emitter/lease.py).
                 for child in self.emitters:
                     if member.client_id.endswith(f"-{child.pid}"):
@@ -297,7 +341,8 @@ class ChaosCluster:
         return None
 
     def stop_all(self) -> None:
-        """Stop every child (SIGTERM, then kill -9) and the broker, whatever happened."""
+        """Stop every child (SIGTERM, then kill -9), the group probe and the broker (every
+        node, paused ones continued first), whatever happened."""
         if self.broker_paused:
             with contextlib.suppress(Exception):
                 self.resume_broker()
@@ -305,5 +350,11 @@ class ChaosCluster:
             if child.alive():
                 with contextlib.suppress(Exception):
                     self.terminate(child, timeout_s=15)
+        if self._probe is not None:
+            with contextlib.suppress(Exception):
+                self._probe.close()
         with contextlib.suppress(Exception):
-            self.broker.stop()
+            if self.local_cluster is not None:
+                self.local_cluster.stop()
+            else:
+                self.broker.stop()

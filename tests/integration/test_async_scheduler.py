@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -18,6 +19,7 @@ from dueflow.topic_admin import TopicAdmin
 from dueflow.topics import names, topic_layout
 from tests.conftest import KafkaCluster
 from tests.integration.records import headers_of, read_all
+from tests.integration.test_scheduler import check_edge_result, edge_jobs
 
 WHEEL = {
     "levels": "10x1000,10x5000",
@@ -91,3 +93,14 @@ def test_async_schedule_bulk_cancel_and_cron(settings: Settings) -> None:
     idem = records[b"a1"]
     schema = hdr.header(headers_of(idem), hdr.SCHEMA)
     assert decode_key_state(idem.value() or b"", schema)[0] == "cancelled"
+
+
+def test_async_schedule_many_refuses_bad_jobs_at_the_limits(settings: Settings) -> None:
+    async def main() -> Any:
+        async with AsyncScheduler(settings) as s:
+            with pytest.raises(InvalidInput) as info:
+                await s.schedule("t", {"x": float("inf")})
+            assert info.value.field == "payload['x']"
+            return await s.schedule_many(edge_jobs())
+
+    check_edge_result(settings, asyncio.run(main()))

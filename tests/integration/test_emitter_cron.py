@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from dueflow.config import Settings
-from dueflow.cron import CronSchedule, MisfirePolicy, next_fire, parse_cron, zone
+from dueflow.cron import CronSchedule, MisfirePolicy, fire_time_ms, next_fire, parse_cron, zone
 from dueflow.model import Job
 from dueflow.schemas import codec
 from tests.conftest import KafkaCluster
@@ -231,3 +231,46 @@ def test_misfire_policies_after_downtime(kafka: KafkaCluster, prefix: str) -> No
     assert missed("m-skip") == []  # none of them
     for sid in policies:  # back on schedule after the restart
         assert any(o >= restarted + 1_000 for o in _occurrences(log.records, sid)), sid
+
+
+@pytest.mark.timeout(120)
+def test_jitter_beyond_the_misfire_grace_drops_no_on_time_run(
+    kafka: KafkaCluster, prefix: str
+) -> None:
+    # Every second, 4 s of jitter, 1 s of grace, no downtime: every occurrence fires
+    # at (or, behind an earlier one meant later, after) its jittered time, on time,
+    # under every policy. Before, the keeper judged the nominal occurrence against
+    # the grace: `skip` dropped each run whose jitter exceeded 1 s (3 in 4).
+    s = _settings(kafka, prefix, misfire_grace_ms=1_000)
+    producer = timer_producer(s)
+    log = ExecLog(s).start()
+    every = "*/1 * * * * *"
+    schedules = [
+        _schedule(f"j-{p.value}", every, "UTC", misfire=p, jitter_ms=4_000) for p in MisfirePolicy
+    ]
+    try:
+        with threaded_emitter(s) as em:
+            em.wait_active()
+            for sch in schedules:
+                put_schedule(producer, s, sch)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not all(
+                len(_occurrences(log.records, sch.schedule_id)) >= 10 for sch in schedules
+            ):
+                log.poll(0.05)
+            missed = em.metric("dueflow_cron_occurrences_total", {"result": "missed"})
+        log.settle(quiet_s=0.5)
+    finally:
+        log.close()
+    counts = Counter(r.job_id for r in log.records)
+    assert set(counts.values()) == {1}, "an occurrence fired twice"
+    assert missed == 0
+    for sch in schedules:
+        fired = _occurrences(log.records, sch.schedule_id)
+        assert len(fired) >= 10, (sch.schedule_id, fired)
+        assert fired == _chain(every, "UTC", fired[0], fired[-1]), sch.schedule_id  # no gap
+        for r in log.records:
+            if r.job_id.startswith(sch.schedule_id + "@"):
+                occurrence = int(r.job_id.rsplit("@", 1)[1])
+                assert r.fired_ms >= fire_time_ms(sch, occurrence), r  # never before its jitter
+                assert r.fired_ms >= r.due_ms

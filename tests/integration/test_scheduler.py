@@ -206,11 +206,57 @@ def test_schedule_many_reports_errors_per_job_and_writes_the_rest(
     assert len(timers(settings)) == 1 + 3
 
 
+def edge_jobs() -> list[Any]:
+    """A bulk call with bad jobs at the limits between good ones (see
+    tests/unit/test_input_limits.py for every limit)."""
+    return [
+        {"task": "t", "payload": {"i": 0}, "job_id": "good-0"},
+        {"task": "t", "payload": {"i": 1}, "job_id": "long", "delay": 2**62},  # > an Avro long
+        {"task": "t", "payload": {"i": 2}, "job_id": "good-2", "delay": "20s"},
+        {"task": "t", "payload": {"i": 3, "x": float("nan")}, "job_id": "nan"},
+        {"task": "send email", "payload": {"i": 4}, "job_id": "space"},  # no worker takes it
+        {"task": "t", "payload": {"i": 5}, "job_id": "tmo", "timeout": 2**64, "jitter": "1s"},
+        {"task": "t", "payload": {"i": 6}, "job_id": "good-6", "delay": "2d"},
+    ]
+
+
+def check_edge_result(settings: Settings, result: Any) -> None:
+    assert (result.total, result.scheduled, result.failed) == (7, 3, 4)
+    assert [(str(e.job_id), e.field) for e in result.errors] == [
+        ("long", "delay"),
+        ("nan", "payload['x']"),
+        ("space", "task"),
+        ("tmo", "timeout"),
+    ]
+    first = str(result.errors[0])
+    assert first.startswith("jobs[1] (job id 'long'): delay: got 4611686018427387904"), first
+    # every good job and no bad one is in the timer topic, each record whole
+    written = {m.key(): codec.decode("job", m.value()) for m in timers(settings)}
+    assert sorted(written) == [b"good-0", b"good-2", b"good-6"]
+    assert [written[k]["payload"] for k in sorted(written)] == [
+        b'{"i":0}',
+        b'{"i":2}',
+        b'{"i":6}',
+    ]
+
+
+def test_schedule_many_refuses_bad_jobs_at_the_limits_and_writes_the_good_ones(
+    settings: Settings, scheduler: Scheduler
+) -> None:
+    # Before: the overflowing delay raised a plain ValueError out of the call after
+    # job 0 was written, and the NaN payload was written as {"i":3,"x":null}.
+    check_edge_result(settings, scheduler.schedule_many(edge_jobs()))
+
+
 def bad_inputs(clock: FixedClock) -> list[tuple[dict[str, Any], str, str]]:
     return [
         ({"run_at": datetime(2031, 1, 1, 9)}, "run_at", "naive datetimes are rejected"),
         ({"run_at": "2031-01-01T09:00:00"}, "run_at", "has no offset"),
-        ({"queue": "reports"}, "queue", "one of the configured queues ['billing', 'default']"),
+        (
+            {"queue": "reports"},
+            "queue",
+            "one of the queues ['billing', 'default']; to create 'reports'",
+        ),
         ({"delay": "-30s"}, "delay", "must not be negative"),
         ({"max_attempts": 0}, "max_attempts", "an integer from 1"),
         ({"backoff": "linear"}, "backoff", "exponential, fixed or none"),

@@ -35,6 +35,7 @@ from dueflow.model import Job
 from dueflow.ops.dlq import read_dead_letters
 from dueflow.ops.reading import ops_consumer
 from dueflow.producers.scheduler import Scheduler
+from dueflow.queue_registry import decode_queue
 from dueflow.reasons import DEAD_LETTER_REASONS, QUARANTINE_REASONS, reason_label
 from dueflow.schemas import codec
 from dueflow.schemas.fast import decode_key_state
@@ -56,11 +57,11 @@ ROOT = Path(__file__).resolve().parents[2]
 NOW = time.time_ns() // 1_000_000
 
 # Topics dueflow consumes, and who must set a bad record aside there.
-QUARANTINED = ("timers", "schedules", "idempotency", "control", "outcomes")
+QUARANTINED = ("timers", "schedules", "idempotency", "control", "outcomes", "queues")
 DEAD_LETTERED = ("exec", "retry")
 TOLERATED = ("dlq", "cron_state")  # read by tools / only written by the emitter: no crash
 ROLES = QUARANTINED + DEAD_LETTERED + TOLERATED
-COMPACTED = ("schedules", "idempotency", "control", "cron_state")
+COMPACTED = ("schedules", "idempotency", "control", "cron_state", "queues")
 
 
 def _valid_values() -> list[bytes]:
@@ -168,6 +169,7 @@ def _topic(s: Settings, role: str) -> tuple[str, int]:
         "outcomes": (n.outcomes, s.outcomes_partitions),
         "dlq": (n.dlq(QUEUE), q.partitions),
         "cron_state": (n.emitter_cron, 1),
+        "queues": (n.queues, 1),
     }[role]
 
 
@@ -194,6 +196,8 @@ class Sent:
                 return True
             if self.role == "control":
                 return decode_control(self.key, self.value) is not None
+            if self.role == "queues":
+                return decode_queue(self.key, self.value, self.headers)[1] is not None
         except (UndecodableRecord, DueflowError):
             return False
         return False

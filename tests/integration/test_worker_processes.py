@@ -22,6 +22,7 @@ from confluent_kafka.admin import AdminClient
 from dueflow import headers as hdr
 from dueflow.config import Settings, load_settings
 from dueflow.consumers.testing import ExecWriter, make_job
+from dueflow.model import Backoff, BackoffKind
 from dueflow.schemas.fast import decode_key_state
 from dueflow.topics import names
 from tests.conftest import KafkaCluster
@@ -49,13 +50,18 @@ class Processes:
         self.config = tmp_path / "dueflow.toml"
 
     def configure(
-        self, *, partitions: int = 6, rate: float | None = None, **worker: Any
+        self,
+        *,
+        partitions: int = 6,
+        rate: float | None = None,
+        tiers_ms: tuple[int, ...] = (200, 500),
+        **worker: Any,
     ) -> Settings:
         lines = [
             "[[queues]]",
             f'name = "{QUEUE}"',
             f"partitions = {partitions}",
-            "retry_tiers_ms = [200, 500]",
+            f"retry_tiers_ms = {list(tiers_ms)}",
         ]
         if rate is not None:
             lines.append(f"rate_limit_per_s = {rate}")
@@ -299,6 +305,61 @@ def test_a_worker_stopped_past_its_session_starts_nothing_it_held_after_sigcont(
     victim.send_signal(signal.SIGTERM)
     assert survivor.wait(60) == 0
     assert victim.wait(60) == 0
+
+
+@pytest.mark.timeout(300)
+def test_an_attempt_handed_on_to_a_retry_never_runs_again_on_the_next_owner(
+    procs: Processes,
+) -> None:
+    """One partition: a slow job, then a job whose first attempt fails (its retry
+    waits 15 s in a tier). Its `retrying` commits while the slow job still runs,
+    so the committed offset stays behind it. kill -9 that worker: the next owner
+    reads both again, runs the slow one again (never committed), but must not
+    run the failed attempt again: it was handed on, and its retry runs once."""
+    s = procs.configure(partitions=1, concurrency=4, tiers_ms=(200, 500, 30_000))
+    workers = [procs.start(), procs.start()]
+    wait_for("both workers in the group", lambda: len(group_assignment(s)) == 2, 90)
+    slow = make_job("ledger-effect", {"sleep_s": 8.0}, queue=QUEUE, key="slow")
+    flaky = make_job(
+        "fails-once",
+        {},
+        queue=QUEUE,
+        key="flaky",
+        backoff=Backoff(kind=BackoffKind.FIXED, base_ms=15_000, max_ms=15_000, jitter=False),
+    )
+    writer = ExecWriter(s)
+    writer.write([slow, flaky], partition=0)
+    writer.flush()
+
+    def states(records: list[Any], key: str) -> list[tuple[str, int]]:
+        return [
+            (o["state"], o["attempt"]) for o in outcomes_of(records) if o["idempotency_key"] == key
+        ]
+
+    def wait_outcome(key: str, state: str, attempt: int, timeout: float) -> list[Any]:
+        return read_topic(
+            s,
+            names(s).outcomes,
+            until=lambda r: (state, attempt) in states(r, key),
+            timeout=timeout,
+        )
+
+    wait_outcome("flaky", "retrying", 1, 60)  # committed while the slow job runs
+    ((_, _, _, owner),) = procs.ledger.runs("slow")  # running on the partition's owner
+    first, second = sorted(workers, key=lambda p: p.pid != owner)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait(10)
+    wait_outcome("flaky", "succeeded", 2, 90)
+    records = wait_outcome("slow", "succeeded", 1, 60)
+
+    # The next owner read the partition again from behind the handed-on attempt.
+    assert [pid for _, _, _, pid in procs.ledger.runs("slow")] == [first.pid, second.pid]
+    attempts = Counter(attempt for _, attempt, _, _ in procs.ledger.runs("flaky"))
+    assert attempts == Counter({1: 1, 2: 1}), attempts  # attempt 1 was never run again
+    assert procs.ledger.effects()["flaky"] == 1
+    assert ("duplicate", 1) in states(records, "flaky")  # the redelivered attempt 1, skipped
+    second.send_signal(signal.SIGTERM)
+    assert second.wait(60) == 0
 
 
 @pytest.mark.timeout(300)

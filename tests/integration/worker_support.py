@@ -25,7 +25,17 @@ from dueflow.tracing import JobTracer
 
 # What a worker reads and writes. Not the timer topic: its hundreds of wheel
 # partitions cost the test broker file handles that no worker test uses.
-WORKER_ROLES = ("exec", "retry", "dlq", "idempotency", "outcomes", "quarantine", "control", "clock")
+WORKER_ROLES = (
+    "exec",
+    "retry",
+    "dlq",
+    "idempotency",
+    "outcomes",
+    "quarantine",
+    "control",
+    "clock",
+    "queues",
+)
 
 
 def ensure_topics(settings: Settings) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,7 @@ from dueflow.config import Settings
 from dueflow.drain import Checkpoint
 from dueflow.metrics import Metrics
 from dueflow.streams.emitter.drainer import WheelDrainer
+from dueflow.streams.emitter.queues import QueueTopics
 from dueflow.topics import names
 from dueflow.wheel import place_timer
 
@@ -37,6 +39,8 @@ class FiredJob:
     key: bytes
     due_ms: int
     fired_ms: int
+    partition: int = -1  # the exec partition it was sent to (-1: by key)
+    topic: str = ""
 
 
 @dataclass
@@ -54,6 +58,7 @@ class SimWheel:
     watch_ms: int = 200  # how often parked partitions' ends are looked at
     next_watch_ms: int = 0
     woken: int = 0  # parked partitions resumed because records landed there
+    queues: QueueTopics | None = None  # the emitter's queues (default: the static ones)
     _pending_fires: list[FiredJob] = field(default_factory=list)
     _pending_timers: list[tuple[int, Stored]] = field(default_factory=list)
     _pending_quarantine: list[bytes] = field(default_factory=list)
@@ -69,13 +74,21 @@ class SimWheel:
         self.eof_sent.discard(partition)
         return len(self.logs[partition]) - 1
 
-    def schedule(self, key: str, due_ms: int, at_ms: int, *, queue: str = "default") -> int:
-        """A producer writes a timer at ``at_ms`` (broker time)."""
+    def schedule(
+        self,
+        key: str,
+        due_ms: int,
+        at_ms: int,
+        *,
+        queue: str = "default",
+        extra: Sequence[tuple[str, str | int | bytes]] = (),
+    ) -> int:
+        """A producer writes a timer at ``at_ms`` (broker time), with ``extra`` headers."""
         kb = key.encode()
         placement = place_timer(
             due_ms=due_ms, now_ms=at_ms, geometry=self.settings.wheel, spread=zlib.crc32(kb)
         )
-        headers = hdr.encode([(hdr.DUE, due_ms), (hdr.QUEUE, queue)])
+        headers = hdr.encode([(hdr.DUE, due_ms), (hdr.QUEUE, queue), *extra])
         self.append(placement.partition, Stored(kb, b"value-" + kb, headers, at_ms))
         return placement.partition
 
@@ -157,7 +170,7 @@ class SimWheel:
             fired = hdr.header_int(headers, hdr.FIRED)
             assert due is not None
             assert fired is not None
-            self._pending_fires.append(FiredJob(key or b"", due, fired))
+            self._pending_fires.append(FiredJob(key or b"", due, fired, partition, topic))
 
     def commit(self, drainer: WheelDrainer, now_ms: int) -> None:
         sealed = drainer.seal()
@@ -184,6 +197,7 @@ class SimWheel:
             metrics=Metrics(),
             committed=dict(self.committed),
             now_ms=now_ms,
+            queues=self.queues,
         )
 
     def step(self, drainer: WheelDrainer, now_ms: int, max_messages: int = 50) -> None:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dueflow.backoff import choose_tier, compute_backoff
+from dueflow.backoff import WHEEL, choose_tier, compute_backoff, retry_route
 from dueflow.errors import InvalidInput
 from dueflow.model import Backoff, BackoffKind
 
@@ -94,3 +94,57 @@ def test_a_chosen_tier_bounds_head_of_line_waiting(delay: int) -> None:
     nxt = TIERS[i + 1] if i + 1 < len(TIERS) else None
     # Either the delay is below every tier, or it lies in [tier, next tier).
     assert delay < TIERS[0] or (tier <= delay and (nxt is None or delay < nxt))
+
+
+# ------------------------------------------------------------------ routing
+
+
+@pytest.mark.parametrize(
+    ("delay", "route"),
+    [
+        (0, 1_000),
+        (999, 1_000),
+        (1_000, 1_000),
+        (9_999, 1_000),
+        (10_000, 10_000),
+        (59_999, 10_000),
+        (60_000, 60_000),  # the top tier holds its own delay (the no-policy retries) ...
+        (60_001, WHEEL),  # ... and anything longer goes back through the timer wheel
+        (3_600_000, WHEEL),
+        (2**62, WHEEL),
+    ],
+)
+def test_retry_route_is_a_tier_up_to_the_top_and_the_wheel_beyond(
+    delay: int, route: int | str
+) -> None:
+    assert retry_route(delay, TIERS) == route
+
+
+def test_retry_route_of_one_tier_and_no_tier() -> None:
+    assert retry_route(500, (500,)) == 500
+    assert retry_route(501, (500,)) == WHEEL
+    with pytest.raises(InvalidInput):
+        retry_route(5, ())
+
+
+@given(
+    tiers=st.lists(st.integers(1, 10**7), min_size=1, max_size=6, unique=True).map(sorted),
+    delay=st.integers(0, 10**9),
+)
+def test_property_a_tier_holds_only_delays_up_to_the_next_tier(
+    tiers: list[int], delay: int
+) -> None:
+    # A retry waits behind an earlier one of its tier at most the spread of the
+    # delays the tier holds: [tier, next tier) below the top (from 0 for the first
+    # tier), the top tier's own delay at the top; anything longer is the wheel's.
+    route = retry_route(delay, tiers)
+    if route == WHEEL:
+        assert delay > tiers[-1]
+        return
+    assert isinstance(route, int)
+    k = tiers.index(route)
+    low = 0 if k == 0 else route
+    if k + 1 < len(tiers):
+        assert low <= delay < tiers[k + 1]
+    else:
+        assert low <= delay <= route

@@ -68,10 +68,10 @@ REQUESTS = st.one_of(
     PLAIN,
     st.builds(
         JobRequest,
-        task=st.sampled_from(["t", "send_email"]),
+        task=st.sampled_from(["t", "send_email", "routed-t", "nowhere.x"]),
         payload=st.one_of(st.dictionaries(st.text(max_size=3), st.integers()), st.binary()),
         delay=st.one_of(st.none(), st.integers(0, 10**5)),
-        queue=st.sampled_from(["default", "billing"]),
+        queue=st.sampled_from([None, "default", "billing"]),
         job_id=st.one_of(st.none(), st.sampled_from(["a", "b"])),
         jitter=st.one_of(st.none(), st.just("1s")),
         labels=st.one_of(st.none(), st.just({"k": "v"})),

@@ -29,7 +29,7 @@ def test_cancel_writes_idempotency_state_and_outcome() -> None:
         "at_ms": 123,
         "attempts": 0,
         "content_hash": "h",
-        "run_only_due_ms": None,  # read as version 2: the default
+        "run_only_due_ms": None,  # read as the current version: the default
     }
     assert codec.parse_schema_header(hdr.header(idem.headers, hdr.SCHEMA), expected="idempotency")
     assert (outcome.topic, outcome.key) == ("df.outcomes", b"j-1")

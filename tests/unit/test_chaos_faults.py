@@ -343,6 +343,10 @@ class FakeNodes:
     def group_coordinator(self, group: str) -> int | None:
         return None
 
+    def wait_recovered(self, node: int, timeout_s: float) -> bool:
+        self.calls.append(("wait_recovered", node))
+        return True
+
 
 def test_targets_cover_partitions_transactions_and_groups() -> None:
     rng = random.Random(8)
@@ -358,6 +362,24 @@ def test_targets_cover_partitions_transactions_and_groups() -> None:
     assert {t.kind for t in targets} == {"partition", "transaction", "group"}
     assert all(0 <= t.partition < 26 for t in targets if t.name == "p.timers")
     assert all(0 <= t.partition < 6 for t in targets if t.name == "p.exec.chaos")
+
+
+def test_choose_target_takes_the_sort_asked_for_when_it_has_candidates() -> None:
+    rng = random.Random(3)
+
+    def draw(sort: str, groups: list[str]) -> str:
+        return choose_target(
+            rng,
+            partitions=[("p.timers", 26)],
+            transactional_ids=["p.emitter"],
+            groups=groups,
+            sort=sort,
+        ).kind
+
+    for sort in ("partition", "transaction", "group"):
+        assert {draw(sort, ["g"]) for _ in range(20)} == {sort}
+    # no group given: the sort asked for is not possible, another is drawn
+    assert {draw("group", []) for _ in range(40)} == {"partition", "transaction"}
 
 
 def test_choose_target_needs_something_to_aim_at() -> None:

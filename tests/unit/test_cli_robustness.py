@@ -17,7 +17,13 @@ from dueflow.cli import schedule_cmd
 from dueflow.cli.common import bootstrap_source
 from dueflow.clients import ClientLog, client_scope, log_line_key, make_producer
 from dueflow.config import load_settings
-from dueflow.errors import ConflictError, DueflowError, InvalidInput, KafkaOperationError
+from dueflow.errors import (
+    ConflictError,
+    DueflowError,
+    InvalidInput,
+    KafkaOperationError,
+    WorkerStartupFailed,
+)
 
 UNREACHABLE = "127.0.0.1:1"
 
@@ -116,6 +122,11 @@ def test_the_version_is_the_distributions() -> None:
         ),
         (KafkaException(KafkaError(KafkaError._ALL_BROKERS_DOWN, "all down")), 3, "dueflow: kafka"),
         (KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "no")), 4, "dueflow: k"),
+        (
+            WorkerStartupFailed("app:open_db", "ConnectionError: refused"),
+            5,
+            "dueflow: worker startup hook app:open_db failed: ConnectionError: refused",
+        ),
         (KeyboardInterrupt(), 130, None),
     ],
 )
@@ -271,4 +282,4 @@ def test_the_readme_shows_what_the_command_prints(
     assert cli.main(argv[1:]) == int(code)
     assert capfd.readouterr().err.strip() == printed
     rows = [line.split("|")[1].strip() for line in section.splitlines() if line.startswith("| ")]
-    assert rows[1:] == ["0", "1", "2", "3", "4", "130"]
+    assert rows[1:] == ["0", "1", "2", "3", "4", "5", "130"]

@@ -36,6 +36,7 @@ SAMPLE = {
     "ref": "0:0",
     "topic": "dueflow.exec.default",
     "start": "0",
+    "partitions": "3",
     "at": "2030-01-01T00:00:00Z",
 }
 # What a command needs besides its required arguments to pass its input checks.

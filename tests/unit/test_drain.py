@@ -169,21 +169,21 @@ def test_next_drain(
 @pytest.mark.parametrize(
     ("headers", "key", "expected"),
     [
-        ([("df-due", b"123"), ("df-queue", b"default")], b"k", (123, "p.exec.default", False)),
+        ([("df-due", b"123"), ("df-queue", b"default")], b"k", (123, "p.exec.default", False, -1)),
         (
             [("df-due", b"1"), ("df-queue", b"billing"), ("df-kind", b"cron")],
             b"k",
-            (1, "p.exec.billing", True),
+            (1, "p.exec.billing", True, -1),
         ),
         (
             [("df-due", b"1"), ("df-queue", b"default"), ("df-kind", b"job")],
             b"k",
-            (1, "p.exec.default", False),
+            (1, "p.exec.default", False, -1),
         ),
         (
             [("df-due", b"1"), ("df-due", b"2"), ("df-queue", b"default")],
             b"k",
-            (2, "p.exec.default", False),
+            (2, "p.exec.default", False, -1),
         ),
         ([("df-queue", b"default")], b"k", "missing df-due header"),
         (None, b"k", "missing df-due header"),
@@ -207,6 +207,35 @@ def test_classify_timer(
     headers: list[tuple[str, bytes]] | None, key: bytes | None, expected: object
 ) -> None:
     assert classify_timer(headers, key, EXEC) == expected
+
+
+PARTITIONS = {b"default": 6, b"billing": 2}
+
+
+@pytest.mark.parametrize(
+    ("kind", "partition", "expected"),
+    [
+        (None, b"0", (5, "p.exec.default", False, 0)),
+        (b"job", b"5", (5, "p.exec.default", False, 5)),
+        (b"cron", b"3", (5, "p.exec.default", True, -1)),  # occurrences fire by key
+        (None, b"6", "bad df-partition: not a partition of p.exec.default: b'6'"),
+        (None, b"-1", "bad df-partition: not a partition of p.exec.default: b'-1'"),
+        (None, b"x", "bad df-partition: not a partition of p.exec.default: b'x'"),
+        (None, b"", "bad df-partition: not a partition of p.exec.default: b''"),
+        (
+            None,
+            b"9" * 5000,
+            "bad df-partition: not a partition of p.exec.default: b'" + "9" * 40 + "'",
+        ),
+    ],
+)
+def test_classify_timer_reads_the_exec_partition_of_a_job_timer(
+    kind: bytes | None, partition: bytes, expected: object
+) -> None:
+    headers = [("df-due", b"5"), ("df-queue", b"default"), ("df-partition", partition)]
+    if kind is not None:
+        headers.append(("df-kind", kind))
+    assert classify_timer(headers, b"k", EXEC, PARTITIONS) == expected
 
 
 # ------------------------------------------------------------- checkpoints

@@ -407,3 +407,23 @@ def test_a_kept_record_due_before_the_timer_that_resumed_its_feeder_survives_a_t
         if d.touched:
             sim.commit(d, t)
     assert sorted(f.key for f in sim.fired) == [b"A", b"X", b"Y"]
+
+
+def test_a_timer_with_df_partition_fires_into_that_exec_partition_from_every_level() -> None:
+    # Workers send retries longer than the top tier back through the wheel with
+    # df-partition, so the job keeps its partition; cascading keeps the header.
+    sim = SimWheel(SETTINGS)
+    dues = {"near": 10_300, "l0": 12_000, "l1": 15_000, "l2": 40_000}
+    levels = set()
+    for i, (key, due) in enumerate(dues.items()):
+        levels.add(GEO.locate(sim.schedule(key, due, 10_000, extra=[(hdr.PARTITION, i)]))[0])
+    sim.schedule("by-key", 10_200, 10_000)
+    sim.schedule("bad", 10_200, 10_000, extra=[(hdr.PARTITION, 99)])  # default has 6
+    assert levels == {NEAR_LEVEL, 0, 1, 2}
+    _run(sim, 10_000, 41_000)
+    fired = {f.key.decode(): f for f in sim.fired}
+    assert {k: fired[k].partition for k in dues} == {"near": 0, "l0": 1, "l1": 2, "l2": 3}
+    assert fired["by-key"].partition == -1  # the producer's partitioner, by key
+    assert all(0 <= f.fired_ms - f.due_ms <= 10 for f in sim.fired)
+    assert "bad" not in fired
+    assert sim.quarantined == [b"bad"]

@@ -141,9 +141,16 @@ key_records = st.fixed_dictionaries(
 @settings(max_examples=300)
 def test_key_state_round_trip_is_byte_identical(rec: dict[str, Any]) -> None:
     data = fast.encode_key_state(**rec)
-    assert data == codec.encode("idempotency", rec, version=1)
-    assert fast.decode_key_state(data) == (rec["state"], rec["at_ms"])
-    assert fast.decode_key_state(data, fast.IDEMPOTENCY_V1) == (rec["state"], rec["at_ms"])
+    assert data == codec.encode("idempotency", rec, version=2)
+    want = (rec["state"], rec["at_ms"], rec["attempts"])
+    assert fast.decode_key_state(data) == want
+    assert fast.decode_key_state(data, fast.IDEMPOTENCY_V2) == want
+    assert fast.decode_key_state(data, codec.schema_header("idempotency", 2)) == want
+    if rec["state"] in fast.KEY_STATES_V1:
+        assert fast.decode_key_state(data, fast.IDEMPOTENCY_V1) == want
+    else:  # version 1 had no `retrying`
+        with pytest.raises(UndecodableRecord):
+            fast.decode_key_state(data, fast.IDEMPOTENCY_V1)
 
 
 def test_key_state_rejects_bad_enum() -> None:

@@ -128,7 +128,7 @@ def test_options_are_kept() -> None:
         ({"delay": -1}, "delay", "must not be negative"),
         ({"delay": "soon"}, "delay", "'30s'"),
         ({"run_at": "2030-01-01T09:00:00Z", "delay": 5}, "delay", "either run_at or delay"),
-        ({"queue": "nope"}, "queue", "one of the configured queues ['billing', 'default']"),
+        ({"queue": "nope"}, "queue", "one of the queues ['billing', 'default']; to create 'nope'"),
         ({"max_attempts": 0}, "max_attempts", "an integer from 1"),
         ({"max_attempts": -3}, "max_attempts", "an integer from 1"),
         ({"max_attempts": 2.0}, "max_attempts", "an integer from 1"),

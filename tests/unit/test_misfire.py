@@ -9,7 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dueflow.cron import CronSchedule, MisfirePolicy, misfire_plan, occurrences
+from dueflow.cron import (
+    CronSchedule,
+    MisfirePolicy,
+    fire_time_ms,
+    misfire_plan,
+    next_occurrence,
+    occurrences,
+)
 from dueflow.errors import InvalidInput
 
 H = 3_600_000
@@ -195,3 +202,211 @@ def test_plan_properties(
     else:
         assert fired_missed == missed[: max(0, cap - len(on_time))]
     assert plan.skipped == (len(plan.fire) < len(due_now))
+
+
+# ------------------------------------------------------------------ jitter
+# Each occurrence is meant to fire at itself plus its jitter (the time the wheel
+# holds it for): lateness is judged against that, never against the nominal
+# instant. Hourly, 10 min of jitter, 60 s of grace: the jitter is beyond the grace.
+
+JITTER = 10 * 60 * S
+
+
+def jittered(policy: MisfirePolicy) -> CronSchedule:
+    return hourly(policy, jitter_ms=JITTER)
+
+
+def meant(o: int) -> int:
+    return fire_time_ms(jittered(MisfirePolicy.SKIP), o)
+
+
+def test_the_jitters_of_the_table_are_beyond_the_grace() -> None:
+    assert [(meant(T10 + h * H) - T10 - h * H) // S for h in range(6)] == [
+        226,
+        282,
+        267,
+        362,
+        491,
+        414,
+    ]
+
+
+ALL, ONCE, SKIP = MisfirePolicy.FIRE_ALL, MisfirePolicy.FIRE_ONCE, MisfirePolicy.SKIP
+DOWN_UNTIL_14 = meant(T10 + 4 * H)  # the emitter is back when 14:00 is meant to fire
+
+
+@pytest.mark.parametrize(
+    ("policy", "now", "fire", "next_ms", "late", "skipped"),
+    [
+        # fired at its jittered time (226 s after 10:00, grace 60 s): on time everywhere
+        *[(p, meant(T10), (T10,), T10 + H, False, False) for p in MisfirePolicy],
+        # up to the grace after its jittered time: still on time
+        *[(p, meant(T10) + GRACE, (T10,), T10 + H, False, False) for p in MisfirePolicy],
+        # beyond it: late, and the policy decides
+        (ALL, meant(T10) + GRACE + 1, (T10,), T10 + H, True, False),
+        (ONCE, meant(T10) + GRACE + 1, (T10,), T10 + H, True, False),
+        (SKIP, meant(T10) + GRACE + 1, (), T10 + H, True, True),
+        # down until just before 14:00 is meant to fire: 10-13 missed, 14:00 not due
+        # yet: it is the one placed next (at its own jittered time), not fired now
+        (
+            ALL,
+            DOWN_UNTIL_14 - 1,
+            (T10, T10 + H, T10 + 2 * H, T10 + 3 * H),
+            T10 + 4 * H,
+            True,
+            False,
+        ),
+        (ONCE, DOWN_UNTIL_14 - 1, (T10,), T10 + 4 * H, True, True),
+        (SKIP, DOWN_UNTIL_14 - 1, (), T10 + 4 * H, True, True),
+        # down until 14:00's jittered time: 14:00 is on time under every policy
+        (
+            ALL,
+            DOWN_UNTIL_14,
+            (T10, T10 + H, T10 + 2 * H, T10 + 3 * H, T10 + 4 * H),
+            T10 + 5 * H,
+            True,
+            False,
+        ),
+        (ONCE, DOWN_UNTIL_14, (T10, T10 + 4 * H), T10 + 5 * H, True, True),
+        (SKIP, DOWN_UNTIL_14, (T10 + 4 * H,), T10 + 5 * H, True, True),
+        # 13:00 (meant 13:06:02) is within the grace of a return at 13:07: on time
+        (SKIP, meant(T10 + 3 * H) + GRACE, (T10 + 3 * H,), T10 + 4 * H, True, True),
+        (
+            ALL,
+            meant(T10 + 3 * H) + GRACE,
+            (T10, T10 + H, T10 + 2 * H, T10 + 3 * H),
+            T10 + 4 * H,
+            True,
+            False,
+        ),
+    ],
+)
+def test_jitter_with_every_policy(
+    policy: MisfirePolicy,
+    now: int,
+    fire: tuple[int, ...],
+    next_ms: int,
+    late: bool,
+    skipped: bool,
+) -> None:
+    plan = misfire_plan(jittered(policy), due_ms=T10, now_ms=now, grace_ms=GRACE, max_catchup=10)
+    assert plan.fire == fire
+    assert plan.next_ms == next_ms
+    assert (plan.late, plan.skipped) == (late, skipped)
+
+
+@pytest.mark.parametrize("policy", list(MisfirePolicy))
+def test_jitter_beyond_the_period_fires_every_occurrence_in_order(policy: MisfirePolicy) -> None:
+    # Every 10 s with 60 s of jitter and 1 s of grace: a later occurrence may be
+    # meant before an earlier one; it fires with it, on time, never dropped.
+    sched = hourly(policy, cron="*/10 * * * * *", jitter_ms=60 * S)
+    fired = run_without_downtime(sched, first=T10, until=T10 + 2 * H, grace_ms=S)
+    assert fired == occurrences(
+        sched.expr, after_ms=T10 - 1, until_ms=T10 + 2 * H, tz=sched.tz, limit=10**6
+    )
+
+
+def run_without_downtime(
+    sched: CronSchedule, *, first: int, until: int, grace_ms: int, cap: int = 100
+) -> list[int]:
+    """Occurrences fired when every plan runs exactly when the wheel fires the
+    occurrence it holds (what an emitter that is never down does)."""
+    fired: list[int] = []
+    held: int | None = first
+    while held is not None and held <= until:
+        now = fire_time_ms(sched, held)  # the wheel fires the timer at its due time
+        plan = misfire_plan(sched, due_ms=held, now_ms=now, grace_ms=grace_ms, max_catchup=cap)
+        fired += [o for o in plan.fire if o <= until]
+        assert not plan.skipped, (held, now, plan)
+        assert plan.next_ms is None or fire_time_ms(sched, plan.next_ms) > now
+        held = plan.next_ms
+    return fired
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    cron=st.sampled_from(["*/10 * * * * *", "*/7 * * * * *", "* * * * *", "0 * * * *"]),
+    policy=st.sampled_from(list(MisfirePolicy)),
+    jitter_ms=st.sampled_from([0, 1, 999, 5 * S, 30 * S, 70 * S, 10 * 60 * S]),
+    grace_ms=st.sampled_from([0, 1, 500, 5 * S, 60 * S]),
+)
+def test_property_without_downtime_every_occurrence_fires_once_in_order(
+    cron: str, policy: MisfirePolicy, jitter_ms: int, grace_ms: int
+) -> None:
+    sched = hourly(policy, cron=cron, jitter_ms=jitter_ms, schedule_id=f"p{jitter_ms}")
+    first = occurrences(sched.expr, after_ms=T10 - 1, until_ms=T10 + 2 * H, tz=sched.tz, limit=1)[0]
+    until = first + 30 * sched_period(cron)
+    fired = run_without_downtime(sched, first=first, until=until, grace_ms=grace_ms)
+    assert fired == occurrences(
+        sched.expr, after_ms=first - 1, until_ms=until, tz=sched.tz, limit=10**6
+    )
+
+
+def sched_period(cron: str) -> int:
+    return {"*/10 * * * * *": 10 * S, "*/7 * * * * *": 7 * S, "* * * * *": 60 * S}.get(cron, H)
+
+
+def reference_plan(
+    sched: CronSchedule, *, due: int, now: int, grace_ms: int, cap: int
+) -> tuple[tuple[int, ...], int | None, bool, bool]:
+    """The documented rules, by brute force over every occurrence."""
+    covered: list[tuple[int, int]] = [(due, fire_time_ms(sched, due))]  # (occurrence, meant)
+    at = due
+    while True:
+        o = next_occurrence(sched, after_ms=at)
+        if o is None:
+            next_ms = None
+            break
+        m = max(fire_time_ms(sched, o), covered[-1][1])  # in order: not before its predecessor
+        if m > now:
+            next_ms = o
+            break
+        covered.append((o, m))
+        at = o
+    on_time = [o for o, m in covered if now - m <= grace_ms]
+    missed = [o for o, m in covered if now - m > grace_ms]
+    room = max(0, cap - len(on_time))
+    if sched.misfire is MisfirePolicy.FIRE_ALL:
+        fired_missed = missed[:room]
+    elif sched.misfire is MisfirePolicy.FIRE_ONCE:
+        fired_missed = missed[:1][:room]
+    else:
+        fired_missed = []
+    fire = (*fired_missed, *on_time[:cap])
+    late = now - covered[0][1] > grace_ms
+    return fire, next_ms, late, len(fire) < len(covered)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    cron=st.sampled_from(["*/10 * * * *", "0 * * * *", "*/7 * * * * *", "30 9 * * MON-FRI"]),
+    policy=st.sampled_from(list(MisfirePolicy)),
+    jitter_ms=st.one_of(st.just(0), st.integers(0, 2 * H)),
+    due_index=st.integers(0, 5),
+    down_ms=st.integers(0, 12 * H),
+    grace_ms=st.integers(0, 2 * H),
+    cap=st.integers(1, 400),
+)
+def test_property_jittered_plans_follow_the_documented_rules(
+    cron: str,
+    policy: MisfirePolicy,
+    jitter_ms: int,
+    due_index: int,
+    down_ms: int,
+    grace_ms: int,
+    cap: int,
+) -> None:
+    sched = hourly(policy, cron=cron, timezone="Europe/London", jitter_ms=jitter_ms)
+    start = utc("2024-10-25T00:00")
+    due = occurrences(
+        sched.expr, after_ms=start, until_ms=start + 30 * 86_400_000, tz=sched.tz, limit=6
+    )[due_index]
+    now = fire_time_ms(sched, due) + down_ms  # the wheel fires it at its jittered time or later
+    plan = misfire_plan(sched, due_ms=due, now_ms=now, grace_ms=grace_ms, max_catchup=cap)
+    fire, next_ms, late, skipped = reference_plan(
+        sched, due=due, now=now, grace_ms=grace_ms, cap=cap
+    )
+    assert plan.fire == fire
+    assert plan.next_ms == next_ms
+    assert (plan.late, plan.skipped) == (late, skipped)
+    assert next_ms is None or fire_time_ms(sched, next_ms) > now  # placed, never fired early

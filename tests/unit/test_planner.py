@@ -22,7 +22,14 @@ from dueflow.producers.core import JobIds, PlannedTimer, TimerPlanner
 from dueflow.producers.recent import RecentJobs
 from dueflow.producers.results import Scheduled
 
-SETTINGS = load_settings(env={}, overrides={"queues": "default,billing"})
+# Routes: a job without a queue goes by its task (to a queue that exists, or not).
+SETTINGS = load_settings(
+    env={},
+    overrides={
+        "queues": "default,billing",
+        "routes": {"routed-t": "billing", "nowhere.*": "nope"},
+    },
+)
 NOW = 1_800_000_000_000
 
 BOUNDARY = st.sampled_from(["x" * 255, "x" * 256, "é" * 255])  # 255 chars is the limit
@@ -34,7 +41,13 @@ JSONISH = st.recursive(
 )
 PLAIN = st.builds(
     JobRequest,
-    task=st.one_of(st.text(max_size=8), st.just(""), BOUNDARY, st.integers()),
+    task=st.one_of(
+        st.text(max_size=8),
+        st.just(""),
+        BOUNDARY,
+        st.integers(),
+        st.sampled_from(["routed-t", "nowhere.x"]),  # routed when the request has no queue
+    ),
     payload=st.one_of(JSONISH, st.binary(max_size=40), st.just({1, 2}), st.just(object())),
     delay=st.one_of(
         st.none(),
@@ -45,7 +58,7 @@ PLAIN = st.builds(
         st.just(timedelta(seconds=3)),
         st.just(True),
     ),
-    queue=st.sampled_from(["default", "billing", "nope", ""]),
+    queue=st.sampled_from([None, "default", "billing", "nope", ""]),
     job_id=NAMES,
     idempotency_key=NAMES,
     max_attempts=st.one_of(

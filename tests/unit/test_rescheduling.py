@@ -89,7 +89,7 @@ def test_the_reschedule_record_has_a_key_of_its_own_on_the_keys_partition() -> N
         partition_for_key(b"invoice:7", 6),  # where the job's exec records go
     )
     schema = hdr.header(record.headers, hdr.SCHEMA)
-    assert schema == b"dueflow.IdempotencyRecord/2"
+    assert schema == b"dueflow.IdempotencyRecord/3"
     assert decode_key_record(record.value or b"", schema) == ("cancelled", T, T + 1_800_000)
     version = codec.parse_schema_header(hdr.header(outcome.headers, hdr.SCHEMA), expected="outcome")
     got = codec.decode("outcome", outcome.value or b"", writer_version=version)

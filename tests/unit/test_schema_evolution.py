@@ -111,7 +111,7 @@ RECORDS: dict[str, dict[str, Any]] = {
         "at_ms": NOW + 1_000,
         "attempts": 0,
         "content_hash": "5d41402abc4b2a76b9719d911017c592",
-        "run_only_due_ms": NOW + 3_600_000,  # version 2: a reschedule
+        "run_only_due_ms": NOW + 3_600_000,  # version 3: a reschedule
     },
     "quarantined": {
         "reason": "df-due header is not a number",
@@ -123,6 +123,15 @@ RECORDS: dict[str, dict[str, Any]] = {
         "key": b"invoice:42",
         "value": b"\x00\x01",
         "headers": {"df-due": b"soon"},
+    },
+    "queue": {
+        "name": "billing",
+        "partitions": 12,
+        "retry_tiers_ms": [1_000, 10_000, 60_000],
+        "idempotency_retention_ms": 7 * 24 * 3_600_000,
+        "rate_limit_per_s": 50.0,
+        "created_ms": NOW,
+        "created_by": "ada@ops-1",
     },
 }
 

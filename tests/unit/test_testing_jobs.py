@@ -51,9 +51,9 @@ def test_a_second_job_with_the_same_key_is_a_duplicate() -> None:
     [
         # dead is final too: a later job with the key does not run
         (1, [("a", "dead"), ("b", "duplicate")]),
-        # while the first retries, the key is not final: the second runs; the
-        # first's retry (10 s later) is then the duplicate
-        (2, [("a", "retrying"), ("b", "succeeded"), ("a", "duplicate")]),
+        # while the first retries, its key is taken: the second is a duplicate (its
+        # attempt 1 was handed on), and the first's retry goes on (and dies here)
+        (2, [("a", "retrying"), ("b", "duplicate"), ("a", "dead")]),
     ],
 )
 def test_a_key_is_final_once_done_or_dead_not_while_it_retries(
@@ -338,18 +338,19 @@ def test_pending_lists_timers_and_retries_with_their_due_times() -> None:
 
 
 def test_a_job_in_a_queue_no_worker_consumes_is_pending_and_says_so() -> None:
-    """A task declared on "billing", a job scheduled without queue=: it goes to "default",
-    which the worker of billing's tasks does not read (issue 15 item 2 routes it)."""
+    """A task declared on "billing", a job sent to "default" explicitly: the worker of
+    billing's tasks does not read it. (Without queue= it is routed to billing.)"""
     calls: list[Any] = []
     with InMemoryPipeline([recording("invoice", calls, queue="billing")]) as p:
-        job = p.scheduler.schedule("invoice")
+        job = p.scheduler.schedule("invoice", queue="default")
         assert job.queue == "default"
         assert p.run_until_idle() == []
         (stuck,) = p.pending(job.job_id)
         assert (stuck.queue, stuck.where, stuck.consumed) == ("default", "exec", False)
         assert "NOT CONSUMED" in repr(stuck)
         assert p.job(job.job_id).state == "scheduled"
-        routed = p.scheduler.schedule("invoice", queue="billing")
+        routed = p.scheduler.schedule("invoice")  # by its @task: billing
+        assert routed.queue == "billing"
         p.run_until_idle()
         assert [c[0] for c in calls] == [routed.job_id]
 
@@ -423,6 +424,7 @@ def test_every_public_scheduler_method_is_known_here() -> None:
         "status",
         "reschedule",
         "timers",
+        "queue_spec",
         "add_schedule",
         "update_schedule",
         "pause_schedule",
@@ -430,6 +432,7 @@ def test_every_public_scheduler_method_is_known_here() -> None:
         "delete_schedule",
         "get_schedule",
         "list_schedules",
+        "queues",
     }
     assert public == tested | TRANSPORT
 
@@ -473,10 +476,26 @@ def test_the_worker_consumes_the_queues_of_the_tasks_registered_so_far() -> None
         assert p.worker.queues == ["default"]
         p.register(recording("invoice", calls, queue="billing"))
         assert p.worker.queues == ["billing"]
-        stuck = p.scheduler.schedule("invoice")  # to "default": nobody reads it
+        stuck = p.scheduler.schedule("invoice", queue="default")  # nobody reads it
         p.run_until_idle()
         assert calls == []
         assert [j.consumed for j in p.pending(stuck.job_id)] == [False]
         p.register(recording("other", calls))  # a task on "default": now it is read
         p.run_until_idle()
         assert [c[0] for c in calls] == [stuck.job_id]
+
+
+def test_in_memory_jobs_are_routed_by_task_as_the_real_client_routes_them() -> None:
+    """`schedule("charge")` goes to the queue its @task names, as with
+    `Scheduler(settings, app=...)`; an unknown queue is refused the same way."""
+    calls: list[Any] = []
+    with InMemoryPipeline([recording("charge", calls, queue="billing")]) as p:
+        job = p.scheduler.schedule("charge", {"n": 1})
+        assert job.queue == "billing"
+        assert p.scheduler.queues.names == {"default", "billing"}
+        p.run_until_idle()
+        assert calls == [(job.job_id, 1, {"n": 1})]
+        p.register(recording("later", calls, queue="reports"))  # registered afterwards
+        assert p.scheduler.schedule("later").queue == "reports"
+        with pytest.raises(InvalidInput, match="dueflow queue create nowhere"):
+            p.scheduler.schedule("charge", queue="nowhere")

@@ -71,6 +71,9 @@ def test_cancel_of_a_job_nobody_knows_needs_the_queue_and_says_it_was_not_found(
     with InMemoryPipeline([recording("t", [])]) as p:
         with pytest.raises(InvalidInput, match="give queue="):
             p.scheduler.cancel("someone-elses")
+        with pytest.raises(InvalidInput, match="dueflow queue create nope"):
+            p.scheduler.cancel("someone-elses", queue="nope")  # a queue nobody has
+        assert p.scheduler.queue_spec("default") == p.settings.queue("default")
         blind = p.scheduler.cancel("someone-elses", queue="default")
         assert (blind.cancelled, blind.found, blind.state) == (True, False, None)
         assert "not found" in blind.message

@@ -20,6 +20,7 @@ def test_layout_has_every_topic_of_the_design() -> None:
         "df.outcomes",
         "df.quarantine",
         "df.control",
+        "df.queues",
         "df.clock",
         "df.exec.billing",
         "df.retry.billing.1s",
@@ -41,6 +42,8 @@ def test_layout_has_every_topic_of_the_design() -> None:
     assert "retention.ms" in timers.critical
     assert specs["df.emitter.lease"].partitions == 1
     assert specs["df.schedules"].config["cleanup.policy"] == "compact"
+    assert specs["df.queues"].partitions == 1  # the registry: one ordered log
+    assert specs["df.queues"].config["cleanup.policy"] == "compact"
     # co-partitioning: every topic of a queue has the exec topic's partition count
     for q, p in (("billing", 12), ("default", 3)):
         for name in (f"df.exec.{q}", f"df.retry.{q}.1s", f"df.dlq.{q}", f"df.idempotency.{q}"):

@@ -1,0 +1,72 @@
+"""Client errors at the edges of the emitter and the worker: the outbox turns a
+producer's fatal error into the emitter's own errors, also when it surfaces in
+``poll`` (the session ends and starts over, not the process); a worker's start
+retries only the errors that say "not now"."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from dueflow.config import load_settings
+from dueflow.consumers.runtime import _passing
+from dueflow.errors import FencedError, KafkaOperationError
+from dueflow.streams.emitter.outbox import Outbox
+
+
+class _Producer:
+    def __init__(self, error: KafkaError) -> None:
+        self.error = error
+        self.polls = 0
+
+    def poll(self, _timeout: float) -> int:
+        self.polls += 1
+        raise KafkaException(self.error)
+
+
+def _outbox(producer: Any) -> Outbox:
+    outbox = Outbox(load_settings(env={}, overrides={}), clock_ms=lambda: 0)
+    for lane in outbox._lanes:
+        lane.producer = producer
+    return outbox
+
+
+@pytest.mark.parametrize(
+    ("error", "raised"),
+    [
+        (KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True), FencedError),
+        (
+            KafkaError(KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, "sequence desync", fatal=True),
+            FencedError,
+        ),
+        (KafkaError(KafkaError._TRANSPORT, "broker down"), KafkaOperationError),
+    ],
+)
+def test_an_error_raised_by_poll_is_the_emitters_error(
+    error: KafkaError, raised: type[Exception]
+) -> None:
+    producer = _Producer(error)
+    with pytest.raises(raised, match="poll"):
+        _outbox(producer).poll()
+    assert producer.polls == 1
+
+
+@pytest.mark.parametrize(
+    ("error", "passing"),
+    [
+        (KafkaError(KafkaError.COORDINATOR_LOAD_IN_PROGRESS, "loading"), True),
+        (KafkaError(KafkaError._TIMED_OUT, "retry call to resume", retriable=True), True),
+        (KafkaError(KafkaError._TIMED_OUT, "timed out"), True),
+        (KafkaError(KafkaError.NOT_COORDINATOR, "moved"), True),
+        (KafkaError(KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "denied"), False),
+        (KafkaError(KafkaError._FENCED, "fenced", fatal=True), False),
+        (KafkaError(KafkaError._TIMED_OUT, "fatal timeout", fatal=True), False),
+    ],
+)
+def test_a_worker_retries_its_start_only_on_errors_that_pass(
+    error: KafkaError, passing: bool
+) -> None:
+    assert _passing(KafkaException(error)) is passing
+    assert _passing(ValueError("no")) is False

@@ -1,0 +1,179 @@
+"""The records a failed attempt writes: a retry tier, or the timer wheel (pure, no broker).
+
+A retry up to the top tier goes to its tier topic; a longer one becomes a job
+timer in the timer topic, in the same batch (one transaction) as the
+attempt's outcome, placed by the wheel's rule, that the emitter fires into the
+job's own exec partition with its attempt, not-before and trace headers.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from dueflow import headers as hdr
+from dueflow.config import load_settings
+from dueflow.consumers import TaskRegistry, task
+from dueflow.consumers.failures import Failure
+from dueflow.consumers.feeds import Delivery, PartitionFeed, prepare
+from dueflow.consumers.outputs import KEY_HEADERS
+from dueflow.consumers.recorder import BatchRecorder
+from dueflow.consumers.store import (
+    CANCELLED,
+    DEAD,
+    DONE,
+    MemoryKeyStore,
+    is_final,
+    retried,
+    skips,
+    state_of,
+)
+from dueflow.consumers.testing import exec_headers, make_job
+from dueflow.drain import classify_timer
+from dueflow.metrics import Metrics
+from dueflow.model import Backoff, BackoffKind
+from dueflow.schemas import codec, fast
+from dueflow.timer_record import TimerPlacer, retry_timer
+from dueflow.topics import names
+from dueflow.tracing import JobTracer
+from dueflow.wheel import place_timer
+
+SETTINGS = load_settings(
+    env={}, overrides={"queues": [{"name": "jobs", "partitions": 6, "retry_tiers_ms": [200, 500]}]}
+)
+N = names(SETTINGS)
+NOW = 1_800_000_000_000
+TRACE = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+@task("flaky", queue="jobs")
+def flaky(payload: Any, ctx: Any) -> None:
+    raise ValueError("no")
+
+
+class Msg:
+    def __init__(self, key: bytes, value: bytes, headers: list[tuple[str, bytes]]) -> None:
+        self._key, self._value, self._headers = key, value, headers
+
+    def key(self) -> bytes:
+        return self._key
+
+    def value(self) -> bytes:
+        return self._value
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return self._headers
+
+
+def failed_once(backoff: Backoff, *, partition: int = 4, attempt: int = 1) -> BatchRecorder:
+    """A recorder after attempt ``attempt`` of a job in exec partition ``partition`` failed."""
+    recorder = BatchRecorder(
+        SETTINGS,
+        SETTINGS.queue("jobs"),
+        worker_id="w",
+        metrics=Metrics(),
+        tracer=JobTracer(),
+        rng=random.Random(1),
+    )
+    job = make_job("flaky", {"a": 1}, queue="jobs", key="k1", backoff=backoff, due_ms=NOW - 5)
+    headers = [*exec_headers(job, fired_ms=NOW - 4), ("traceparent", TRACE)]
+    if attempt > 1:
+        headers.append((hdr.ATTEMPT, str(attempt).encode()))
+    feed = PartitionFeed(N.exec("jobs"), partition, None, MemoryKeyStore(10**9))
+    d = Delivery(feed, Msg(b"k1", codec.encode("job", job.to_record()), headers), 17)
+    prepare(d, TaskRegistry([flaky]))
+    d.max_attempts = job.max_attempts  # what the runtime sets before it runs the job
+    recorder.failed(d, Failure("ValueError", "no"), 0.01, NOW)
+    return recorder
+
+
+FIXED = Backoff(BackoffKind.FIXED, base_ms=500, max_ms=60_000, jitter=False)
+LONG = Backoff(BackoffKind.FIXED, base_ms=30_000, max_ms=60_000, jitter=False)
+
+
+@pytest.mark.parametrize(("backoff", "topic"), [(FIXED, N.retry("jobs", 500)), (LONG, N.timers)])
+def test_the_retry_goes_to_its_tier_or_to_the_wheel(backoff: Backoff, topic: str) -> None:
+    recorder = failed_once(backoff)
+    records = recorder.records
+    # one batch, one transaction: the retry, the key handed on, the outcome
+    assert [r[1] for r in records] == [topic, N.idempotency("jobs"), N.outcomes]
+    (_, _, partition, key, value, headers) = records[1]
+    assert (partition, key, headers) == (4, b"k1", KEY_HEADERS)
+    assert fast.decode_key_state(value, KEY_HEADERS[0][1]) == ("retrying", NOW, 1)
+    assert recorder.pending_final[b"k1"] == retried(1)  # skipped if read again meanwhile
+
+
+def test_a_handed_on_attempt_is_skipped_and_the_next_one_runs() -> None:
+    state = retried(2)
+    assert [skips(state, attempt) for attempt in (1, 2, 3, 4)] == [True, True, False, False]
+    assert all(skips(final, 99) for final in (DONE, DEAD, CANCELLED))
+    assert not is_final(state)
+    assert state_of("retrying", 2) == state
+    store = MemoryKeyStore(10**9)
+    store.apply([(b"k", state, NOW)], None)
+    assert store.get(b"k") == state
+    store.apply([(b"k", DONE, NOW + 1)], None)  # a later final state replaces it
+    assert store.get(b"k") == DONE
+    assert store.expire(NOW + 10**9 + 2) == 1
+
+
+def test_a_retry_beyond_the_top_tier_is_a_job_timer_for_the_jobs_own_partition() -> None:
+    recorder = failed_once(LONG, partition=4, attempt=2)
+    (_, topic, partition, key, value, headers), _key_state, _outcome = recorder.records
+    h = dict(headers)
+    due = NOW + 30_000
+    assert topic == N.timers
+    placed = place_timer(due_ms=due, now_ms=NOW, geometry=SETTINGS.wheel, spread=spread(key))
+    assert partition == placed.partition  # explicit, by the wheel's rule
+    assert key == b"k1"
+    assert h[hdr.DUE] == str(due).encode()  # the not-before
+    assert h[hdr.ATTEMPT] == b"3"
+    assert h[hdr.PARTITION] == b"4"
+    assert (h[hdr.KIND], h[hdr.QUEUE]) == (b"job", b"jobs")
+    assert h["traceparent"] == TRACE
+    assert h[hdr.LAST_FAILURE] == str(NOW).encode()
+    assert hdr.FIRED not in h  # the emitter sets df-fired and df-src when it fires it
+    assert hdr.SOURCE not in h
+    assert codec.decode("job", value)["idempotency_key"] == "k1"  # the value unchanged
+    # The emitter reads it as a job timer for exec partition 4 of the queue.
+    exec_topics = {b"jobs": N.exec("jobs")}
+    assert classify_timer(headers, key, exec_topics, {b"jobs": 6}) == (
+        due,
+        N.exec("jobs"),
+        False,
+        4,
+    )
+    metric = recorder._metrics.retries.labels("jobs", "wheel")._value.get()
+    assert metric == 1
+
+
+def test_a_cron_occurrences_retry_is_not_an_occurrence_again() -> None:
+    headers = [
+        (hdr.DUE, b"1"),
+        (hdr.QUEUE, b"jobs"),
+        (hdr.KIND, b"cron"),
+        (hdr.SCHEDULE, b"s"),
+        (hdr.FIRED, b"2"),
+    ]
+    rec = retry_timer(
+        key=b"s@1",
+        value=b"v",
+        headers=headers,
+        queue="jobs",
+        exec_partition=1,
+        due_ms=NOW + 90_000,
+        now_ms=NOW,
+        placer=TimerPlacer(SETTINGS.wheel),
+    )
+    h = dict(rec.headers)
+    assert (h[hdr.KIND], h[hdr.PARTITION], h[hdr.DUE]) == (b"job", b"1", b"%d" % (NOW + 90_000))
+    assert hdr.FIRED not in h
+    assert rec.size >= len(rec.value) + len(rec.key)
+
+
+def spread(key: bytes) -> int:
+    import zlib
+
+    return zlib.crc32(key)
