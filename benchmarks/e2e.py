@@ -154,6 +154,11 @@ def group_ready(admin: AdminClient, group: str, members: int) -> bool:
     return len(desc.members) >= members and "STABLE" in str(desc.state).upper()
 
 
+# Committed outcomes per job: the client's `scheduled` (on by default) and the
+# worker's `succeeded` (every job succeeds at its first attempt here).
+OUTCOMES_PER_JOB = 2
+
+
 def watcher_main(settings: Settings, target: Any, done_at: Any, ready: Any) -> None:
     """Count committed outcome records until there are ``target`` (set later by the
     parent); then note the wall time in ``done_at``.
@@ -432,7 +437,7 @@ def warm_up(
     with pipeline(settings, args.processes, workdir), Watcher(settings) as watcher:
         with Scheduler(settings) as scheduler:
             jobs, _ = steady_feed(scheduler, args.warmup_rate, args.warmup_s)
-        watcher.wait(jobs, args.timeout)
+        watcher.wait(jobs * OUTCOMES_PER_JOB, args.timeout)
     return time.monotonic() - t0
 
 
@@ -523,7 +528,7 @@ def _run(
             else:
                 started = time.time()
                 jobs, scheduled_s = steady_feed(scheduler, args.rate, args.settle_s + args.duration)
-        done = watcher.wait(jobs, args.timeout)
+        done = watcher.wait(jobs * OUTCOMES_PER_JOB, args.timeout)
         commit_ms = emitter_commit_ms(int(emitter.extra_env["DUEFLOW_OBSERVABILITY_METRICS_PORT"]))
         emitter_cpu = _cpu_s(emitter.pid) - cpu0
         broker_cpu = (_cpu_s(broker_pid) - broker0) if broker_pid else None

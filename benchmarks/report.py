@@ -4,9 +4,10 @@
                                 [--readme README.md]
 
 Reads ``<results>/<run>.json`` (layout: the run name's first part before
-``-`` is the benchmark: ``produce``, ``emitter-<scenario>``, ``worker-*``,
-``e2e-*``, ``cron_next_fire``; ``host.json`` holds the machine and each run's
-host load, see :mod:`benchmarks.suite`). Writes:
+``-`` is the benchmark: ``produce``, ``scheduled_outcomes``,
+``emitter-<scenario>``, ``worker-*``, ``e2e-*``, ``cron_next_fire``;
+``host.json`` holds the machine and each run's host load, see
+:mod:`benchmarks.suite`). Writes:
 
 - ``<img>/throughput.png``: jobs per second of each stage and of the whole
   pipeline by worker processes, next to the plain-Kafka baseline of the
@@ -85,6 +86,16 @@ def row(name: str, doc: dict[str, Any]) -> tuple[str, str, str, str, str] | None
             f"{_n(doc['schedules_per_s'])} jobs/s",
             f"raw produce {_n(doc['raw_per_s'])}/s",
             _n(doc["ratio"]),
+        )
+    if k == "scheduled_outcomes":
+        cpu = doc["cpu_us_per_job"]
+        return (
+            "schedule: cost of the `scheduled` outcomes (on by default)",
+            f"{_n(doc['jobs'])} jobs x {doc['rounds']} rounds, `schedule_many` on / off",
+            f"{_n(doc['on_per_s'])} / {_n(doc['off_per_s'])} jobs/s; "
+            f"{_n(cpu['on'])} / {_n(cpu['off'])} µs CPU/job",
+            f"raw produce {_n(doc['raw_per_s'])}/s",
+            f"{_n(doc['ratio_on'])} / {_n(doc['ratio_off'])}",
         )
     if k == "emitter":
         sc = doc.get("scenario")
@@ -173,7 +184,7 @@ def row(name: str, doc: dict[str, Any]) -> tuple[str, str, str, str, str] | None
     return None
 
 
-ORDER = ("produce", "emitter", "worker", "e2e", "cron_next_fire")
+ORDER = ("produce", "scheduled_outcomes", "emitter", "worker", "e2e", "cron_next_fire")
 
 
 def table(docs: Results, host: dict[str, Any]) -> str:

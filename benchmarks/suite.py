@@ -32,6 +32,11 @@ RESULTS = Path("benchmarks/results")
 # first part (before "-") names the benchmark for the report.
 RUNS: list[tuple[str, str, list[str]]] = [
     ("produce", "benchmarks.produce", ["--jobs", "100000", "--rounds", "3"]),
+    (
+        "scheduled_outcomes",
+        "benchmarks.scheduled_outcomes",
+        ["--jobs", "100000", "--rounds", "3"],
+    ),
     ("emitter-drain", "benchmarks.emitter", ["--scenario", "drain", "--timers", "300000"]),
     (
         "emitter-steady",

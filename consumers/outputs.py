@@ -8,10 +8,12 @@ from dueflow import headers as hdr
 from dueflow.consumers.failures import Failure
 from dueflow.reasons import DEAD_LETTER_REASONS, OTHER
 from dueflow.schemas import codec
-from dueflow.schemas.fast import IDEMPOTENCY_V2, OUTCOME_V1
+from dueflow.schemas.fast import IDEMPOTENCY_V2, OUTCOME_V1, OUTCOME_V2
 
 KEY_HEADERS = [(hdr.SCHEMA, IDEMPOTENCY_V2)]
 OUTCOME_HEADERS = [(hdr.SCHEMA, OUTCOME_V1)]
+# The states only outcome version 2 has (rescheduled, expired, skipped): same layout.
+OUTCOME_V2_HEADERS = [(hdr.SCHEMA, OUTCOME_V2)]
 DEAD_LETTER_SCHEMA = codec.schema_header("dead_letter")
 
 

@@ -12,6 +12,10 @@ a :class:`~dueflow.consumers.committer.Batch` every commit interval:
 - permanent failure, exhausted attempts, unknown task, undecodable record:
   DLQ record (partition p) + idempotency ``dead`` + outcome ``dead``
 - skipped (key final already): outcome ``duplicate`` or ``cancelled``
+- superseded (a reschedule moved the job): outcome ``rescheduled``
+- expired (a first attempt past its deadline): outcome ``expired``
+- a cron occurrence skipped by its overlap policy: idempotency ``cancelled``
+  + outcome ``skipped``
 
 A successful attempt's follow-ups (``ctx.schedule``) join its records: their
 timer records and ``scheduled`` outcomes (:mod:`dueflow.consumers.follow_ups`).
@@ -42,6 +46,7 @@ from dueflow.consumers.follow_ups import FollowUpPlanner, follow_up_records
 from dueflow.consumers.outputs import (
     KEY_HEADERS,
     OUTCOME_HEADERS,
+    OUTCOME_V2_HEADERS,
     dead_letter_headers,
     dead_letter_value,
     parse_origin,
@@ -58,6 +63,7 @@ from dueflow.schemas.fast import (
     F_KEY,
     F_SCHEDULE_ID,
     F_TASK,
+    V2_STATES,
     encode_key_state,
     encode_outcome,
     encode_success,
@@ -421,6 +427,40 @@ class BatchRecorder:
             self._outcome(d, "duplicate", now_ms)
             self._metrics.duplicates_skipped.labels(self._name).inc()
 
+    def superseded(self, d: Delivery, now_ms: int) -> None:
+        """A reschedule moved the job: outcome ``rescheduled`` for this delivery (due at
+        the old time), nothing else (the key is not final: the job is still to run)."""
+        self._outcome(d, "rescheduled", now_ms)
+        self._tally[(identity(d)[1], "rescheduled")] += 1
+
+    def skipped_occurrence(self, d: Delivery, now_ms: int) -> None:
+        """A cron occurrence skipped by its schedule's overlap policy: its key is final
+        (``cancelled``: it did not and will not run) + outcome ``skipped``."""
+        job_id, task, key_text = identity(d)
+        if d.key:
+            self.records.append(
+                (
+                    d.feed,
+                    self._idem_topic,
+                    d.feed.partition,
+                    d.key,
+                    encode_key_state(
+                        idempotency_key=key_text, job_id=job_id, state="cancelled", at_ms=now_ms
+                    ),
+                    KEY_HEADERS,
+                )
+            )
+            self.finals.append((d.feed, d.key, CANCELLED, now_ms))
+            self.pending_final[d.key] = CANCELLED
+        self._outcome(d, "skipped", now_ms)
+        self._tally[(task, "skipped")] += 1
+
+    def expired(self, d: Delivery, now_ms: int) -> None:
+        """Not started by its deadline: outcome ``expired``, nothing else (not a dead
+        letter, the key not final: see :mod:`dueflow.deadline`)."""
+        self._outcome(d, "expired", now_ms)
+        self._tally[(identity(d)[1], "expired")] += 1
+
     def _outcome(
         self,
         d: Delivery,
@@ -454,7 +494,7 @@ class BatchRecorder:
                     trace_id=trace_id(d),
                     schedule_id=fields[F_SCHEDULE_ID] if fields else None,
                 ),
-                OUTCOME_HEADERS,
+                OUTCOME_HEADERS if state not in V2_STATES else OUTCOME_V2_HEADERS,
             )
         )
 

@@ -11,9 +11,15 @@ For each record, at the head of its partition:
    waits (paused) until it is: a record never runs early;
 2. its key is final in the key store (done, dead, cancelled) or finished
    in a batch not committed yet -> skipped, counted, outcome
-   ``duplicate``/``cancelled``;
+   ``duplicate``/``cancelled``; a reschedule of the key says another due
+   time runs -> skipped, outcome ``rescheduled`` (dueflow.reschedule); a
+   first attempt past its deadline (``df-expires``) -> not run, outcome
+   ``expired`` (dueflow.deadline);
 3. a record with the same key is running (a replay) -> held until that one
    finishes, then decided again;
+   a cron occurrence of a schedule with an overlap policy while another of
+   its occurrences runs -> skipped (outcome ``skipped``) or, ``buffer_one``,
+   held until it finishes (dueflow.cron_overlap);
 4. undecodable value or payload, unknown task -> dead letter at once;
 5. rate limits (queue, task) -> the partitions pause until a token is due;
 6. a concurrency slot -> the handler runs.
@@ -51,9 +57,17 @@ from dueflow.consumers.committer import CommitFailed, TransactionalCommitter
 from dueflow.consumers.context import TaskContext
 from dueflow.consumers.execution import JobExecutor
 from dueflow.consumers.failures import Failure
-from dueflow.consumers.feeds import Delivery, PartitionFeed, attempt_limits, prepare, trace_id
+from dueflow.consumers.feeds import (
+    Delivery,
+    PartitionFeed,
+    attempt_limits,
+    int_or,
+    prepare,
+    trace_id,
+)
 from dueflow.consumers.follow_ups import FollowUpPlanner, FollowUpSetup
 from dueflow.consumers.hooks import HookRunner
+from dueflow.consumers.overlap import OverlapGuard
 from dueflow.consumers.polling import GroupPoller
 from dueflow.consumers.quarantine import Quarantine
 from dueflow.consumers.ratelimit import QueueRates
@@ -62,6 +76,7 @@ from dueflow.consumers.registry import TaskRegistry
 from dueflow.consumers.spans import end_attempt, start_attempt
 from dueflow.consumers.store import StoreFactory, skips
 from dueflow.consumers.tail import KeyTail
+from dueflow.cron_overlap import Admission
 from dueflow.errors import DueflowError
 from dueflow.group_config import (
     apply_group_configs,
@@ -71,7 +86,7 @@ from dueflow.group_config import (
 )
 from dueflow.logs import JOB_STARTED, event, job_event
 from dueflow.metrics import Metrics
-from dueflow.schemas.fast import F_JOB_ID, F_TASK
+from dueflow.schemas.fast import F_DUE_MS, F_JOB_ID, F_TASK
 from dueflow.topics import names, tier_label
 from dueflow.tracing import JobTracer
 
@@ -221,6 +236,7 @@ class QueueRuntime:
         self._feeds: dict[tuple[str, int], PartitionFeed] = {}
         self._ready: deque[PartitionFeed] = deque()
         self._held: dict[bytes, list[Delivery]] = {}  # key -> replays waiting for it
+        self._overlap = OverlapGuard()  # cron occurrences of schedules with a policy
         self._queue_held = False
         self._operator_paused = False  # `dueflow queue pause`: start nothing, keep the group
         # Whether this member may have been expelled without knowing it yet (see
@@ -507,6 +523,7 @@ class QueueRuntime:
         self._held = {
             k: kept for k, v in self._held.items() if (kept := [d for d in v if not d.feed.gone])
         }
+        self._overlap.forget_gone()
 
     # ================================================================== intake
 
@@ -733,9 +750,23 @@ class QueueRuntime:
                     self._batch.skipped(d, state, now_ms)
                     feed.tracker.finish(d.offset)
                     continue
+                run_only = store.run_only_due(key)  # dueflow.reschedule.superseded, inlined
+                if run_only is not None and d.fields is not None and d.fields[F_DUE_MS] != run_only:
+                    # A reschedule moved the job: this delivery has another due time.
+                    backlog.popleft()
+                    self._batch.superseded(d, now_ms)
+                    feed.tracker.finish(d.offset)
+                    continue
                 if key in running:
                     backlog.popleft()
                     self._held.setdefault(key, []).append(d)
+                    continue
+            if d.attempt == 1:
+                deadline = d.hmap.get(hdr.EXPIRES)  # dueflow.deadline.expired, inlined
+                if deadline is not None and now_ms > int_or(deadline, now_ms):
+                    backlog.popleft()
+                    self._batch.expired(d, now_ms)
+                    feed.tracker.finish(d.offset)
                     continue
             if d.bad is not None:
                 backlog.popleft()
@@ -743,6 +774,16 @@ class QueueRuntime:
                 self._batch.dead(d, reason, failure, now_ms, started=False)
                 feed.tracker.finish(d.offset)
                 continue
+            if hdr.OVERLAP in d.hmap:  # a cron occurrence of a schedule with a policy
+                admission = self._overlap.admit(d)
+                if admission is Admission.SKIP:
+                    backlog.popleft()
+                    self._batch.skipped_occurrence(d, now_ms)
+                    feed.tracker.finish(d.offset)
+                    continue
+                if admission is Admission.BUFFER:  # waits for the running one
+                    backlog.popleft()
+                    continue
             if limited and not self._take_token(feed, d):
                 return True
             backlog.popleft()
@@ -832,6 +873,8 @@ class QueueRuntime:
         self._slots.free -= 1
         feed.inflight += 1
         self._running[d.key] = d
+        if hdr.OVERLAP in d.hmap:
+            self._overlap.started(d)
         d.max_attempts, timeout_s = attempt_limits(task, fields, self._ws)
         otel = None
         if self._tracing:
@@ -866,6 +909,10 @@ class QueueRuntime:
         key = d.key
         if self._running.get(key) is d:
             del self._running[key]
+        if hdr.OVERLAP in d.hmap:
+            waited = self._overlap.finished(d)
+            if waited is not None:  # buffer_one: the occurrence that waited for this one
+                self._requeue([waited])
         held = self._held.pop(key, None)
         if held:
             # Records of the same key waiting for this attempt: maybe read again

@@ -19,6 +19,13 @@ Two implementations behind one interface:
   it has applied up to, so a restarted process reads only what is newer
   instead of the whole partition. It is a cache: a corrupt or deleted file
   is rebuilt from the topic.
+
+Besides final states a store keeps the partition's reschedules (see
+:mod:`dueflow.reschedule`): per key, the due time of the one delivery that
+may run. They are apart from the final states, so neither replaces the
+other whatever the order they arrive in (a final state always wins at
+dispatch), and a tombstone (a redrive clearing ``dead``) leaves them; they
+expire like the final states, ``retention_ms`` after they were written.
 """
 
 from __future__ import annotations
@@ -85,7 +92,18 @@ class KeyStore(Protocol):
         ...
 
     def expire(self, now_ms: int) -> int:
-        """Forget keys older than the retention; return how many were dropped."""
+        """Forget keys (and reschedules) older than the retention; return how many keys
+        were dropped."""
+        ...
+
+    def run_only_due(self, key: bytes) -> int | None:
+        """The due time of the one delivery of ``key`` that may run, set by a
+        reschedule; None: no reschedule (any delivery may)."""
+        ...
+
+    def reschedule(self, records: Iterable[tuple[bytes, int, int]]) -> None:
+        """Apply ``(key, run_only_due_ms, at_ms)`` reschedules in order (the latest of a
+        key wins)."""
         ...
 
     def __len__(self) -> int: ...
@@ -98,15 +116,27 @@ StoreFactory = Callable[[str, int, int], KeyStore]
 
 
 class MemoryKeyStore:
-    """A dict of key -> ``at_ms << 24 | state``, with an insertion-ordered expiry queue."""
+    """A dict of key -> ``at_ms << 24 | state``, with an insertion-ordered expiry queue;
+    reschedules in a dict of their own (there are few)."""
 
-    __slots__ = ("_keys", "_order", "_retention", "next_offset")
+    __slots__ = ("_dues", "_keys", "_order", "_retention", "next_offset")
 
     def __init__(self, retention_ms: int) -> None:
         self._retention = retention_ms
         self._keys: dict[bytes, int] = {}
         self._order: deque[tuple[int, bytes]] = deque()
+        self._dues: dict[bytes, tuple[int, int]] = {}  # key -> (run only due, at)
         self.next_offset: int | None = None
+
+    def run_only_due(self, key: bytes) -> int | None:
+        if not self._dues:
+            return None
+        found = self._dues.get(key)
+        return None if found is None else found[0]
+
+    def reschedule(self, records: Iterable[tuple[bytes, int, int]]) -> None:
+        for key, due_ms, at_ms in records:
+            self._dues[key] = (due_ms, at_ms)
 
     def get(self, key: bytes) -> int | None:
         packed = self._keys.get(key)
@@ -130,6 +160,8 @@ class MemoryKeyStore:
         # delays the expiry of those behind it.
         cutoff = now_ms - self._retention
         keys, order = self._keys, self._order
+        if self._dues:
+            self._dues = {k: v for k, v in self._dues.items() if v[1] >= cutoff}
         dropped = 0
         while order and order[0][0] < cutoff:
             at_ms, key = order.popleft()
@@ -145,6 +177,7 @@ class MemoryKeyStore:
     def close(self) -> None:
         self._keys.clear()
         self._order.clear()
+        self._dues.clear()
 
 
 class SqliteKeyStore:
@@ -164,6 +197,11 @@ class SqliteKeyStore:
         row = self._db.execute("SELECT value FROM meta WHERE name = 'next_offset'").fetchone()
         self.next_offset: int | None = None if row is None else int(row[0])
         self._count = int(self._db.execute("SELECT count(*) FROM keys").fetchone()[0])
+        # Reschedules are few: all of them in memory too (a dispatch asks for each job).
+        self._dues: dict[bytes, tuple[int, int]] = {
+            bytes(k): (int(d), int(a))
+            for k, d, a in self._db.execute("SELECT key, due_ms, at_ms FROM reschedules")
+        }
 
     @staticmethod
     def _open(path: Path) -> sqlite3.Connection:
@@ -180,6 +218,10 @@ class SqliteKeyStore:
         )
         db.execute("CREATE INDEX IF NOT EXISTS keys_at ON keys (at_ms)")
         db.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER)")
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS reschedules "
+            "(key BLOB PRIMARY KEY, due_ms INTEGER NOT NULL, at_ms INTEGER NOT NULL) WITHOUT ROWID"
+        )
         db.execute("SELECT count(*) FROM keys").fetchone()  # fails fast on a corrupt file
         return db
 
@@ -218,10 +260,28 @@ class SqliteKeyStore:
         if puts or deletes:
             self._count = int(db.execute("SELECT count(*) FROM keys").fetchone()[0])
 
+    def run_only_due(self, key: bytes) -> int | None:
+        if not self._dues:
+            return None
+        found = self._dues.get(key)
+        return None if found is None else found[0]
+
+    def reschedule(self, records: Iterable[tuple[bytes, int, int]]) -> None:
+        rows = list(records)
+        if not rows:
+            return
+        self._db.executemany("INSERT OR REPLACE INTO reschedules VALUES (?, ?, ?)", rows)
+        for key, due_ms, at_ms in rows:
+            self._dues[key] = (due_ms, at_ms)
+
     def expire(self, now_ms: int) -> int:
-        cur = self._db.execute("DELETE FROM keys WHERE at_ms < ?", (now_ms - self._retention,))
+        cutoff = now_ms - self._retention
+        cur = self._db.execute("DELETE FROM keys WHERE at_ms < ?", (cutoff,))
         dropped = max(0, cur.rowcount)
         self._count -= dropped
+        if self._dues:
+            self._db.execute("DELETE FROM reschedules WHERE at_ms < ?", (cutoff,))
+            self._dues = {k: v for k, v in self._dues.items() if v[1] >= cutoff}
         return dropped
 
     def __len__(self) -> int:

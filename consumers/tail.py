@@ -3,7 +3,8 @@
 One assign-only, read_committed consumer per queue reads partition p of
 ``<prefix>.idempotency.<queue>`` for every exec partition p the process
 owns: first up to its end (loading), then on (tailing), so states written
-later (a producer's ``cancel()``) are seen. A store is kept ("parked") when
+later (a producer's ``cancel()``, a ``reschedule()``'s record, which goes to
+the store's reschedules: :mod:`dueflow.reschedule`) are seen. A store is kept ("parked") when
 its partition is revoked, and reused without reloading when the partition
 comes back in the next assignment, which is what an eager rebalance does
 most of the time.
@@ -26,7 +27,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
 from dueflow import headers as hdr
-from dueflow import reasons
+from dueflow import reasons, reschedule
 from dueflow.clients import make_consumer
 from dueflow.config import Settings
 from dueflow.consumers.polling import ConsumerThread
@@ -34,7 +35,7 @@ from dueflow.consumers.quarantine import Quarantine
 from dueflow.consumers.store import KeyStore, StoreFactory, is_final, state_of
 from dueflow.errors import UndecodableRecord
 from dueflow.logs import event
-from dueflow.schemas.fast import decode_key_state
+from dueflow.schemas.fast import decode_key_record, decode_key_state
 
 _LOG = logging.getLogger("dueflow.worker.keys")
 
@@ -157,6 +158,7 @@ class KeyTail:
         assert self._thread is not None
         self._thread.batch_taken()
         by_partition: dict[int, list[tuple[bytes, int | None, int]]] = {}
+        reschedules: dict[int, list[tuple[bytes, int, int]]] = {}
         positions: dict[int, int] = {}
         stores = {**self._parked, **self._owned}
         # Keys a tombstone of this batch forgets: their later records are news.
@@ -181,6 +183,19 @@ class KeyTail:
                 records.append((key, None, 0))
                 cleared.add((partition, key))
                 continue
+            about = reschedule.key_of(key)
+            if about is not None:  # a reschedule of key `about` (dueflow.reschedule)
+                try:
+                    _state, at_ms, due_ms = decode_key_record(value, _schema(msg))
+                    if due_ms is None:
+                        raise UndecodableRecord("a reschedule record without run_only_due_ms")
+                except UndecodableRecord as exc:
+                    self._quarantine.put(
+                        msg, reasons.with_detail(reasons.UNDECODABLE_IDEMPOTENCY, exc)
+                    )
+                    continue
+                reschedules.setdefault(partition, []).append((about, due_ms, at_ms))
+                continue
             store = stores.get(partition)
             if store is not None and (partition, key) not in cleared:
                 known = store.get(key)
@@ -201,6 +216,8 @@ class KeyTail:
                 store = self._parked.get(partition)
             if store is None:
                 continue  # dropped meanwhile
+            if partition in reschedules:
+                store.reschedule(reschedules[partition])
             store.apply(by_partition.get(partition, ()), position)
             if position > self._reached.get(partition, -1):
                 self._reached[partition] = position

@@ -20,8 +20,12 @@ Nothing here does I/O, reads the clock or draws random numbers: instants
   walks minute by minute.
 - Schedules (``dueflow.cron_schedule``): ``CronSchedule`` (the record of the
   schedules topic), ``MisfirePolicy``, ``next_occurrence`` within the
-  inclusive window ``[start_ms, end_ms]``.
+  inclusive window ``[start_ms, end_ms]``; ``first_occurrence`` refuses a
+  schedule that can never fire (``0 0 30 2 *``, an end before its first
+  occurrence), as adding one does.
 - Misfires (``dueflow.misfire``): ``misfire_plan`` after downtime.
+- Overlap (``dueflow.cron_overlap``): ``OverlapPolicy`` (``allow``, ``skip``,
+  ``buffer_one``) for an occurrence that comes while the previous one runs.
 - Jitter (``dueflow.jitter``): ``deterministic_jitter_ms`` from a seed.
 
 The full rules with worked examples are in docs/cron.md.
@@ -30,7 +34,14 @@ The full rules with worked examples are in docs/cron.md.
 from __future__ import annotations
 
 from dueflow.cron_expr import MACROS, CronExpr, parse_cron
-from dueflow.cron_schedule import CronSchedule, MisfirePolicy, fire_time_ms, next_occurrence
+from dueflow.cron_overlap import OverlapPolicy
+from dueflow.cron_schedule import (
+    CronSchedule,
+    MisfirePolicy,
+    fire_time_ms,
+    first_occurrence,
+    next_occurrence,
+)
 from dueflow.cron_time import next_fire, occurrences, zone
 from dueflow.jitter import deterministic_jitter_ms, occurrence_jitter_ms
 from dueflow.misfire import MisfirePlan, misfire_plan
@@ -41,8 +52,10 @@ __all__ = [
     "CronSchedule",
     "MisfirePlan",
     "MisfirePolicy",
+    "OverlapPolicy",
     "deterministic_jitter_ms",
     "fire_time_ms",
+    "first_occurrence",
     "misfire_plan",
     "next_fire",
     "next_occurrence",

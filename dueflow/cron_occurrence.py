@@ -7,7 +7,9 @@ same transaction as the placement, so a new emitter never places a second
 one. An occurrence is an ordinary timer record of kind ``cron``: value = the
 Avro ``Job`` built from the schedule, key = job id = idempotency key =
 ``"<schedule_id>@<occurrence_ms>"``, due = occurrence + its deterministic
-jitter, plus headers ``df-schedule``, ``df-sv`` (version), ``df-occurrence``.
+jitter, plus headers ``df-schedule``, ``df-sv`` (version), ``df-occurrence``
+and, for a schedule with an overlap policy, ``df-overlap`` (its occurrences
+are fired to its schedule's exec partition: :mod:`dueflow.cron_overlap`).
 
 Decisions: :func:`placement_needed` (a schedule was read) and
 :func:`occurrence_verdict` (an occurrence came due). Nothing here reads the
@@ -24,7 +26,7 @@ from typing import Any
 import orjson
 
 from dueflow import headers as hdr
-from dueflow.cron import CronSchedule, fire_time_ms, next_occurrence
+from dueflow.cron import CronSchedule, OverlapPolicy, fire_time_ms, next_occurrence
 from dueflow.model import Job
 from dueflow.schemas import codec
 from dueflow.wheel import WheelGeometry, place_timer
@@ -71,6 +73,8 @@ def occurrence_headers(schedule: CronSchedule, job: Job, occurrence_ms: int) -> 
             (hdr.SCHEDULE_VERSION, schedule.version),
             (hdr.OCCURRENCE, occurrence_ms),
             (hdr.SCHEMA, codec.schema_header("job")),
+            # the worker applies the schedule's overlap policy (dueflow.cron_overlap)
+            (hdr.OVERLAP, None if schedule.overlap == OverlapPolicy.ALLOW else schedule.overlap),
         ]
     )
 

@@ -20,10 +20,12 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from dueflow.cron_expr import CronExpr, parse_cron
+from dueflow.cron_overlap import OverlapPolicy
 from dueflow.cron_time import MAX_MS, next_fire, zone
 from dueflow.errors import InvalidInput
 from dueflow.jitter import occurrence_jitter_ms
 from dueflow.model import Backoff
+from dueflow.timeutil import format_utc
 
 
 class MisfirePolicy(StrEnum):
@@ -75,6 +77,7 @@ class CronSchedule:
     created_ms: int
     updated_ms: int
     labels: Mapping[str, str] = field(default_factory=dict)
+    overlap: OverlapPolicy = OverlapPolicy.ALLOW
 
     def __post_init__(self) -> None:
         for name in ("schedule_id", "queue", "task", "content_type"):
@@ -88,6 +91,12 @@ class CronSchedule:
         except ValueError:
             raise InvalidInput(
                 "misfire", self.misfire, ", ".join(p.value for p in MisfirePolicy)
+            ) from None
+        try:
+            object.__setattr__(self, "overlap", OverlapPolicy(self.overlap))
+        except ValueError:
+            raise InvalidInput(
+                "overlap", self.overlap, ", ".join(p.value for p in OverlapPolicy)
             ) from None
         _int("jitter_ms", self.jitter_ms, low=0)
         _int("start_ms", self.start_ms, low=0, optional=True)
@@ -139,7 +148,14 @@ class CronSchedule:
             "created_ms": self.created_ms,
             "updated_ms": self.updated_ms,
             "labels": dict(self.labels),
+            "overlap": self.overlap.value,
         }
+
+    @property
+    def schema_version(self) -> int:
+        """The oldest version of ``schemas/schedule.avsc`` that holds this schedule: 1
+        unless it has an overlap policy (readers of the previous release read it)."""
+        return 1 if self.overlap == OverlapPolicy.ALLOW else 2
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> CronSchedule:
@@ -164,6 +180,7 @@ class CronSchedule:
             created_ms=rec["created_ms"],
             updated_ms=rec["updated_ms"],
             labels=dict(rec.get("labels") or {}),
+            overlap=rec.get("overlap", OverlapPolicy.ALLOW),
         )
 
 
@@ -189,4 +206,39 @@ def fire_time_ms(schedule: CronSchedule, occurrence_ms: int) -> int:
     )
 
 
-__all__ = ["CronSchedule", "MisfirePolicy", "fire_time_ms", "next_occurrence"]
+def first_occurrence(schedule: CronSchedule, *, now_ms: int) -> int:
+    """The first occurrence of ``schedule`` after ``now_ms`` (and at or after its
+    start); :class:`InvalidInput` when it would never fire.
+
+    A schedule is refused when it can never fire: an expression no calendar
+    date matches (field ``cron``: ``0 0 30 2 *``, February 30), or a window
+    that ends before the first occurrence after its start or after now (field
+    ``end``). The message names the expression and the zone. Paused or not
+    does not matter here.
+    """
+    if not schedule.expr.can_fire:
+        raise InvalidInput(
+            "cron",
+            schedule.cron,
+            "an expression some calendar date matches; no month has the day of month it "
+            "names, so it would never fire (February has 29 days at most; April, June, "
+            "September and November 30)",
+        )
+    found = next_occurrence(schedule, after_ms=now_ms)
+    if found is not None:
+        return found
+    since = now_ms if schedule.start_ms is None else max(now_ms, schedule.start_ms)
+    ahead = next_fire(schedule.expr, after_ms=since, tz=schedule.tz)
+    end = schedule.end_ms
+    shown = format_utc(end) if end is not None else None
+    first = f"first at {format_utc(ahead)}" if ahead is not None else "none before year 9999"
+    raise InvalidInput(
+        "end",
+        shown,
+        f"a time at or after the first occurrence of cron {schedule.cron!r} in "
+        f"{schedule.timezone} after {format_utc(since)} ({first}): with this end the "
+        "schedule would never fire",
+    )
+
+
+__all__ = ["CronSchedule", "MisfirePolicy", "fire_time_ms", "first_occurrence", "next_occurrence"]

@@ -27,6 +27,9 @@ header                    meaning
                           (``ctx.schedule``: the worker writes the timer in
                           that job's transaction), for logs and tracing
 ``df-schema``  optional   value schema, e.g. ``dueflow.Job/1``
+``df-expires`` optional   UTC epoch ms: a job not started by then is not run
+                          (outcome ``expired``; a worker decides at start)
+``df-overlap`` cron       the schedule's overlap policy when not ``allow``
 ``traceparent``           W3C trace context (``tracestate`` too)
 ``df-trace-link``         W3C ``traceparent`` of the job's previous step, when
                           that step is not the parent (see dueflow.tracing)
@@ -93,6 +96,8 @@ OCCURRENCE = "df-occurrence"
 PARTITION = "df-partition"
 PARENT = "df-parent"
 SCHEMA = "df-schema"
+EXPIRES = "df-expires"
+OVERLAP = "df-overlap"
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
 TRACE_LINK = "df-trace-link"

@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from dueflow.config import Settings
+from dueflow.deadline import job_deadline
 from dueflow.errors import InvalidInput, UnknownQueue
 from dueflow.jitter import deterministic_jitter_ms
 from dueflow.model import Backoff, BackoffKind, Job
@@ -59,7 +60,9 @@ class JobRequest:
     (stored as is, ``application/octet-stream``). Give ``run_at`` (a tz-aware
     datetime or ISO-8601 text with an offset) or ``delay`` (a duration), or
     neither to run at once. ``queue`` ``None``: the task's route decides
-    (:mod:`dueflow.routing`).
+    (:mod:`dueflow.routing`). ``expires`` (an instant) and ``max_lateness`` (a
+    duration after the due time) give a deadline: a job not started by then
+    is not run (:mod:`dueflow.deadline`).
     """
 
     task: str
@@ -74,6 +77,8 @@ class JobRequest:
     timeout: Duration | None = None
     jitter: Duration | None = None
     labels: Mapping[str, str] | None = None
+    expires: Instant | None = None
+    max_lateness: Duration | None = None
 
 
 REQUEST_FIELDS = frozenset(f.name for f in fields(JobRequest))
@@ -247,6 +252,20 @@ def prepare_job(
             content_hash(task, payload, content_type),
             labels,
         ),
+    )
+
+
+def deadline_of(req: JobRequest, due_ms: int) -> int | None:
+    """The deadline of ``req``'s job due at ``due_ms`` (:func:`dueflow.deadline.job_deadline`);
+    :class:`InvalidInput` names ``expires`` or ``max_lateness``."""
+    if req.expires is None and req.max_lateness is None:
+        return None
+    return job_deadline(
+        due_ms=due_ms,
+        expires_ms=None if req.expires is None else to_utc_ms(req.expires, field="expires"),
+        max_lateness_ms=None
+        if req.max_lateness is None
+        else parse_duration(req.max_lateness, field="max_lateness"),
     )
 
 
@@ -463,15 +482,24 @@ def bad_attempts(value: object) -> InvalidInput:
 
 
 def _due_ms(req: JobRequest, now_ms: int) -> int:
-    if req.run_at is not None:
-        if req.delay is not None:
-            raise InvalidInput("delay", req.delay, "either run_at or delay, not both")
-        due_ms = to_utc_ms(req.run_at, field="run_at")
+    return due_of(req.run_at, req.delay, now_ms=now_ms)
+
+
+def due_of(
+    run_at: Instant | None, delay: Duration | None, *, now_ms: int, required: bool = False
+) -> int:
+    """The due time ``run_at``, ``now + delay``, or ``now`` (``required``: one of them must
+    be given); :class:`InvalidInput` names the field."""
+    if run_at is not None:
+        if delay is not None:
+            raise InvalidInput("delay", delay, "either run_at or delay, not both")
+        due_ms = to_utc_ms(run_at, field="run_at")
         if due_ms > MAX_DUE_MS:
-            raise due_too_late("run_at", req.run_at, now_ms=now_ms)
+            raise due_too_late("run_at", run_at, now_ms=now_ms)
         return due_ms
-    delay = req.delay
     if delay is None:
+        if required:
+            raise InvalidInput("run_at", None, "the new due time: run_at= or delay=")
         return now_ms
     if type(delay) is int and delay >= 0:
         due_ms = now_ms + delay * 1000

@@ -29,12 +29,14 @@ from dueflow.config import Settings
 from dueflow.cron import CronSchedule
 from dueflow.errors import DueflowError
 from dueflow.job_request import Duration, Instant, JobRequest
+from dueflow.job_status import JobStatus
 from dueflow.metrics import Metrics
 from dueflow.model import Backoff
 from dueflow.producers.cancel import OutgoingRecord
 from dueflow.producers.core import PlannedTimer, ScheduleSpan, delivery_error, wall_ms
+from dueflow.producers.lookup import DEFAULT_SCAN_LIMIT
 from dueflow.producers.recent import DEFAULT_CAPACITY
-from dueflow.producers.results import BulkResult, Cancelled, Scheduled
+from dueflow.producers.results import BulkResult, Cancelled, Rescheduled, Scheduled
 from dueflow.producers.scheduler import App, Scheduler
 from dueflow.tracing import JobTracer
 
@@ -80,7 +82,8 @@ class AsyncScheduler:
         delivery_timeout_s: float = 30.0,
         producer_config: Mapping[str, Any] | None = None,
         tracer: JobTracer | None = None,
-        scheduled_outcomes: bool = False,
+        scheduled_outcomes: bool = True,
+        status_scan_limit: int = DEFAULT_SCAN_LIMIT,
         app: App = None,
     ) -> None:
         self.sync = Scheduler(
@@ -93,6 +96,7 @@ class AsyncScheduler:
             producer_config=producer_config,
             tracer=tracer,
             scheduled_outcomes=scheduled_outcomes,
+            status_scan_limit=status_scan_limit,
             app=app,
         )
         self._poller: threading.Thread | None = None
@@ -149,6 +153,8 @@ class AsyncScheduler:
         timeout: Duration | None = None,  # noqa: ASYNC109 - the job's run time limit
         jitter: Duration | None = None,
         labels: Mapping[str, str] | None = None,
+        expires: Instant | None = None,
+        max_lateness: Duration | None = None,
     ) -> Scheduled:
         """See :meth:`Scheduler.schedule`."""
         return await self.schedule_request(
@@ -165,6 +171,8 @@ class AsyncScheduler:
                 timeout=timeout,
                 jitter=jitter,
                 labels=labels,
+                expires=expires,
+                max_lateness=max_lateness,
             )
         )
 
@@ -223,32 +231,50 @@ class AsyncScheduler:
         self._require_started()
         return await asyncio.to_thread(self.sync.schedule_many, jobs, poll_every=poll_every)
 
+    # ------------------------------------------------------------ where is it
+    async def status(self, job_id: str) -> JobStatus | None:
+        """See :meth:`Scheduler.status` (the scan runs in a worker thread)."""
+        self._require_started()
+        return await asyncio.to_thread(self.sync.status, job_id)
+
     # ------------------------------------------------------------ cancel
     async def cancel(
         self, job_id: str, *, queue: str | None = None, idempotency_key: str | None = None
     ) -> Cancelled:
-        """See :meth:`Scheduler.cancel`."""
+        """See :meth:`Scheduler.cancel` (the lookup runs in a worker thread)."""
         self._require_started()
-        idem, outcome, cancelled = self.sync.cancel_plan(
-            job_id, queue=queue, idempotency_key=idempotency_key
+        records, cancelled = await asyncio.to_thread(
+            functools.partial(
+                self.sync.cancel_plan, job_id, queue=queue, idempotency_key=idempotency_key
+            )
         )
+        if not records:
+            return cancelled
         results = await asyncio.gather(
-            self._produce_record(idem), self._produce_record(outcome), return_exceptions=True
+            *(self._produce_record(rec) for rec in records), return_exceptions=True
         )
-        for rec, res in zip((idem, outcome), results, strict=True):
+        for rec, res in zip(records, results, strict=True):
             if isinstance(res, _DeliveryFailed):
                 raise delivery_error(f"cancelling job {job_id!r} ({rec.topic})", res.err)
             if isinstance(res, BaseException):
                 raise res
         partition = results[0]
         assert isinstance(partition, int)
-        return Cancelled(
-            cancelled.job_id,
-            cancelled.queue,
-            cancelled.idempotency_key,
-            partition,
-            cancelled.at_ms,
-            cancelled.known,
+        return cancelled._replace(partition=partition)
+
+    # ------------------------------------------------------------ reschedule
+    async def reschedule(
+        self,
+        job_id: str,
+        *,
+        run_at: Instant | None = None,
+        delay: Duration | None = None,
+        queue: str | None = None,
+    ) -> Rescheduled:
+        """See :meth:`Scheduler.reschedule` (runs in a worker thread: it reads Kafka)."""
+        self._require_started()
+        return await asyncio.to_thread(
+            functools.partial(self.sync.reschedule, job_id, run_at=run_at, delay=delay, queue=queue)
         )
 
     # ------------------------------------------------------------ cron

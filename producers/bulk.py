@@ -26,8 +26,10 @@ from dueflow.errors import ConflictError, DueflowError, InvalidInput, KafkaOpera
 from dueflow.job_request import JobRequest, as_request
 from dueflow.producers.bulk_plan import BulkPlanner, Plan
 from dueflow.producers.core import ScheduleSpan, TimerPlanner, delivery_error
-from dueflow.producers.outcomes import OutcomeReports, scheduled_outcome
+from dueflow.producers.outcomes import HEADERS as OUTCOME_RECORD_HEADERS
+from dueflow.producers.outcomes import OutcomeReports
 from dueflow.producers.results import BulkError, BulkResult, Scheduled
+from dueflow.schemas.fast import encode_scheduled
 from dueflow.schemas.job_binary import leading_strings
 from dueflow.topics import names
 from dueflow.tracing import JobTracer, trace_id_of
@@ -180,32 +182,20 @@ class BulkRun:
     def _write_outcomes(self, flush_timeout_s: float) -> None:
         """The ``scheduled`` outcomes of the jobs whose timers were acknowledged."""
         failed = {job_id for job_id, _queue, _err in self.deliveries.failures}
-        topics = names(self.planner.settings)
-        produce: Callable[..., None] = self.producer.produce
+        topic = names(self.planner.settings).outcomes
+        produce: Callable[..., None] = self.producer.produce  # headers: bytes values
+        reports = self.outcome_reports
+        headers = OUTCOME_RECORD_HEADERS
         at_ms = self.clock()
         for job_id, queue, task, key, due_ms, trace_id, schedule_id in self.written:
-            if job_id in failed:
+            if failed and job_id in failed:
                 continue
-            rec = scheduled_outcome(
-                topics,
-                job_id=job_id,
-                queue=queue,
-                task=task,
-                idempotency_key=key,
-                due_ms=due_ms,
-                at_ms=at_ms,
-                trace_id=trace_id,
-                schedule_id=schedule_id,
-            )
+            value = encode_scheduled(job_id, queue, task, key, due_ms, at_ms, trace_id, schedule_id)
             while True:
                 try:
-                    produce(
-                        rec.topic,
-                        rec.value,
-                        rec.key,
-                        on_delivery=self.outcome_reports,
-                        headers=rec.headers,
-                    )
+                    # positional (topic, value, key, partition, callback, on_delivery,
+                    # timestamp, headers), as for the timers: one per job
+                    produce(topic, value, job_id.encode(), -1, reports, None, 0, headers)
                     break
                 except BufferError:
                     self.producer.poll(0.05)

@@ -126,6 +126,8 @@ class BulkPlanner:
             or req.backoff is not None
             or req.timeout is not None
             or req.labels is not None
+            or req.expires is not None
+            or req.max_lateness is not None
         ):
             return self.general(self.planner.plan(req, now_ms=now_ms))
         # The checks in the order of TimerPlanner._plan_plain (so that the

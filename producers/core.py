@@ -18,6 +18,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 from opentelemetry import trace
 
+from dueflow import headers as hdr
 from dueflow import tracing
 from dueflow.clients import kafka_error
 from dueflow.config import Settings
@@ -35,6 +36,7 @@ from dueflow.job_request import (
     bad_name,
     bad_task,
     content_hash,
+    deadline_of,
     due_too_late,
     encode_payload,
     is_name,
@@ -117,6 +119,7 @@ class PlannedTimer(NamedTuple):
             job.idempotency_key,
             job.content_hash or "",
             self.record.partition,
+            expires_ms=hdr.header_int(self.record.headers, hdr.EXPIRES),
         )
 
 
@@ -187,6 +190,8 @@ class TimerPlanner:
             and req.backoff is None
             and req.timeout is None
             and req.labels is None
+            and req.expires is None
+            and req.max_lateness is None
             and not trace_headers
         ):
             return self._plan_plain(req, now_ms)
@@ -209,6 +214,9 @@ class TimerPlanner:
                 new_job_id=self.ids.new,
                 trace=_trace_map(trace_headers) if trace_headers else None,
             )
+            deadline = deadline_of(req, job.due_ms)
+            if deadline is not None:  # the worker reads it (dueflow.deadline)
+                trace_headers = [*trace_headers, (hdr.EXPIRES, b"%d" % deadline)]
             record = timer_record(
                 job, now_ms=now_ms, placer=self.placer, trace_headers=trace_headers
             )

@@ -1,9 +1,11 @@
-"""``scheduled`` outcomes: what a client may tell the status view about a new job.
+"""``scheduled`` outcomes: what a client tells the status view about a new job.
 
-Off by default (``Scheduler(..., scheduled_outcomes=True)`` turns it on): it
-doubles the records a client writes per job. Without it the status view
-learns of a job at its first worker outcome, and answers "unknown /
-pending" until then.
+On by default (``Scheduler(..., scheduled_outcomes=False)`` turns it off): one
+more small record per job, so the status view, ``Scheduler.status`` and
+``dueflow job`` know a job from the moment it is scheduled, with its due
+time, and ``cancel``/``reschedule`` can find its queue. Without it they
+learn of a job at its first worker outcome. What it costs is measured by
+``benchmarks/scheduled_outcomes.py`` (README, "Where is my job").
 
 The outcome is written only after the timer record was acknowledged, so
 a job whose timer was refused never shows as scheduled. It is not
@@ -22,12 +24,14 @@ from confluent_kafka import KafkaError, Message
 from dueflow import headers as hdr
 from dueflow.logs import event
 from dueflow.producers.cancel import OutgoingRecord
-from dueflow.schemas import codec
+from dueflow.schemas.fast import OUTCOME_V1, encode_scheduled
 from dueflow.topics import TopicNames
 
 log = logging.getLogger("dueflow.producers")
 
-_SCHEMA = codec.schema_header("outcome")
+# Written with the hand-written encoder (version 1, byte for byte fastavro's):
+# schedule_many writes one per job. Only the schema header, as workers' outcomes.
+HEADERS: list[tuple[str, bytes]] = [(hdr.SCHEMA, OUTCOME_V1)]
 
 
 def scheduled_outcome(
@@ -43,23 +47,10 @@ def scheduled_outcome(
     schedule_id: str | None = None,
 ) -> OutgoingRecord:
     """The outcome record (state ``scheduled``) of a job whose timer was written."""
-    value = codec.encode(
-        "outcome",
-        {
-            "job_id": job_id,
-            "queue": queue,
-            "task": task,
-            "idempotency_key": idempotency_key,
-            "state": "scheduled",
-            "attempt": 0,
-            "at_ms": at_ms,
-            "due_ms": due_ms,
-            "trace_id": trace_id,
-            "schedule_id": schedule_id,
-        },
+    value = encode_scheduled(
+        job_id, queue, task, idempotency_key, due_ms, at_ms, trace_id, schedule_id
     )
-    headers = [(hdr.JOB_ID, job_id.encode()), (hdr.QUEUE, queue.encode()), (hdr.SCHEMA, _SCHEMA)]
-    return OutgoingRecord(names.outcomes, job_id.encode(), value, headers)
+    return OutgoingRecord(names.outcomes, job_id.encode(), value, list(HEADERS))
 
 
 class OutcomeReports:

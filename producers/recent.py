@@ -106,6 +106,13 @@ class RecentJobs:
                     self._old = young
                     self._young = {}
 
+    def move(self, job_id: str, due_ms: int, partition: int) -> None:
+        """A job this client remembers was rescheduled: remember its new due time."""
+        with self._lock:
+            found = self._find(job_id)
+            if found is not None:
+                self._young[job_id] = (found[0], due_ms, found[2], found[3], found[4], partition)
+
     def forget(self, job_id: str) -> None:
         """Drop ``job_id`` (its write failed, so a retry must write again)."""
         with self._lock:

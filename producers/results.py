@@ -15,7 +15,8 @@ class Scheduled(NamedTuple):
 
     ``duplicate`` is True when the same job id with the same content had
     already been scheduled through this client: nothing new was written and
-    the values are those of the first call.
+    the values are those of the first call. ``expires_ms``: the job's deadline
+    (``expires`` / ``max_lateness``), if it has one.
     """
 
     job_id: str
@@ -26,6 +27,7 @@ class Scheduled(NamedTuple):
     content_hash: str
     partition: int
     duplicate: bool = False
+    expires_ms: int | None = None
 
     @property
     def due(self) -> datetime:
@@ -42,6 +44,7 @@ class Scheduled(NamedTuple):
             "idempotency_key": self.idempotency_key,
             "partition": self.partition,
             "duplicate": self.duplicate,
+            "expires_ms": self.expires_ms,
         }
 
 
@@ -113,10 +116,15 @@ class BulkResult:
 
 
 class Cancelled(NamedTuple):
-    """A cancellation written for ``idempotency_key`` on ``queue``.
+    """What ``cancel`` did for ``idempotency_key`` on ``queue``.
 
-    Workers skip a job whose key is cancelled. A job that already ran stays
-    done; ``known`` says whether this client had scheduled the job itself.
+    ``cancelled``: a cancellation was written; workers skip every delivery of
+    the key from then on (an attempt running now finishes; its retries do not
+    run). ``found``: the job's outcomes were found (or this client scheduled
+    it); False means the cancellation was written blind to the ``queue=``
+    given. ``state``: the job's state before, as its outcomes told (``None``:
+    not known); a job that had finished (``succeeded``, ``dead``, ...) is not
+    cancelled. ``known``: this client scheduled the job itself.
     """
 
     job_id: str
@@ -125,6 +133,24 @@ class Cancelled(NamedTuple):
     partition: int
     at_ms: int
     known: bool
+    found: bool = True
+    state: str | None = None
+    cancelled: bool = True
+
+    @property
+    def message(self) -> str:
+        """One line for humans: what happened and what it means."""
+        where = f"queue {self.queue}, key {self.idempotency_key}"
+        if not self.cancelled:
+            return f"job {self.job_id} not cancelled: it has {self.state} already ({where})"
+        if not self.found:
+            return (
+                f"job {self.job_id} not found (no outcome of it): a cancellation was written "
+                f"to {where} anyway; workers of that queue skip the key"
+            )
+        if self.state == "retrying":
+            return f"cancelled job {self.job_id} ({where}): its retries will not run"
+        return f"cancelled job {self.job_id} ({where}): it will not run"
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -135,4 +161,68 @@ class Cancelled(NamedTuple):
             "at_ms": self.at_ms,
             "at": format_utc(self.at_ms),
             "known": self.known,
+            "found": self.found,
+            "state": self.state,
+            "cancelled": self.cancelled,
+            "message": self.message,
+        }
+
+
+class Rescheduled(NamedTuple):
+    """What ``reschedule`` did for ``job_id``.
+
+    ``rescheduled``: a new timer due at ``due_ms`` and the reschedule record were
+    written; the job runs then, and not at ``old_due_ms`` (see
+    :mod:`dueflow.reschedule` for the rule and its races). Otherwise
+    ``reason`` says why not (not found, started or finished, a cron occurrence,
+    due then already, its timer has fired and a worker took it).
+    """
+
+    job_id: str
+    queue: str
+    idempotency_key: str
+    old_due_ms: int | None
+    due_ms: int
+    rescheduled: bool
+    found: bool
+    state: str | None
+    reason: str | None = None
+    partition: int = -1  # of the new timer
+
+    @property
+    def due(self) -> datetime:
+        """The new due time as a tz-aware UTC datetime."""
+        return from_utc_ms(self.due_ms)
+
+    @property
+    def old_due(self) -> datetime | None:
+        """The due time before, as a tz-aware UTC datetime (None: not known)."""
+        return None if self.old_due_ms is None else from_utc_ms(self.old_due_ms)
+
+    @property
+    def message(self) -> str:
+        """One line for humans."""
+        if not self.rescheduled:
+            return f"job {self.job_id} not rescheduled: {self.reason}"
+        old = "?" if self.old_due_ms is None else format_utc(self.old_due_ms)
+        return (
+            f"rescheduled job {self.job_id} (queue {self.queue}): due {format_utc(self.due_ms)}, "
+            f"not {old}"
+        )
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "job_id": self.job_id,
+            "queue": self.queue,
+            "idempotency_key": self.idempotency_key,
+            "old_due_ms": self.old_due_ms,
+            "old_due": None if self.old_due_ms is None else format_utc(self.old_due_ms),
+            "due_ms": self.due_ms,
+            "due": format_utc(self.due_ms),
+            "rescheduled": self.rescheduled,
+            "found": self.found,
+            "state": self.state,
+            "reason": self.reason,
+            "partition": self.partition,
+            "message": self.message,
         }

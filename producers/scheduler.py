@@ -39,14 +39,15 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from dueflow import tracing
 from dueflow.clients import kafka_error, make_admin, make_producer
-from dueflow.config import Settings
-from dueflow.cron import CronSchedule, MisfirePolicy
-from dueflow.errors import DueflowError, InvalidInput, KafkaOperationError
-from dueflow.job_request import Duration, Instant, JobRequest, JobRules
+from dueflow.config import QueueSpec, Settings
+from dueflow.cron import CronSchedule, MisfirePolicy, OverlapPolicy
+from dueflow.errors import DueflowError, InvalidInput, KafkaOperationError, UnknownQueue
+from dueflow.job_request import Duration, Instant, JobRequest, JobRules, due_of
+from dueflow.job_status import JobStatus
 from dueflow.metrics import Metrics
 from dueflow.model import Backoff
 from dueflow.producers.bulk import BulkRun
-from dueflow.producers.cancel import OutgoingRecord, cancel_records
+from dueflow.producers.cancel import OutgoingRecord
 from dueflow.producers.core import (
     JobIds,
     PlannedTimer,
@@ -58,10 +59,14 @@ from dueflow.producers.core import (
     producer_settings,
     wall_ms,
 )
+from dueflow.producers.lifecycle import Lifecycle
+from dueflow.producers.lookup import DEFAULT_SCAN_LIMIT, JobLookup, OutcomeLookup
 from dueflow.producers.outcomes import OutcomeReports, scheduled_outcome
 from dueflow.producers.recent import DEFAULT_CAPACITY, RecentJobs
-from dueflow.producers.results import BulkResult, Cancelled, Scheduled
+from dueflow.producers.results import BulkResult, Cancelled, Rescheduled, Scheduled
 from dueflow.producers.schedules import ScheduleStore
+from dueflow.producers.targets import Target
+from dueflow.producers.timer_finder import TimerFinder, WheelTimerFinder
 from dueflow.queue_reader import QueueWatcher
 from dueflow.queue_registry import QueueView, merge_queues
 from dueflow.topics import names
@@ -111,7 +116,8 @@ class Scheduler:
         delivery_timeout_s: float = 30.0,
         producer_config: Mapping[str, Any] | None = None,
         tracer: JobTracer | None = None,
-        scheduled_outcomes: bool = False,
+        scheduled_outcomes: bool = True,
+        status_scan_limit: int = DEFAULT_SCAN_LIMIT,
         app: App = None,
         registry_timeout_s: float = 10.0,
     ) -> None:
@@ -120,8 +126,9 @@ class Scheduler:
         self._app = app
         self.registry_timeout_s = registry_timeout_s
         self._queues: QueueWatcher | None = None
-        # Also write a `scheduled` outcome per job, for the status view (see
-        # dueflow.producers.outcomes): off by default, it doubles the writes.
+        # Also write a `scheduled` outcome per job, so the status view, status()
+        # and `dueflow job` know a job before it runs (dueflow.producers.outcomes;
+        # its cost: README, "Where is my job").
         self.scheduled_outcomes = scheduled_outcomes
         self.outcome_reports = OutcomeReports()
         self.names = names(settings)
@@ -138,6 +145,11 @@ class Scheduler:
         self._bulk_producer: Producer | None = None
         self._schedules: ScheduleStore | None = None
         self._planner: TimerPlanner | None = None
+        # status(), cancel() and reschedule() find a job by its outcomes: the newest
+        # status_scan_limit records of its outcomes partition (dueflow.producers.lookup).
+        self.status_scan_limit = status_scan_limit
+        self._lookup: JobLookup | None = None
+        self._timers: TimerFinder | None = None
 
     # ------------------------------------------------------------- lifecycle
     def start(self) -> Scheduler:
@@ -189,6 +201,8 @@ class Scheduler:
             route=planner.rules.router.queue_for,
             check_queue=planner.check_queue,
         )
+        self._lookup = OutcomeLookup(self.settings, scan_limit=self.status_scan_limit)
+        self._timers = WheelTimerFinder(self.settings, queue_spec=self.queue_spec)
 
     def _on_queues(self, view: QueueView, changed: set[str]) -> None:
         """The registry changed (on the watcher's thread)."""
@@ -206,11 +220,22 @@ class Scheduler:
             raise DueflowError("the scheduler is not started: use start() or `with`")
         return merge_queues(self.settings.queues, {})
 
+    def queue_spec(self, name: str) -> QueueSpec:
+        """The spec of queue ``name`` (static or registered); :class:`UnknownQueue`
+        when no one knows it (the registry is read again first)."""
+        self.planner.check_queue(name)
+        spec = self.queues.get(name)
+        if spec is None:
+            raise UnknownQueue(name, self.queues.names)
+        return spec
+
     def close(self) -> None:
         """Wait for outstanding records (up to the delivery timeout), then drop the producer."""
         producers = (self._producer, self._bulk_producer)
         self._producer = self._bulk_producer = None
         self._schedules = None
+        self._lookup = None
+        self._timers = None
         watcher, self._queues = self._queues, None
         if watcher is not None:
             watcher.close()
@@ -262,9 +287,15 @@ class Scheduler:
         timeout: Duration | None = None,
         jitter: Duration | None = None,
         labels: Mapping[str, str] | None = None,
+        expires: Instant | None = None,
+        max_lateness: Duration | None = None,
     ) -> Scheduled:
         """Schedule ``task(payload)`` at ``run_at``, after ``delay``, or now, on
         ``queue`` (default: where the task is routed, see the module doc).
+
+        ``expires`` (an instant) / ``max_lateness`` (a duration after the due
+        time): a job not started by then is not run, outcome ``expired``
+        (:mod:`dueflow.deadline`).
 
         Returns the job id and the UTC due time (jitter applied) once the
         broker has the timer. Raises :class:`InvalidInput` (nothing written;
@@ -286,6 +317,8 @@ class Scheduler:
                 timeout=timeout,
                 jitter=jitter,
                 labels=labels,
+                expires=expires,
+                max_lateness=max_lateness,
             )
         )
 
@@ -361,59 +394,151 @@ class Scheduler:
         )
         return run.run(jobs, flush_timeout_s=self.delivery_timeout_s + 30.0)
 
+    # ------------------------------------------------------------ where is it
+    @property
+    def lookup(self) -> JobLookup:
+        """How this client finds a job by its id (see :mod:`dueflow.producers.lookup`)."""
+        if self._lookup is None:
+            raise DueflowError("the scheduler is not started: use start() or `with`")
+        return self._lookup
+
+    def status(self, job_id: str) -> JobStatus | None:
+        """Where job ``job_id`` is: state (``scheduled`` while it waits for its due
+        time), queue, task, due time, attempts, last outcome and error; None when
+        no outcome of it is found.
+
+        Read from the job's outcome records (the client writes ``scheduled`` for
+        every job unless ``scheduled_outcomes=False``): the newest
+        ``status_scan_limit`` records of the one outcomes partition the id
+        hashes to. ``status.pending`` is True until a worker takes the job.
+        """
+        if not isinstance(job_id, str) or not job_id:
+            raise InvalidInput("job_id", job_id, "a non-empty string")
+        self._read_own_writes()
+        return self.lookup.status(job_id)
+
+    def _read_own_writes(self) -> None:
+        """Send what this client produced and nobody waited for (``scheduled`` outcomes)
+        before a lookup, so it finds the jobs it just scheduled."""
+        producer = self._producer
+        if producer is not None and len(producer):
+            producer.flush(self.delivery_timeout_s)
+
     # ------------------------------------------------------------ cancel
     def cancel(
         self, job_id: str, *, queue: str | None = None, idempotency_key: str | None = None
     ) -> Cancelled:
-        """Cancel ``job_id``: workers skip it if it has not run yet.
+        """Cancel ``job_id``: workers skip it if it has not run yet, and its retries.
 
-        ``queue`` defaults to the queue this client scheduled the job to, else
-        ``default``; ``idempotency_key`` defaults to the key this client scheduled the job
-        with, else to the job id. Returns what was cancelled once both records
-        (idempotency state ``cancelled`` and the outcome) are acknowledged.
+        The job is looked up first (:meth:`status`): the cancellation goes to the
+        queue and key its outcomes name, and the result says whether it was found
+        and what state it was in. A job that has finished (succeeded, dead,
+        cancelled, ...) is not cancelled again (``cancelled`` False). Refused with
+        :class:`InvalidInput`: a ``queue`` the job is not known in, a job id known
+        in more than one queue without ``queue``, a job not found without
+        ``queue`` (then ``queue=`` writes the cancellation there anyway: ``found``
+        False), a job due later than its queue's idempotency retention from now
+        (workers would forget the cancellation before it comes due). Returns once
+        the records are acknowledged.
         """
-        idem, outcome, cancelled = self.cancel_plan(
-            job_id, queue=queue, idempotency_key=idempotency_key
-        )
-        first, second = Delivery(), Delivery()
-        self._produce_record(idem, first)
-        self._produce_record(outcome, second)
-        self._wait(first)
-        self._wait(second)
-        for d, rec in ((first, idem), (second, outcome)):
-            if d.error is not None:
-                raise delivery_error(f"cancelling job {job_id!r} ({rec.topic})", d.error)
-        return cancelled._replace(partition=first.partition)
+        records, cancelled = self.cancel_plan(job_id, queue=queue, idempotency_key=idempotency_key)
+        partition = self._write_all(records, f"cancelling job {job_id!r}")
+        return cancelled._replace(partition=partition) if records else cancelled
 
     def cancel_plan(
         self, job_id: str, *, queue: str | None = None, idempotency_key: str | None = None
-    ) -> tuple[OutgoingRecord, OutgoingRecord, Cancelled]:
-        """The records that cancel ``job_id`` and the result (partition not known yet)."""
-        planner = self.planner
-        known = planner.recent.get(job_id) if isinstance(job_id, str) else None
-        if queue is None:
-            queue = known.queue if known else "default"
-        planner.check_queue(queue)
-        if known is not None and known.queue != queue:
-            raise InvalidInput(
-                "queue", queue, f"the queue job {job_id!r} was scheduled to ({known.queue!r})"
-            )
-        if idempotency_key is not None:
-            key = idempotency_key
-        else:
-            key = known.idempotency_key if known else job_id
-        at_ms = self.clock()
-        idem, outcome = cancel_records(
-            names=self.names,
-            job_id=job_id,
-            queue=queue,
-            idempotency_key=key,
-            at_ms=at_ms,
-            task=known.task if known else "",
-            due_ms=known.due_ms if known else None,
-            content_hash=known.content_hash if known else None,
+    ) -> tuple[list[OutgoingRecord], Cancelled]:
+        """The records that cancel ``job_id`` (none when it has finished) and the
+        result (partition not known yet); looks the job up (blocking)."""
+        target = self._find_target(
+            job_id, queue=queue, idempotency_key=idempotency_key, verb="cancel"
         )
-        return idem, outcome, Cancelled(job_id, queue, key, -1, at_ms, known is not None)
+        return self._lifecycle().cancel_plan(target)
+
+    # ------------------------------------------------------------ reschedule
+    def reschedule(
+        self,
+        job_id: str,
+        *,
+        run_at: Instant | None = None,
+        delay: Duration | None = None,
+        queue: str | None = None,
+    ) -> Rescheduled:
+        """Move pending job ``job_id`` to ``run_at`` (or ``delay`` from now): it runs
+        then, never at its old time, never twice (the rule and its races:
+        :mod:`dueflow.reschedule`). A time in the past runs it at once.
+
+        The job is looked up by its outcomes (as :meth:`status`; ``queue`` as for
+        :meth:`cancel`) and its timer record is read from the wheel; then a new
+        timer (same job id, key and value, the new due time) and a reschedule
+        record for its key are written, in that order. A job that has started or
+        finished, a cron occurrence, or one that is not found is not rescheduled:
+        ``rescheduled`` is False and ``reason`` says why. Raises
+        :class:`InvalidInput` for a bad time, a wrong or ambiguous queue, or a job
+        due beyond its queue's idempotency retention from now (workers would
+        forget the reschedule record before the old timer fires).
+        """
+        due_ms = due_of(run_at, delay, now_ms=self.clock(), required=True)
+        target = self._find_target(job_id, queue=queue, idempotency_key=None, verb="reschedule")
+        move = self._lifecycle().reschedule_plan(target, due_ms)
+        if move.timer is None:
+            return move.result
+        timer = move.timer
+        delivery = Delivery()
+        topic = self.planner.topic
+        self._produce(topic, timer.value, timer.key, timer.partition, timer.headers, delivery)
+        self._wait(delivery)
+        if delivery.error is not None:
+            raise delivery_error(f"rescheduling job {job_id!r} ({topic})", delivery.error)
+        self._write_all(move.records, f"rescheduling job {job_id!r}")
+        self.planner.recent.move(job_id, due_ms, timer.partition)
+        return move.result
+
+    @property
+    def timers(self) -> TimerFinder:
+        """How this client finds a pending job's timer (:mod:`dueflow.producers.timer_finder`)."""
+        if self._timers is None:
+            raise DueflowError("the scheduler is not started: use start() or `with`")
+        return self._timers
+
+    def _lifecycle(self) -> Lifecycle:
+        """Plans cancels and reschedules (:mod:`dueflow.producers.lifecycle`)."""
+        return Lifecycle(
+            self.settings,
+            planner=self.planner,
+            lookup=self.lookup,
+            timers=self.timers,
+            clock=self.clock,
+            queue_spec=self.queue_spec,
+        )
+
+    def _find_target(
+        self,
+        job_id: str,
+        *,
+        queue: str | None,
+        idempotency_key: str | None,
+        verb: str,
+    ) -> Target:
+        """The job a cancel or reschedule of ``job_id`` means (see
+        :mod:`dueflow.producers.targets`): looked up by its outcomes, else what this
+        client scheduled, else ``queue``."""
+        self._read_own_writes()
+        return self._lifecycle().target(
+            job_id, queue=queue, idempotency_key=idempotency_key, verb=verb
+        )
+
+    def _write_all(self, records: list[OutgoingRecord], what: str) -> int:
+        """Produce ``records``, wait for every one; the first one's partition."""
+        deliveries = [Delivery() for _ in records]
+        for rec, d in zip(records, deliveries, strict=True):
+            self._produce_record(rec, d)
+        for d in deliveries:
+            self._wait(d)
+        for d, rec in zip(deliveries, records, strict=True):
+            if d.error is not None:
+                raise delivery_error(f"{what} ({rec.topic})", d.error)
+        return deliveries[0].partition if deliveries else -1
 
     # ------------------------------------------------------------ cron
     @property
@@ -441,13 +566,17 @@ class Scheduler:
         timeout: Duration | None = None,
         labels: Mapping[str, str] | None = None,
         paused: bool = False,
+        overlap: OverlapPolicy | str = OverlapPolicy.ALLOW,
     ) -> CronSchedule:
         """Run ``task(payload)`` at every occurrence of ``cron`` read in ``timezone``.
 
         ``queue`` defaults to the task's route (see the module doc).
         ``misfire`` says what happens to occurrences missed during downtime
-        (``fire_once``, ``fire_all``, ``skip``); ``jitter`` spreads each
-        occurrence over ``[0, jitter]``; ``start``/``end`` bound the window.
+        (``fire_once``, ``fire_all``, ``skip``); ``overlap`` what an occurrence
+        does while the previous one still runs (``allow``, ``skip``,
+        ``buffer_one``: :mod:`dueflow.cron_overlap`); ``jitter`` spreads each
+        occurrence over ``[0, jitter]``; ``start``/``end`` bound the window. A
+        schedule that can never fire is refused.
         The expression, zone, queue and policy are checked before anything is
         written. Adding the same definition again is a no-op; another one
         under the same id is a :class:`ConflictError` (use :meth:`update_schedule`).
@@ -468,6 +597,7 @@ class Scheduler:
             timeout=timeout,
             labels=labels,
             paused=paused,
+            overlap=overlap,
         )
 
     def update_schedule(self, schedule_id: str, **changes: Any) -> CronSchedule:

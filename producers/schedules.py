@@ -30,7 +30,14 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from dueflow import headers as hdr
 from dueflow.clients import kafka_error, make_consumer
 from dueflow.config import Settings
-from dueflow.cron import CronSchedule, MisfirePolicy, parse_cron, zone
+from dueflow.cron import (
+    CronSchedule,
+    MisfirePolicy,
+    OverlapPolicy,
+    first_occurrence,
+    parse_cron,
+    zone,
+)
 from dueflow.cron_time import MAX_MS
 from dueflow.errors import (
     ConflictError,
@@ -58,7 +65,8 @@ from dueflow.topics import names
 
 log = logging.getLogger("dueflow.producers.schedules")
 
-_SCHEMA = codec.schema_header("schedule")
+# Tombstones carry version 1's header: every reader knows it (there is no value).
+_SCHEMA = codec.schema_header("schedule", 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,10 +124,14 @@ class ScheduleStore:
         timeout: Duration | None = None,
         labels: Mapping[str, str] | None = None,
         paused: bool = False,
+        overlap: OverlapPolicy | str = OverlapPolicy.ALLOW,
     ) -> CronSchedule:
         """Add a schedule (``queue`` ``None``: the task's route). Adding the same
         definition again returns the stored one (nothing written); another
-        definition under a live id is a :class:`ConflictError` (use :meth:`update`)."""
+        definition under a live id is a :class:`ConflictError` (use :meth:`update`).
+        A schedule that can never fire (``0 0 30 2 *``, or an end before its first
+        occurrence) is refused with :class:`InvalidInput` naming the expression
+        (:func:`~dueflow.cron.first_occurrence`)."""
         now = self._clock()
         if queue is None:
             queue = self._route(task) if self._route is not None and type(task) is str else None
@@ -141,8 +153,10 @@ class ScheduleStore:
             timeout=timeout,
             labels=labels,
             paused=paused,
+            overlap=overlap,
         )
         draft = CronSchedule(version=now, created_ms=now, updated_ms=now, **fields)
+        first_occurrence(draft, now_ms=now)  # a schedule that can never fire is refused
         stored = self.get_stored(schedule_id)
         if stored is not None and stored.schedule is not None:
             if _definition(stored.schedule) == _definition(draft):
@@ -173,6 +187,7 @@ class ScheduleStore:
         backoff: Backoff | str | Mapping[str, Any] | None = None,
         timeout: Duration | None = None,
         labels: Mapping[str, str] | None = None,
+        overlap: OverlapPolicy | str | None = None,
     ) -> CronSchedule:
         """Change the given fields of a live schedule (``None`` keeps a field);
         writes a new version."""
@@ -190,6 +205,7 @@ class ScheduleStore:
             "backoff": backoff,
             "timeout": timeout,
             "labels": labels,
+            "overlap": overlap,
         }
         merged: dict[str, Any] = {
             "schedule_id": schedule_id,
@@ -208,6 +224,7 @@ class ScheduleStore:
             else timedelta(milliseconds=current.timeout_ms),
             "labels": current.labels,
             "paused": current.paused,
+            "overlap": current.overlap,
         }
         merged.update({k: v for k, v in given.items() if v is not None})
         fields = schedule_fields(
@@ -261,12 +278,18 @@ class ScheduleStore:
         )
 
     def _put(self, schedule: CronSchedule) -> CronSchedule:
+        # The oldest schema version that holds it, so emitters of the previous
+        # release read every schedule that uses nothing new.
+        version = schedule.schema_version
         self._write(
             OutgoingRecord(
                 self.topic,
                 schedule.schedule_id.encode(),
-                codec.encode("schedule", schedule.to_record()),
-                [(hdr.SCHEDULE_VERSION, b"%d" % schedule.version), (hdr.SCHEMA, _SCHEMA)],
+                codec.encode("schedule", schedule.to_record(), version=version),
+                [
+                    (hdr.SCHEDULE_VERSION, b"%d" % schedule.version),
+                    (hdr.SCHEMA, codec.schema_header("schedule", version)),
+                ],
             )
         )
         return schedule
@@ -417,6 +440,7 @@ def schedule_fields(
     labels: Mapping[str, str] | None,
     paused: bool,
     check_queue: Callable[[object], None] | None = None,
+    overlap: OverlapPolicy | str = OverlapPolicy.ALLOW,
 ) -> dict[str, Any]:
     """The fields of a :class:`CronSchedule` from what a caller gives, every one
     checked; :class:`InvalidInput` names the first bad field (pure; ``check_queue``:
@@ -436,6 +460,10 @@ def schedule_fields(
         policy = MisfirePolicy(misfire)
     except ValueError:
         raise InvalidInput("misfire", misfire, ", ".join(p.value for p in MisfirePolicy)) from None
+    try:
+        overlapping = OverlapPolicy(overlap)
+    except ValueError:
+        raise InvalidInput("overlap", overlap, ", ".join(p.value for p in OverlapPolicy)) from None
     body, content_type = encode_payload(payload)
     start_ms = None if start is None else to_utc_ms(start, field="start")
     end_ms = None if end is None else to_utc_ms(end, field="end")
@@ -470,6 +498,7 @@ def schedule_fields(
         "backoff": parse_backoff(backoff),
         "timeout_ms": timeout_ms,
         "labels": dict(labels or {}),
+        "overlap": overlapping,
     }
 
 

@@ -7,6 +7,14 @@ against its own current schema, so writers and readers of different released
 versions interoperate (rolling upgrades). Every released version of every
 schema is kept under ``v<N>/``; the files at the top are the current ones.
 
+A reader resolves only the versions it knows, so writers write the oldest
+version that holds what they write: a record that needs nothing of version 2
+is written as version 1 (``encode(..., version=1)``, or the hand-written
+encoders of :mod:`dueflow.schemas.fast`), and a process of the previous
+release still reads it. Only records that need the new field or symbol
+(a reschedule, an ``expired`` outcome, a retry handed on) are written as
+the version that has it.
+
 Parsed schemas are cached per (name, version).
 """
 
@@ -26,10 +34,10 @@ from dueflow.errors import UndecodableRecord
 # short name -> (full Avro name, file name, current version)
 SCHEMAS: dict[str, tuple[str, str, int]] = {
     "job": ("dueflow.Job", "job.avsc", 1),
-    "schedule": ("dueflow.Schedule", "schedule.avsc", 1),
-    "outcome": ("dueflow.Outcome", "outcome.avsc", 1),
+    "schedule": ("dueflow.Schedule", "schedule.avsc", 2),
+    "outcome": ("dueflow.Outcome", "outcome.avsc", 2),
     "dead_letter": ("dueflow.DeadLetter", "dead_letter.avsc", 1),
-    "idempotency": ("dueflow.IdempotencyRecord", "idempotency_record.avsc", 2),
+    "idempotency": ("dueflow.IdempotencyRecord", "idempotency_record.avsc", 3),
     "quarantined": ("dueflow.Quarantined", "quarantined.avsc", 1),
     "queue": ("dueflow.Queue", "queue.avsc", 1),
 }
@@ -64,10 +72,11 @@ def parsed_schema(name: str, version: int | None = None) -> Any:
     return fastavro.parse_schema(schema_json(name, version), named_schemas={})
 
 
-def schema_header(name: str) -> bytes:
-    """Value of the ``df-schema`` header for records written with the current schema."""
+def schema_header(name: str, version: int | None = None) -> bytes:
+    """Value of the ``df-schema`` header for records written with the current schema
+    (or released ``version``)."""
     full, _, current = _entry(name)
-    return f"{full}/{current}".encode()
+    return f"{full}/{current if version is None else version}".encode()
 
 
 def parse_schema_header(raw: bytes | None, *, expected: str) -> int | None:
@@ -82,10 +91,13 @@ def parse_schema_header(raw: bytes | None, *, expected: str) -> int | None:
     return int(got_version)
 
 
-def encode(name: str, record: Mapping[str, Any]) -> bytes:
-    """Avro binary of ``record`` with the current schema ``name``."""
+def encode(name: str, record: Mapping[str, Any], *, version: int | None = None) -> bytes:
+    """Avro binary of ``record`` with the current schema ``name`` (or released
+    ``version``: fields it does not have are left out)."""
+    _, _, current = _entry(name)
+    schema = parsed_schema(name, None if version in (None, current) else version)
     buf = io.BytesIO()
-    fastavro.schemaless_writer(buf, parsed_schema(name), record)
+    fastavro.schemaless_writer(buf, schema, record)
     return buf.getvalue()
 
 

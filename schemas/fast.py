@@ -19,6 +19,7 @@ from dueflow.schemas import codec
 
 JOB_V1 = b"dueflow.Job/1"
 OUTCOME_V1 = b"dueflow.Outcome/1"
+OUTCOME_V2 = b"dueflow.Outcome/2"  # adds the states rescheduled, expired, skipped
 IDEMPOTENCY_V1 = b"dueflow.IdempotencyRecord/1"
 # Version 2 added the state `retrying` (the same bytes as version 1 otherwise).
 IDEMPOTENCY_V2 = b"dueflow.IdempotencyRecord/2"
@@ -34,8 +35,13 @@ JOB_STATES = (
     "cancelled",
     "duplicate",
     "unknown",
+    # version 2
+    "rescheduled",
+    "expired",
+    "skipped",
 )
 _JOB_STATE_INDEX = {s: i for i, s in enumerate(JOB_STATES)}
+V2_STATES = frozenset(JOB_STATES[9:])
 KEY_STATES = ("done", "dead", "cancelled", "retrying")
 KEY_STATES_V1 = KEY_STATES[:3]
 _KEY_STATE_INDEX = {s: i for i, s in enumerate(KEY_STATES)}
@@ -277,6 +283,26 @@ def _job_v1(data: bytes) -> JobFields:
     )
 
 
+def outcome_header(state: str) -> bytes:
+    """The ``df-schema`` header of an Outcome in ``state`` written by :func:`encode_outcome`:
+    version 1 (what every reader knows) unless the state is new in version 2. The
+    two versions have the same layout, so the bytes are the same."""
+    return OUTCOME_V2 if state in V2_STATES else OUTCOME_V1
+
+
+def decode_key_record(data: bytes, schema: bytes | None = None) -> tuple[str, int, int | None]:
+    """``(state, at_ms, run_only_due_ms)`` of an IdempotencyRecord value: the last is
+    set on a reschedule (version 3, decoded by the codec; versions 1 and 2 are never
+    one)."""
+    if schema is not None and schema != IDEMPOTENCY_V2 and schema != IDEMPOTENCY_V1:
+        version = codec.parse_schema_header(schema, expected="idempotency")
+        rec = codec.decode("idempotency", data, writer_version=version)
+        due = rec.get("run_only_due_ms")
+        return str(rec["state"]), int(rec["at_ms"]), None if due is None else int(due)
+    state, at_ms, _attempts = decode_key_state(data, schema)
+    return state, at_ms, None
+
+
 def decode_key_state(data: bytes, schema: bytes | None = None) -> tuple[str, int, int]:
     """``(state, at_ms, attempts)`` of an IdempotencyRecord value (state: done, dead,
     cancelled, retrying)."""
@@ -384,7 +410,8 @@ def encode_outcome(
     trace_id: str | None = None,
     schedule_id: str | None = None,
 ) -> bytes:
-    """Avro binary of an Outcome (version 1)."""
+    """Avro binary of an Outcome: version 1, or 2 for the states only version 2 has
+    (same layout; the header to send is :func:`outcome_header`)."""
     return b"".join(
         (
             _s(job_id),
@@ -423,6 +450,39 @@ def encode_key_state(
             _zigzag(at_ms),
             _l(attempts),
             _opt_s(content_hash),
+        )
+    )
+
+
+_SCHEDULED = _SMALL[_JOB_STATE_INDEX["scheduled"]]
+
+
+def encode_scheduled(
+    job_id: str,
+    queue: str,
+    task: str,
+    idempotency_key: str,
+    due_ms: int,
+    at_ms: int,
+    trace_id: str | None,
+    schedule_id: str | None,
+) -> bytes:
+    """The client's ``scheduled`` Outcome of a job (version 1), positional: one per
+    job of ``schedule_many``. Byte for byte :func:`encode_outcome` with
+    ``state="scheduled"``, ``attempt=0``."""
+    return b"".join(
+        (
+            _s(job_id),
+            _sc(queue),
+            _sc(task),
+            _s(idempotency_key),
+            _SCHEDULED,
+            b"\x00",  # attempt 0
+            _zigzag(at_ms),
+            b"\x02" + _zigzag(due_ms),
+            b"\x00\x00\x00\x00",  # no duration, error type, error, worker
+            _opt_s(trace_id),
+            _opt_s(schedule_id),
         )
     )
 

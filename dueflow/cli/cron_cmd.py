@@ -17,7 +17,7 @@ from typing import Any
 
 from dueflow.cli.common import add_global_options, format_table, print_json, settings_from_args
 from dueflow.cli.schedule_cmd import PAYLOAD_HELP, read_payload
-from dueflow.cron import CronSchedule, MisfirePolicy, next_occurrence
+from dueflow.cron import CronSchedule, MisfirePolicy, OverlapPolicy, next_occurrence
 from dueflow.producers.core import wall_ms
 from dueflow.producers.scheduler import Scheduler
 from dueflow.producers.schedules import schedule_fields
@@ -70,6 +70,11 @@ def register(sub: Any) -> None:
 def _definition_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--payload", help=PAYLOAD_HELP)
     p.add_argument("--misfire", help=MISFIRE_HELP)
+    p.add_argument(
+        "--overlap",
+        help="while the previous occurrence still runs: allow (run anyway; default), skip, "
+        "buffer_one (wait for it; at most one waits)",
+    )
     p.add_argument("--jitter", help="spread each occurrence over [0, JITTER], e.g. 1m")
     p.add_argument("--start", help="first instant it may fire, ISO-8601 with an offset")
     p.add_argument("--end", help="last instant it may fire, ISO-8601 with an offset")
@@ -91,6 +96,7 @@ def schedule_json(s: CronSchedule, *, now_ms: int) -> dict[str, Any]:
         "payload": s.payload.decode("utf-8", "replace"),
         "content_type": s.content_type,
         "misfire": s.misfire.value,
+        "overlap": s.overlap.value,
         "jitter_ms": s.jitter_ms,
         "start": None if s.start_ms is None else format_utc(s.start_ms),
         "end": None if s.end_ms is None else format_utc(s.end_ms),
@@ -123,6 +129,7 @@ def _add(args: argparse.Namespace) -> int:
         "payload": read_payload(args.payload),
         "queue": args.queue,
         "misfire": args.misfire or MisfirePolicy.FIRE_ONCE,
+        "overlap": args.overlap or OverlapPolicy.ALLOW,
         "jitter": args.jitter,
         "start": args.start,
         "end": args.end,
@@ -149,6 +156,7 @@ def _update(args: argparse.Namespace) -> int:
         "task": args.task,
         "queue": args.queue,
         "misfire": args.misfire,
+        "overlap": args.overlap,
         "jitter": args.jitter,
         "start": args.start,
         "end": args.end,

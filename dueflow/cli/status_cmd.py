@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -26,6 +27,7 @@ from dueflow.cli.common import (
     settings_from_args,
 )
 from dueflow.config import Settings
+from dueflow.job_status import PENDING_STATES
 from dueflow.queue_reader import with_registered_queues
 
 HTTP_TIMEOUT_S = 3.0
@@ -226,9 +228,9 @@ def _job(args: argparse.Namespace) -> int:
             if args.json:
                 print_json(doc)
             elif found:
-                print(render_job(body))
+                print(render_job(body, now_ms=_now_ms()))
             else:
-                print(f"job {job_id}: unknown / pending ({body.get('error')})")
+                print(f"job {job_id}: {UNKNOWN} ({body.get('error')})")
             return 0 if found else 1
     from dueflow.streams.status.outcome_scan import scan_for_job
 
@@ -244,25 +246,44 @@ def _job(args: argparse.Namespace) -> int:
         if scan.skipped_older:
             where += f"; {scan.skipped_older} older records not read (--scan-limit)"
         if scan.view is None:
-            print(
-                f"job {job_id}: unknown / pending (no outcome yet: not run, or no such job); "
-                f"{where}"
-            )
+            print(f"job {job_id}: {UNKNOWN}; {where}")
         else:
-            print(render_job(scan.view))
+            print(render_job(scan.view, now_ms=_now_ms()))
             print(where)
     return 0 if scan.view is not None else 1
 
 
-def render_job(view: dict[str, Any]) -> str:
-    """The human form of ``job``."""
+# No outcome of the job: a client writes `scheduled` for every job it schedules
+# unless scheduled_outcomes=False, so a job without one is most likely not there.
+UNKNOWN = (
+    "unknown: no outcome found (no such job; or scheduled by a client with "
+    "scheduled_outcomes=False and not run yet)"
+)
+
+
+def render_job(view: dict[str, Any], *, now_ms: int | None = None) -> str:
+    """The human form of ``job`` (``now_ms``: say how far the due time is)."""
     err = view.get("last_error")
+    state = str(view["state"])
+    due_ms = view.get("due_ms")
+    due = _when(due_ms)
+    if state in PENDING_STATES:
+        state += " (pending: not started)"
+        if due_ms is not None and now_ms is not None:
+            ahead = int(due_ms) - now_ms
+            due += f" (in {_span(ahead)})" if ahead >= 0 else f" ({_span(-ahead)} ago)"
+    history = view.get("history") or []
+    last = "-"
+    if history and len(history[-1]) >= 3:
+        what, attempt, at = history[-1][:3]
+        last = f"{what} (attempt {attempt}) at {_when(at)}"
     rows = [
         ("job", view["job_id"]),
         ("queue / task", f"{view['queue']} / {view['task']}"),
-        ("state", view["state"]),
+        ("state", state),
         ("attempts", view["attempts"]),
-        ("due", _when(view.get("due_ms"))),
+        ("due", due),
+        ("last outcome", last),
         ("first seen", _when(view.get("first_seen_ms"))),
         ("fired", _when(view.get("fired_ms"))),
         ("started", _when(view.get("started_ms"))),
@@ -311,6 +332,23 @@ def _when(ms: int | None) -> str:
     if ms is None:
         return "-"
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _span(ms: int) -> str:
+    """``1d 2h``, ``3m 5s``, ``800ms``: the two largest units of a duration."""
+    if ms < 1000:
+        return f"{ms}ms"
+    parts: list[str] = []
+    rest = ms // 1000
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60), ("s", 1)):
+        if rest >= size or parts:
+            parts.append(f"{rest // size}{unit}")
+            rest %= size
+    return " ".join(p for p in parts[:2])
 
 
 def _dash(v: object) -> object:

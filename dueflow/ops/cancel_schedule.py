@@ -95,6 +95,7 @@ def cancel_schedule(
             task=schedule.task,
             due_ms=pending,
             schedule_id=schedule_id,
+            partitions=scheduler.queue_spec(schedule.queue).partitions,
         ):
             scheduler.write_record(rec)
     return CancelledSchedule(

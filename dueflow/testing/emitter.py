@@ -15,7 +15,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +24,7 @@ from dueflow.cron_occurrence import CronState
 from dueflow.drain import classify_timer
 from dueflow.metrics import Metrics
 from dueflow.streams.emitter.cron_keeper import CronKeeper
+from dueflow.streams.emitter.drainer import Emit
 from dueflow.streams.emitter.quarantine import quarantine_record
 from dueflow.streams.emitter.schedules import ScheduleTable
 from dueflow.testing.log import MemoryLog, MemoryRecord, as_message, as_messages
@@ -190,15 +190,18 @@ class MemoryEmitter:
         )
         self._log.append(timer.exec_topic, record.key(), record.value(), headers, timer.partition)
 
-    def _emit(
-        self, now_ms: int
-    ) -> Callable[[str, bytes | None, bytes | None, list[Any], int], None]:
+    def _emit(self, now_ms: int) -> Emit:
         fired_at = str(now_ms).encode()
 
         def emit(
-            topic: str, value: bytes | None, key: bytes | None, headers: list[Any], due: int
+            topic: str,
+            value: bytes | None,
+            key: bytes | None,
+            headers: list[Any],
+            due: int,
+            partition: int = -1,
         ) -> None:
             headers.append((hdr.FIRED, fired_at))
-            self._log.append(topic, key, value, headers)
+            self._log.append(topic, key, value, headers, None if partition < 0 else partition)
 
         return emit

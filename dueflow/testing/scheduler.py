@@ -5,7 +5,9 @@ whose producer is a :class:`~dueflow.testing.log.MemoryProducer` and whose
 schedule store reads the log: every check (fields, queues, payload encoding
 and size, job-id conflicts, backoff text, cron expressions and zones), every
 record and every result are those of the real client. Only ``start`` (no
-topic to describe) and the store's reads differ.
+topic to describe), the store's reads and the job lookup of ``status``,
+``cancel`` and ``reschedule`` (every outcome of the log, no scan window; the
+job's newest timer record) differ.
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ from typing import Any, cast
 from confluent_kafka import Producer
 
 from dueflow.config import Settings
-from dueflow.job_request import JobRequest, JobRules
+from dueflow.job_request import Duration, Instant, JobRequest, JobRules
 from dueflow.producers.core import DEFAULT_MAX_MESSAGE_BYTES, JobIds, TimerPlanner
 from dueflow.producers.recent import DEFAULT_CAPACITY, RecentJobs
-from dueflow.producers.results import BulkResult, Cancelled, Scheduled
+from dueflow.producers.results import BulkResult, Cancelled, Rescheduled, Scheduled
 from dueflow.producers.scheduler import App, Scheduler, declared_queues
 from dueflow.producers.schedules import ScheduleStore, StoredSchedule
 from dueflow.testing.log import MemoryLog, MemoryProducer, MemoryRecord
+from dueflow.testing.lookup import MemoryLookup, MemoryTimerFinder
 from dueflow.topics import names
 from dueflow.tracing import JobTracer
 
@@ -70,7 +73,7 @@ class InMemoryScheduler(Scheduler):
         recent_jobs: int = DEFAULT_CAPACITY,
         after_write: Callable[[], None] | None = None,
         on_record: Callable[[MemoryRecord], None] | None = None,
-        scheduled_outcomes: bool = False,
+        scheduled_outcomes: bool = True,
         app: App = None,
     ) -> None:
         super().__init__(
@@ -115,6 +118,8 @@ class InMemoryScheduler(Scheduler):
             route=self._planner.rules.router.queue_for,
             check_queue=self._planner.check_queue,
         )
+        self._lookup = MemoryLookup(self.settings, self._log)
+        self._timers = MemoryTimerFinder(self.settings, self._log)
         return self
 
     def reconfigure(self, settings: Settings) -> None:
@@ -143,5 +148,17 @@ class InMemoryScheduler(Scheduler):
         self, job_id: str, *, queue: str | None = None, idempotency_key: str | None = None
     ) -> Cancelled:
         result = super().cancel(job_id, queue=queue, idempotency_key=idempotency_key)
+        self._after_write()
+        return result
+
+    def reschedule(
+        self,
+        job_id: str,
+        *,
+        run_at: Instant | None = None,
+        delay: Duration | None = None,
+        queue: str | None = None,
+    ) -> Rescheduled:
+        result = super().reschedule(job_id, run_at=run_at, delay=delay, queue=queue)
         self._after_write()
         return result

@@ -5,7 +5,8 @@ or after it, never before: the worker's own code decides, as in
 :mod:`dueflow.consumers.runtime` -- :func:`~dueflow.consumers.feeds.prepare`
 decodes the record (undecodable value or payload, unknown task: dead letter),
 the key store says whether the key is final already (``duplicate``,
-``cancelled``), :func:`~dueflow.consumers.feeds.attempt_limits` gives the
+``cancelled``) or rescheduled to another due time (``rescheduled``),
+:func:`~dueflow.consumers.feeds.attempt_limits` gives the
 attempts and the timeout, the handler runs, and the
 :class:`~dueflow.consumers.recorder.BatchRecorder` writes what a commit
 writes: idempotency ``done``/``dead``, the retry record in its tier with the
@@ -14,7 +15,8 @@ pipeline's seeded random source), the dead letter with its reason, and the
 outcome. Those records go back into the log, where the next poll reads them.
 
 Differences from a worker on Kafka, by design: one delivery runs at a time
-(no concurrency, so no "same key running" hold); a record runs at its "not
+(no concurrency, so no "same key running" hold, and a cron schedule's
+overlap policy never finds a previous occurrence still running); a record runs at its "not
 before" exactly, where on Kafka it may wait behind an earlier record of its
 tier partition; rate limits are not applied (time does not pass by itself);
 ``isolation="process"`` runs in-process (see :mod:`dueflow.testing.attempts`).
@@ -35,21 +37,33 @@ from dataclasses import dataclass
 from typing import Any
 
 from dueflow import headers as hdr
+from dueflow import reschedule
 from dueflow.config import QueueSpec, Settings
 from dueflow.consumers.context import TaskContext
 from dueflow.consumers.failures import Failure
 from dueflow.consumers.feeds import Delivery, PartitionFeed, attempt_limits, int_or, prepare
 from dueflow.consumers.follow_ups import FollowUpPlanner
 from dueflow.consumers.hooks import will_retry
+from dueflow.consumers.overlap import OverlapGuard
 from dueflow.consumers.recorder import BatchRecorder
 from dueflow.consumers.registry import TaskRegistry
 from dueflow.consumers.store import MemoryKeyStore, is_final, skips, state_of
 from dueflow.consumers.worker import select_queues
+from dueflow.cron_overlap import Admission
+from dueflow.deadline import expired
 from dueflow.errors import UndecodableRecord
 from dueflow.follow_up import FollowUp
 from dueflow.metrics import Metrics
 from dueflow.schemas import codec
-from dueflow.schemas.fast import F_DUE_MS, F_JOB_ID, F_KEY, F_SCHEDULE_ID, F_TASK, decode_key_state
+from dueflow.schemas.fast import (
+    F_DUE_MS,
+    F_JOB_ID,
+    F_KEY,
+    F_SCHEDULE_ID,
+    F_TASK,
+    decode_key_record,
+    decode_key_state,
+)
 from dueflow.testing.attempts import HandlerLoop, run_attempt
 from dueflow.testing.hooks import MemoryHooks
 from dueflow.testing.log import MemoryLog, MemoryRecord, as_message
@@ -98,6 +112,7 @@ class InMemoryWorker:
         self._read: dict[str, int] = {}  # topic -> records read
         self._heap: list[tuple[int, int, Delivery]] = []
         self._seq = itertools.count()
+        self._overlap = OverlapGuard()
         self._asked = None if queues is None else list(queues)
         self.configure(settings, registry)
 
@@ -198,6 +213,17 @@ class InMemoryWorker:
         if value is None:  # a tombstone forgets the key (a redrive clears `dead`)
             store.apply([(key, None, 0)], None)
             return
+        about = reschedule.key_of(key)
+        if about is not None:  # a reschedule of key `about`
+            try:
+                _state, at_ms, due_ms = decode_key_record(
+                    value, hdr.header(record.headers(), hdr.SCHEMA)
+                )
+            except UndecodableRecord:
+                return  # the real tail quarantines it
+            if due_ms is not None:
+                store.reschedule([(about, due_ms, at_ms)])
+            return
         known = store.get(key)
         if known is not None and is_final(known):
             return  # final already (most often: this worker's own record read back)
@@ -259,10 +285,25 @@ class InMemoryWorker:
             if state is not None and skips(state, d.attempt):
                 recorder.skipped(d, state, now_ms)
                 return self._commit(queue, d, not_before, now_ms, now_ms, ran=False)
+            if d.fields is not None and reschedule.superseded(
+                d.feed.keys.run_only_due(key), d.fields[F_DUE_MS]
+            ):
+                recorder.superseded(d, now_ms)
+                return self._commit(queue, d, not_before, now_ms, now_ms, ran=False)
+        deadline = d.hmap.get(hdr.EXPIRES)
+        if deadline is not None and expired(
+            int_or(deadline, now_ms), attempt=d.attempt, now_ms=now_ms
+        ):
+            recorder.expired(d, now_ms)
+            return self._commit(queue, d, not_before, now_ms, now_ms, ran=False)
         if d.bad is not None:
             reason, bad = d.bad
             recorder.dead(d, reason, bad, now_ms, started=False)
             return self._commit(queue, d, not_before, now_ms, now_ms, ran=False, failure=bad)
+        # One delivery at a time: no other occurrence runs now, so an overlap policy
+        # always lets it run here (the decision is the worker's own).
+        if self._overlap.admit(d) is not Admission.RUN:  # pragma: no cover - never in memory
+            raise AssertionError("an occurrence overlapped in memory")
         task, fields = d.task, d.fields
         assert task is not None
         assert fields is not None
@@ -270,10 +311,12 @@ class InMemoryWorker:
         source = (d.feed.topic, d.feed.partition, d.offset)
         ctx = TaskContext(fields, d.attempt, d.max_attempts, d.hmap, source, None, d)
         self._current = d
+        self._overlap.started(d)
         try:
             failure, seconds = run_attempt(task, d.payload, ctx, timeout_s, self._loop)
         finally:
             self._current = None  # ended: a late ctx.schedule raises
+            self._overlap.finished(d)
         finished_ms = max(now_ms, self._clock())  # a handler may have moved the clock
         self._follow_ups = queue.planner.pending(d) if failure is None else ()
         if failure is None:

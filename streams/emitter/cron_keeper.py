@@ -13,7 +13,7 @@ transaction, so placement, firing and state commit together.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any
 
 from confluent_kafka import Message, TopicPartition
@@ -30,27 +30,30 @@ from dueflow.cron_occurrence import (
     occurrence_verdict,
     placement_needed,
 )
+from dueflow.cron_overlap import exec_partition
 from dueflow.logs import event
 from dueflow.metrics import Metrics
 from dueflow.reasons import reason_label
 from dueflow.schemas import codec
-from dueflow.streams.emitter.drainer import Sender
+from dueflow.streams.emitter.drainer import Emit, Sender
 from dueflow.streams.emitter.quarantine import quarantine_record
 from dueflow.streams.emitter.schedules import ScheduleTable
 from dueflow.topics import names
 
 log = logging.getLogger("dueflow.emitter.cron")
 
-# emit(exec topic, value, key, headers, due_ms): fire one job in the open transaction
-# (it adds df-fired and counts the fire).
-Emit = Callable[[str, bytes | None, bytes | None, list[Any], int], None]
-
 
 class CronKeeper:
     """Places, fires and drops cron occurrences for the active emitter."""
 
     def __init__(
-        self, settings: Settings, metrics: Metrics, table: ScheduleTable, sender: Sender
+        self,
+        settings: Settings,
+        metrics: Metrics,
+        table: ScheduleTable,
+        sender: Sender,
+        *,
+        partitions: Mapping[bytes, int] | None = None,
     ) -> None:
         self._settings = settings
         self._metrics = metrics
@@ -58,6 +61,12 @@ class CronKeeper:
         self._send = sender.send
         self._names = names(settings)
         self._state: dict[str, CronState] = {}
+        # queue -> exec partitions (the emitter's live map: static and registered queues)
+        self._partitions = (
+            partitions
+            if partitions is not None
+            else {q.name.encode(): q.partitions for q in settings.queues}
+        )
         self._quarantined_to: dict[int, int] = {}
         self._dirty_offsets = False
 
@@ -173,9 +182,15 @@ class CronKeeper:
             max_catchup=em.cron_max_catchup,
         )
         exec_topic = self._names.exec(schedule.queue)  # the table holds known queues only
+        # With an overlap policy every occurrence goes to its schedule's partition.
+        partition = exec_partition(
+            schedule.schedule_id,
+            schedule.overlap,
+            self._partitions.get(schedule.queue.encode(), 1),
+        )
         for instant in plan.fire:
             if instant == occurrence:
-                emit(topic, message.value(), message.key(), [*headers, source], due_ms)
+                emit(topic, message.value(), message.key(), [*headers, source], due_ms, partition)
                 continue
             # A missed (or already due) run besides this one: fired at once, no jitter.
             job = occurrence_job(schedule, instant, created_ms=now_ms, jitter=False)
@@ -185,6 +200,7 @@ class CronKeeper:
                 job.job_id.encode(),
                 [*occurrence_headers(schedule, job, instant), source],
                 instant,
+                partition,
             )
         self._metrics.cron_occurrences.labels("fired").inc(len(plan.fire))
         if plan.skipped:

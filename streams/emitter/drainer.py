@@ -26,7 +26,6 @@ from __future__ import annotations
 import heapq
 import logging
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -98,8 +97,19 @@ class Sender(Protocol):
     ) -> None: ...
 
 
-# emit(exec topic, value, key, headers, due_ms): fire one job (adds df-fired).
-Emit = Callable[[str, bytes | None, bytes | None, list[Any], int], None]
+class Emit(Protocol):
+    """Fire one job into its exec topic in the open transaction (adds df-fired and
+    counts the fire); ``partition`` -1: the key's (Kafka's partitioner)."""
+
+    def __call__(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        headers: list[Any],
+        due: int,
+        partition: int = -1,
+    ) -> None: ...
 
 
 class CronFiring(Protocol):
@@ -522,7 +532,12 @@ class WheelDrainer:
         fired_at = str(now_ms).encode()
 
         def emit(
-            topic: str, value: bytes | None, key: bytes | None, headers: list[Any], due: int
+            topic: str,
+            value: bytes | None,
+            key: bytes | None,
+            headers: list[Any],
+            due: int,
+            partition: int = -1,
         ) -> None:
             headers.append((_FIRED, fired_at))
             if self._tracer is not None:
@@ -534,7 +549,7 @@ class WheelDrainer:
                 )
                 headers = hdr.replace(headers, step.headers)
                 step.end()
-            self._send(topic, value, key, headers)
+            self._send(topic, value, key, headers, partition)
             self._batch.setdefault(topic, []).append(due)
 
         return emit

@@ -59,7 +59,13 @@ class ActiveSession:
         self._tracer = tracer
         # prepared ahead
         self.outbox = outbox if outbox is not None else Outbox(settings, clock_ms=clock_ms)
-        self.cron = CronKeeper(settings, metrics, schedules, self.outbox)
+        self.cron = CronKeeper(
+            settings,
+            metrics,
+            schedules,
+            self.outbox,
+            partitions=queues.exec_partitions if queues is not None else None,
+        )
         self.registry_quarantine = RegistryQuarantine(
             topic=names(settings).queues,
             quarantine_topic=names(settings).quarantine,

@@ -12,12 +12,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from dueflow import headers as hdr
-from dueflow.clients import make_consumer
+from dueflow.clients import kafka_error, make_consumer
 from dueflow.config import Settings
 from dueflow.errors import KafkaOperationError, UndecodableRecord
+from dueflow.job_status import JobStatus
 from dueflow.partitioning import partition_for_key
 from dueflow.schemas import codec
 from dueflow.streams.status import state
@@ -37,6 +38,14 @@ class JobScan:
     skipped_older: int  # records of the partition older than the scan window
     undecodable: int
     view: dict[str, Any] | None
+    queues: tuple[str, ...] = ()  # every queue the job id has outcomes in, first seen first
+
+    @property
+    def status(self) -> JobStatus | None:
+        """The job as :class:`~dueflow.job_status.JobStatus` (None: no outcome found)."""
+        if self.view is None:
+            return None
+        return JobStatus.from_view(self.view, queues=self.queues, source="kafka")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -66,16 +75,11 @@ def scan_for_job(
         **{"enable.partition.eof": True, "log_level": 3},
     )
     try:
-        md = consumer.list_topics(topic, timeout=timeout_s)
-        tmd = md.topics.get(topic)
-        if tmd is None or tmd.error is not None or not tmd.partitions:
-            raise KafkaOperationError(f"topic {topic} not found (run `dueflow topics ensure`)")
-        partition = partition_for_key(key, len(tmd.partitions))
-        low, high = consumer.get_watermark_offsets(
-            TopicPartition(topic, partition), timeout=timeout_s
-        )
+        partition = partition_for_key(key, _partition_count(consumer, topic, timeout_s))
+        low, high = _watermarks(consumer, TopicPartition(topic, partition), timeout_s)
         start = max(low, high - max_records)
         view: dict[str, Any] | None = None
+        queues: list[str] = []
         scanned = undecodable = 0
         if high > start:
             consumer.assign([TopicPartition(topic, partition, start)])
@@ -101,6 +105,8 @@ def scan_for_job(
                     undecodable += 1
                     continue
                 view = state.apply_outcome(view, outcome, partition=partition)
+                if outcome["queue"] not in queues:
+                    queues.append(str(outcome["queue"]))
                 if (msg.offset() or 0) >= high - 1:
                     break
         return JobScan(
@@ -113,9 +119,51 @@ def scan_for_job(
             skipped_older=start - low,
             undecodable=undecodable,
             view=view,
+            queues=tuple(queues),
         )
     finally:
         consumer.close()
+
+
+# How long a topic may stay invisible (created a moment ago) before it counts as missing.
+_SETTLE_S = 3.0
+
+
+def _partition_count(consumer: Any, topic: str, timeout_s: float) -> int:
+    deadline = time.monotonic() + min(_SETTLE_S, timeout_s)
+    while True:
+        md = consumer.list_topics(topic, timeout=timeout_s)
+        tmd = md.topics.get(topic)
+        if tmd is not None and tmd.error is None and tmd.partitions:
+            return len(tmd.partitions)
+        if time.monotonic() > deadline:
+            raise KafkaOperationError(f"topic {topic} not found (run `dueflow topics ensure`)")
+        time.sleep(0.1)
+
+
+# Answers of a partition whose leader is still being elected (a topic just made).
+_SETTLING = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._TIMED_OUT,
+    }
+)
+
+
+def _watermarks(consumer: Any, tp: TopicPartition, timeout_s: float) -> tuple[int, int]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s)
+            return int(low), int(high)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            settling = isinstance(err, KafkaError) and err.code() in _SETTLING
+            if not settling or time.monotonic() > deadline:
+                raise kafka_error(f"watermarks of {tp.topic}[{tp.partition}]", exc) from exc
+            time.sleep(0.1)
 
 
 def _pairs(headers: Any) -> list[tuple[str, bytes | None]]:

@@ -8,7 +8,10 @@ built by folding the job's outcome records in log order with
 Rules:
 
 - the state follows the newest outcome, except ``duplicate`` (a skipped
-  second delivery: counted in ``duplicates``, the state stays),
+  second delivery: counted in ``duplicates``, the state stays), a worker's
+  ``rescheduled`` (a delivery superseded by a reschedule, skipped: the state
+  and the due time stay those of the client's ``rescheduled``, which moved
+  the job; see dueflow.reschedule),
   ``scheduled`` once the job has any other state (the client writes it
   after the timer, so a fast job's first worker outcome can land before
   it; and a job id scheduled again after it ran stays what it was), and
@@ -33,8 +36,12 @@ STATES = (
     "dead",
     "cancelled",
     "duplicate",
+    # outcome schema version 2
+    "rescheduled",  # the client moved the job (pending, at its new due time)
+    "expired",  # not started by its deadline: not run
+    "skipped",  # a cron occurrence skipped by its schedule's overlap policy
 )
-FINAL_STATES = frozenset({"succeeded", "dead", "cancelled"})
+FINAL_STATES = frozenset({"succeeded", "dead", "cancelled", "expired", "skipped"})
 HISTORY_LIMIT = 20
 
 JobView = dict[str, Any]
@@ -81,13 +88,18 @@ def apply_outcome(
     view["updated_ms"] = max(int(view["updated_ms"]), at)
     view["first_seen_ms"] = min(int(view["first_seen_ms"]), at)
     view["attempts"] = max(int(view["attempts"]), attempt)
+    # A worker's `rescheduled`: the delivery it skipped had the old due time.
+    superseded = state == "rescheduled" and outcome.get("worker") is not None
     for key in ("due_ms", "worker", "trace_id", "schedule_id"):
-        if outcome.get(key) is not None:
+        if outcome.get(key) is not None and not (superseded and key == "due_ms"):
             view[key] = outcome[key]
     if state == "duplicate":
         view["duplicates"] = int(view["duplicates"]) + 1
         if view["state"] is None:
             view["state"] = "duplicate"
+    elif superseded:
+        if view["state"] is None:
+            view["state"] = "rescheduled"
     elif state == "scheduled" and view["state"] not in (None, "scheduled"):
         pass  # late or repeated: the job has moved on (history keeps it)
     elif state in STATES:

@@ -37,13 +37,13 @@ from dueflow.streams.status import access as acc
 from dueflow.streams.status.access import StatusAccess
 
 PAGE = "page.html"
-# A job gets its first outcome when a worker finishes an attempt (or is
-# cancelled); by default neither the SDK (``scheduled``) nor the emitter
-# (``fired``) writes one, so a job waiting for its due time is not known yet.
+# A job gets its first outcome when the SDK schedules it (``scheduled``, on by
+# default), else when a worker finishes an attempt (or it is cancelled).
 UNKNOWN_JOB = (
-    "unknown job id: the status view has no outcome for it yet. A job is known once a "
-    "worker finishes an attempt, or when scheduled if the client writes scheduled "
-    "outcomes; until then it is pending (not due, not fired or running), or no such job"
+    "unknown job id: the status view has no outcome for it. A job is known from the "
+    "moment it is scheduled (the client writes a scheduled outcome unless "
+    "scheduled_outcomes=False, then from its first attempt); so it is no such job, a job "
+    "of such a client not run yet, or one that finished longer ago than the view keeps"
 )
 REDRIVE_LIMIT = 100
 REDRIVE_MAX = 1000

@@ -7,16 +7,18 @@ from typing import Any
 
 import pytest
 
+from dueflow import headers as hdr
 from dueflow.clients import make_admin
 from dueflow.config import Settings
 from dueflow.errors import ConflictError, DueflowError, InvalidInput
 from dueflow.job_request import JobRequest
 from dueflow.producers.aio import AsyncScheduler
-from dueflow.schemas import codec
+from dueflow.reschedule import reschedule_key
+from dueflow.schemas.fast import decode_key_state
 from dueflow.topic_admin import TopicAdmin
 from dueflow.topics import names, topic_layout
 from tests.conftest import KafkaCluster
-from tests.integration.records import read_all
+from tests.integration.records import headers_of, read_all
 from tests.integration.test_scheduler import check_edge_result, edge_jobs
 
 WHEEL = {
@@ -67,6 +69,12 @@ def test_async_schedule_bulk_cancel_and_cron(settings: Settings) -> None:
             cancelled = await s.cancel("a1")
             assert cancelled.known
             assert cancelled.partition >= 0
+            status = await s.status("a1")
+            assert status is not None
+            assert status.state == "cancelled"
+            later = await s.schedule("send_email", delay="1h", job_id="a2")
+            moved = await s.reschedule("a2", delay="2h")
+            assert (moved.rescheduled, moved.old_due_ms) == (True, later.due_ms)
             sched = await s.add_schedule("every-5", cron="*/5 * * * *", timezone="UTC", task="t")
             assert [x.schedule_id for x in await s.list_schedules()] == ["every-5"]
             assert (await s.pause_schedule("every-5")).paused
@@ -79,9 +87,12 @@ def test_async_schedule_bulk_cancel_and_cron(settings: Settings) -> None:
             await s.schedule("t")
 
     asyncio.run(main())
-    assert len(read_all(settings, names(settings).timers)) == 1 + 200 + 5_000
-    (idem,) = read_all(settings, names(settings).idempotency("default"))
-    assert codec.decode("idempotency", idem.value() or b"")["state"] == "cancelled"
+    assert len(read_all(settings, names(settings).timers)) == 1 + 200 + 5_000 + 2
+    records = {m.key(): m for m in read_all(settings, names(settings).idempotency("default"))}
+    assert set(records) == {b"a1", reschedule_key(b"a2")}  # a cancel; the reschedule of a2
+    idem = records[b"a1"]
+    schema = hdr.header(headers_of(idem), hdr.SCHEMA)
+    assert decode_key_state(idem.value() or b"", schema)[0] == "cancelled"
 
 
 def test_async_schedule_many_refuses_bad_jobs_at_the_limits(settings: Settings) -> None:

@@ -128,21 +128,52 @@ def test_schedule_bad_input_exits_2_and_writes_nothing(
 
 
 def test_cancel_json(settings: Settings, capsys: pytest.CaptureFixture[str]) -> None:
+    # a job nobody scheduled: not found, written blind to --queue, and exit 1 says so
     code, data, _ = run(
         capsys, "cancel", "job-9", "--queue", "billing", "--idempotency-key", "invoice:9", "--json"
     )
-    assert code == 0
+    assert code == 1
     assert (data["job_id"], data["queue"], data["idempotency_key"]) == (
         "job-9",
         "billing",
         "invoice:9",
     )
+    assert (data["found"], data["cancelled"]) == (False, True)
     (idem,) = read_all(settings, names(settings).idempotency("billing"))
     assert idem.key() == b"invoice:9"
     assert idem.partition() == data["partition"]
     code, _, err = run(capsys, "cancel", "job-9", "--queue", "nope")
     assert code == 2
     assert "queue" in err
+    # without --queue a job that is not known is refused: no queue to guess
+    code, _, err = run(capsys, "cancel", "job-10")
+    assert code == 2
+    assert "give queue= (--queue on the command line)" in err
+    # a job scheduled from the shell is found: its queue and key come from its outcomes
+    code, job, _ = run(
+        capsys,
+        "schedule",
+        "t",
+        "--queue",
+        "billing",
+        "--delay",
+        "1h",
+        "--idempotency-key",
+        "inv:11",
+        "--json",
+    )
+    assert code == 0
+    code, data, _ = run(capsys, "cancel", job["job_id"], "--json")
+    assert code == 0
+    assert (data["queue"], data["idempotency_key"], data["found"], data["state"]) == (
+        "billing",
+        "inv:11",
+        True,
+        "scheduled",
+    )
+    code, out, _ = run(capsys, "cancel", job["job_id"])
+    assert code == 1
+    assert "not cancelled: it has cancelled already" in out
 
 
 def test_cron_commands_json(settings: Settings, capsys: pytest.CaptureFixture[str]) -> None:
@@ -202,6 +233,9 @@ def test_cron_commands_json(settings: Settings, capsys: pytest.CaptureFixture[st
         (["--cron", "0 3 * * *", "--tz", "UTC", "--queue", "nope"], "queue"),
         (["--cron", "0 3 * * *", "--tz", "UTC", "--misfire", "maybe"], "misfire"),
         (["--cron", "0 3 * * *", "--tz", "UTC", "--start", "2031-01-01T00:00:00"], "start"),
+        # a cron that can never fire: February 30, or an end before its first occurrence
+        (["--cron", "0 0 30 2 *", "--tz", "UTC"], "cron"),
+        (["--cron", "0 3 * * *", "--tz", "UTC", "--end", "2020-01-01T00:00:00Z"], "end"),
     ],
 )
 def test_cron_bad_input_exits_2_and_writes_nothing(
@@ -211,6 +245,8 @@ def test_cron_bad_input_exits_2_and_writes_nothing(
     code, out, err = run(capsys, "cron", "add", "s", "--task", "t", *argv, "--json")
     assert (code, out) == (2, "")
     assert err.startswith(f"dueflow: {field}: got ")
+    if field in ("cron", "end"):
+        assert argv[1] in err  # the message names the expression
     assert high_watermarks(settings, [names(settings).schedules]) == before
 
 

@@ -199,7 +199,7 @@ def test_job_command_scans_the_outcomes_partition(
     assert doc["scan"]["older_records_not_read"] == 0
 
     assert main(["job", "missing", *common, "--kafka"]) == 1
-    assert "missing: unknown / pending (no outcome yet" in capsys.readouterr().out
+    assert "missing: unknown: no outcome found (no such job" in capsys.readouterr().out
     # bounded: with a scan limit of 1 only the newest record of the partition is read
     assert main(["job", "wanted", *common, "--kafka", "--json", "--scan-limit", "1"]) == 0
     doc = json.loads(capsys.readouterr().out)

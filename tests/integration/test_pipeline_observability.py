@@ -91,6 +91,7 @@ def test_metrics_and_job_logs_of_one_emitter_and_one_worker(pipeline: Pipeline) 
     n = len(jobs)
     outs = final_outcomes(p, jobs)
     assert Counter(o["state"] for o in outs if o["state"] != "retrying") == {
+        "scheduled": 17,  # the client's, one per job
         "succeeded": 16,
         "dead": 1,
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 
 from dueflow.clients import make_admin
 from dueflow.config import load_settings
+from dueflow.producers import Scheduler
 from dueflow.topic_admin import TopicAdmin
 from dueflow.topics import names, topic_layout
 from tests.conftest import KafkaCluster
@@ -42,7 +44,34 @@ def test_readme_python_example(
     namespace: dict[str, Any] = {"__name__": "readme_example"}
     exec(compile(code, str(README), "exec"), namespace)
     out = capsys.readouterr().out.splitlines()
-    assert out[1] == "['nightly-report']"
-    assert out[2] == "100000 0 []"
+    assert out[1] == "scheduled"  # status() of a pending job
+    assert out[2] == "['nightly-report']"
+    assert out[3] == "100000 0 []"
     timers = sum(high_watermarks(settings, [names(settings).timers]).values())
-    assert timers == 2 + 100_000
+    assert timers == 2 + 1 + 100_000  # and the rescheduled job's new timer
+
+
+@pytest.mark.timeout(300)
+def test_readme_rescheduling_example(
+    kafka: KafkaCluster,
+    prefix: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The example of "Rescheduling and cancelling" does what its comments say."""
+    section = README.read_text().split("## Rescheduling and cancelling", 1)[1].split("\n## ", 1)[0]
+    (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
+    settings = kafka.settings(prefix)
+    assert TopicAdmin(make_admin(settings), replication_factor=1).ensure(topic_layout(settings)).ok
+    namespace: dict[str, Any] = {
+        "__name__": "readme_example",
+        "settings": settings,
+        "Scheduler": Scheduler,
+    }
+    exec(compile(code, str(README), "exec"), namespace)
+    moved, cancelled = capsys.readouterr().out.splitlines()
+    flag, rest = moved.split(" ", 1)
+    old, new = rest.split(" -> ")
+    assert flag == "True"
+    later = datetime.fromisoformat(new) - datetime.fromisoformat(old)
+    assert timedelta(hours=2) <= later < timedelta(hours=2, minutes=1)
+    assert cancelled == "True True rescheduled"

@@ -1,4 +1,4 @@
-"""``scheduled`` outcomes from the scheduling client: off by default, on by a flag."""
+"""``scheduled`` outcomes from the scheduling client: on by default, off by a flag."""
 
 from __future__ import annotations
 
@@ -35,15 +35,15 @@ def outcomes(settings: Settings) -> list[dict[str, Any]]:
     ]
 
 
-def test_off_by_default(settings: Settings) -> None:
-    with Scheduler(settings) as s:
+def test_off_when_asked(settings: Settings) -> None:
+    with Scheduler(settings, scheduled_outcomes=False) as s:
         s.schedule("t", {}, delay="1h")
         s.schedule_many([{"task": "t", "delay": "1h"}] * 3)
     assert outcomes(settings) == []
 
 
-def test_one_outcome_per_scheduled_job_when_asked(settings: Settings) -> None:
-    with Scheduler(settings, scheduled_outcomes=True) as s:
+def test_one_outcome_per_scheduled_job_by_default(settings: Settings) -> None:
+    with Scheduler(settings) as s:
         one = s.schedule("send", {"a": 1}, delay="1h", job_id="one", idempotency_key="k-one")
         again = s.schedule("send", {"a": 1}, delay="1h", job_id="one", idempotency_key="k-one")
         bulk = s.schedule_many(
@@ -56,7 +56,7 @@ def test_one_outcome_per_scheduled_job_when_asked(settings: Settings) -> None:
     assert len(bulk.errors) == 1
 
     async def from_asyncio() -> str:
-        async with AsyncScheduler(settings, scheduled_outcomes=True) as s:
+        async with AsyncScheduler(settings) as s:
             return (await s.schedule("async", None, delay="1h")).job_id
 
     async_id = asyncio.run(from_asyncio())

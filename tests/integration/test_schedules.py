@@ -131,9 +131,15 @@ def test_add_get_list_update_pause_resume_delete(
     versions = [hdr.header_int(headers_of(m), hdr.SCHEDULE_VERSION) or 0 for m in nightly]
     assert versions == sorted(versions)
     assert len({m.partition() for m in nightly}) == 1  # keyed by id: one partition
-    value = codec.decode("schedule", nightly[3].value() or b"")
-    assert (value["version"], value["paused"]) == (resumed.version, False)
+    # no overlap policy: written as version 1, which emitters of the previous release read
     assert hdr.header(headers_of(nightly[3]), hdr.SCHEMA) == b"dueflow.Schedule/1"
+    value = codec.decode("schedule", nightly[3].value() or b"", writer_version=1)
+    assert (value["version"], value["paused"]) == (resumed.version, False)
+    scheduler.add_schedule("careful", cron="* * * * *", timezone="UTC", task="t", overlap="skip")
+    (careful,) = [m for m in read_all(settings, names(settings).schedules) if m.key() == b"careful"]
+    assert hdr.header(headers_of(careful), hdr.SCHEMA) == b"dueflow.Schedule/2"
+    assert codec.decode("schedule", careful.value() or b"", writer_version=2)["overlap"] == "skip"
+    assert scheduler.get_schedule("careful").overlap == "skip"  # type: ignore[union-attr]
 
 
 def test_adding_the_same_definition_is_idempotent_another_is_a_conflict(
@@ -169,10 +175,22 @@ def bad_schedules() -> list[tuple[dict[str, Any], str]]:
         ({**ok, "backoff": "linear"}, "backoff"),
         ({**ok, "task": ""}, "task"),
         ({**ok, "payload": object()}, "payload"),
+        # schedules that can never fire (the clock is at 2027-01-15)
+        ({**ok, "cron": "0 0 30 2 *"}, "cron"),
+        ({**ok, "end": "2026-01-01T00:00:00+00:00"}, "end"),
+        (
+            {
+                **ok,
+                "cron": "0 0 29 2 *",
+                "start": "2029-03-01T00:00:00+00:00",
+                "end": "2031-12-31T00:00:00+00:00",
+            },
+            "end",
+        ),
     ]
 
 
-@pytest.mark.parametrize("case", range(12))
+@pytest.mark.parametrize("case", range(len(bad_schedules())))
 def test_bad_schedule_is_refused_and_nothing_is_written(
     settings: Settings, scheduler: Scheduler, case: int
 ) -> None:

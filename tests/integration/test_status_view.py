@@ -167,7 +167,7 @@ def test_folds_outcomes_and_answers_over_http(
     assert doc["source"] == "status-view"
     assert doc["job"]["state"] == "succeeded"
     assert main(["job", "job-zzz", *common, "--url", view.url]) == 1
-    assert "job-zzz: unknown / pending" in capsys.readouterr().out
+    assert "job-zzz: unknown: no outcome found" in capsys.readouterr().out
 
 
 @pytest.mark.timeout(200)

@@ -19,10 +19,11 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from dueflow import headers as hdr
 from dueflow.config import Settings, load_settings
 from dueflow.consumers.testing import ExecWriter, make_job
 from dueflow.model import Backoff, BackoffKind
-from dueflow.schemas import codec
+from dueflow.schemas.fast import decode_key_state
 from dueflow.topics import names
 from tests.conftest import KafkaCluster
 from tests.integration.worker_support import (
@@ -212,7 +213,7 @@ def test_kill_9_of_one_of_two_workers_loses_nothing_and_reruns_only_uncommitted_
     assert set(done.values()) == {1}  # Kafka saw each job succeed exactly once
     idem = read_topic(s, names(s).idempotency(QUEUE))
     states = Counter(
-        (r.key.decode(), codec.decode("idempotency", r.value)["state"])
+        (r.key.decode(), decode_key_state(r.value, r.headers.get(hdr.SCHEMA))[0])
         for r in idem
         if r.key and r.value
     )

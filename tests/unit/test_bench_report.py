@@ -18,6 +18,16 @@ RESULTS = {
         "raw_per_s": 100_000,
         "ratio": 0.5,
     },
+    "scheduled_outcomes": {
+        "jobs": 1000,
+        "rounds": 3,
+        "raw_per_s": 100_000,
+        "off_per_s": 50_000,
+        "on_per_s": 35_000,
+        "ratio_off": 0.5,
+        "ratio_on": 0.35,
+        "cpu_us_per_job": {"raw": 3.0, "off": 10.0, "on": 15.0},
+    },
     "emitter-drain": {
         "scenario": "drain",
         "timers": 1000,
@@ -133,6 +143,9 @@ def test_the_report_writes_a_row_per_result_and_replaces_the_readme_section(
     assert "| 3.5 → 4.0 |" in text  # host load from host.json
     assert "| 1.0 → 2.0 |" in text  # ... or from the result itself
     assert "12,345 jobs/s; 0 lost, 0 dup; 110 µs CPU/job" in text
+    assert "35,000 / 50,000 jobs/s; 15 / 10 µs CPU/job | raw produce 100,000/s | 0.35 / 0.50 |" in (
+        text
+    )
     assert "Measured 2030-01-01 on 2 cores (X), 24 GiB" in text
     assert (results / "summary.md").read_text() in text
     if importlib.util.find_spec("matplotlib") is not None:

@@ -37,6 +37,7 @@ SAMPLE = {
     "topic": "dueflow.exec.default",
     "start": "0",
     "partitions": "3",
+    "at": "2030-01-01T00:00:00Z",
 }
 # What a command needs besides its required arguments to pass its input checks.
 EXTRA: dict[tuple[str, ...], list[str]] = {

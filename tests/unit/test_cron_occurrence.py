@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -9,7 +10,7 @@ from confluent_kafka import Message
 
 from dueflow import headers as hdr
 from dueflow.config import load_settings
-from dueflow.cron import CronSchedule, MisfirePolicy, occurrence_jitter_ms
+from dueflow.cron import CronSchedule, MisfirePolicy, OverlapPolicy, occurrence_jitter_ms
 from dueflow.cron_occurrence import (
     CronState,
     Verdict,
@@ -168,11 +169,11 @@ def test_keeper_fires_a_due_occurrence_and_places_the_next_in_one_go() -> None:
     every = _schedule(cron="*/10 * * * *", timezone="UTC")
     keeper, sent, _ = _keeper(every)
     m, headers = _occurrence_message(every, NOW)
-    fired: list[tuple[str, bytes | None, int]] = []
-    keeper.fire_occurrence(
-        m, NOW, "p.exec.default", headers, NOW + 50, lambda t, v, k, h, d: fired.append((t, k, d))
-    )
-    assert fired == [("p.exec.default", f"nightly@{NOW}".encode(), NOW)]
+    fired: list[Any] = []
+    keeper.fire_occurrence(m, NOW, "p.exec.default", headers, NOW + 50, _collect(fired))
+    assert [(t, k, d, p) for t, _v, k, _h, d, p in fired] == [
+        ("p.exec.default", f"nightly@{NOW}".encode(), NOW, -1)  # the key's partition
+    ]
     (placed,) = sent.to(".timers")
     assert placed[2] == f"nightly@{NOW + 600_000}".encode()
     assert CronState.decode(sent.to(".emitter.cron")[0][1]) == CronState(2, NOW + 600_000)
@@ -189,8 +190,20 @@ def test_keeper_drops_stale_paused_and_deleted_occurrences() -> None:
     assert fired == []
 
 
-def _collect(into: list[Any]) -> Any:
-    return lambda *args: into.append(args)
+class _collect:  # noqa: N801 - an Emit that records its calls
+    def __init__(self, into: list[Any]) -> None:
+        self.into = into
+
+    def __call__(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        headers: list[Any],
+        due: int,
+        partition: int = -1,
+    ) -> None:
+        self.into.append((topic, value, key, headers, due, partition))
 
 
 @pytest.mark.parametrize(
@@ -201,10 +214,30 @@ def test_keeper_applies_the_misfire_policy(policy: MisfirePolicy, runs: int) -> 
     sch = _schedule(cron="*/10 * * * *", timezone="UTC", misfire=policy)
     keeper, _sent, _ = _keeper(sch)
     m, headers = _occurrence_message(sch, NOW)
-    fired: list[int] = []
+    calls: list[Any] = []
     later = NOW + 1_800_000 + 5_000  # down for 30 minutes: 3 missed, then one on time
-    keeper.fire_occurrence(
-        m, NOW, "p.exec.default", headers, later, lambda t, v, k, h, d: fired.append(d)
-    )
+    keeper.fire_occurrence(m, NOW, "p.exec.default", headers, later, _collect(calls))
+    fired = [c[4] for c in calls]
     assert len(fired) == runs
     assert all(d <= later for d in fired)
+
+
+@pytest.mark.parametrize("policy", [OverlapPolicy.SKIP, OverlapPolicy.BUFFER_ONE])
+def test_occurrences_of_a_schedule_with_an_overlap_policy_go_to_its_partition(
+    policy: OverlapPolicy,
+) -> None:
+    """Every occurrence (missed ones too) on the partition of the schedule id, with the
+    policy in its headers: one worker sees them all."""
+    from dueflow.partitioning import partition_for_key
+
+    sch = _schedule(cron="*/10 * * * *", timezone="UTC", misfire=MisfirePolicy.FIRE_ALL)
+    sch = replace(sch, overlap=policy)
+    keeper, _sent, _ = _keeper(sch)
+    m, headers = _occurrence_message(sch, NOW)
+    assert hdr.header(headers, hdr.OVERLAP) == policy.value.encode()
+    calls: list[Any] = []
+    keeper.fire_occurrence(m, NOW, "p.exec.default", headers, NOW + 1_800_000, _collect(calls))
+    assert len(calls) > 1
+    parts = load_settings(env={}, overrides={"topic_prefix": "p"}).queue("default").partitions
+    assert {c[5] for c in calls} == {partition_for_key(b"nightly", parts)}
+    assert all(hdr.header(c[3], hdr.OVERLAP) == policy.value.encode() for c in calls)

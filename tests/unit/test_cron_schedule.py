@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dueflow.cron import CronSchedule, MisfirePolicy, next_occurrence
+from dueflow.cron import CronSchedule, MisfirePolicy, first_occurrence, next_occurrence
 from dueflow.errors import InvalidInput
 from dueflow.model import Backoff, BackoffKind
 from dueflow.schemas import codec
@@ -154,3 +154,62 @@ def test_next_occurrence_ignores_paused() -> None:
 def test_never_firing_schedule() -> None:
     s = schedule(cron="0 0 30 2 *")
     assert next_occurrence(s, after_ms=0) is None
+
+
+# ------------------------------------------------------------ schedules that never fire
+
+NOW = utc("2030-01-01T00:00")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "named"),
+    [
+        ({"cron": "0 0 30 2 *"}, "cron", "0 0 30 2 *"),  # February 30
+        ({"cron": "0 0 31 4,6,9,11 *"}, "cron", "0 0 31 4,6,9,11 *"),
+        ({"cron": "0 12 * * *", "end_ms": utc("2029-12-31T00:00")}, "end", "0 12 * * *"),
+        # a window without a leap day: Feb 29 never comes within it
+        (
+            {
+                "cron": "0 0 29 2 *",
+                "start_ms": utc("2030-03-01T00:00"),
+                "end_ms": utc("2031-12-31T00:00"),
+            },
+            "end",
+            "0 0 29 2 *",
+        ),
+        # an end before the first occurrence after the start
+        (
+            {
+                "cron": "0 9 * * *",
+                "start_ms": utc("2030-05-01T10:00"),
+                "end_ms": utc("2030-05-02T08:59"),
+            },
+            "end",
+            "first at 2030-05-02T09:00",
+        ),
+    ],
+)
+def test_a_schedule_that_can_never_fire_is_refused_naming_the_expression(
+    overrides: dict[str, Any], field: str, named: str
+) -> None:
+    s = schedule(timezone="UTC", **overrides)
+    with pytest.raises(InvalidInput) as info:
+        first_occurrence(s, now_ms=NOW)
+    assert info.value.field == field
+    assert named in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "first"),
+    [
+        ({"cron": "0 0 29 2 *"}, utc("2032-02-29T00:00")),  # the next leap day
+        ({"cron": "0 0 30 2 MON"}, utc("2030-02-04T00:00")),  # OR rule: Mondays of February
+        ({"cron": "0 12 * * *", "end_ms": utc("2030-01-01T12:00")}, utc("2030-01-01T12:00")),
+        ({"cron": "0 12 * * *", "start_ms": utc("2030-06-01T00:00")}, utc("2030-06-01T12:00")),
+        ({"cron": "0 12 * * *", "paused": True}, utc("2030-01-01T12:00")),
+    ],
+)
+def test_a_schedule_that_fires_gives_its_first_occurrence(
+    overrides: dict[str, Any], first: int
+) -> None:
+    assert first_occurrence(schedule(timezone="UTC", **overrides), now_ms=NOW) == first

@@ -107,6 +107,24 @@ def test_encode_outcome_is_byte_identical(rec: dict[str, Any]) -> None:
     assert fast.encode_outcome(**rec) == codec.encode("outcome", rec)
 
 
+@given(outcomes)
+@settings(max_examples=200)
+def test_encode_scheduled_is_the_scheduled_outcome_byte_for_byte(rec: dict[str, Any]) -> None:
+    rec = {**rec, "state": "scheduled", "attempt": 0, "due_ms": rec["due_ms"] or 0}
+    rec.update(duration_ms=None, error_type=None, error=None, worker=None)
+    got = fast.encode_scheduled(
+        rec["job_id"],
+        rec["queue"],
+        rec["task"],
+        rec["idempotency_key"],
+        rec["due_ms"],
+        rec["at_ms"],
+        rec["trace_id"],
+        rec["schedule_id"],
+    )
+    assert got == fast.encode_outcome(**rec) == codec.encode("outcome", rec)
+
+
 key_records = st.fixed_dictionaries(
     {
         "idempotency_key": texts,
@@ -123,11 +141,11 @@ key_records = st.fixed_dictionaries(
 @settings(max_examples=300)
 def test_key_state_round_trip_is_byte_identical(rec: dict[str, Any]) -> None:
     data = fast.encode_key_state(**rec)
-    assert data == codec.encode("idempotency", rec)
+    assert data == codec.encode("idempotency", rec, version=2)
     want = (rec["state"], rec["at_ms"], rec["attempts"])
     assert fast.decode_key_state(data) == want
     assert fast.decode_key_state(data, fast.IDEMPOTENCY_V2) == want
-    assert fast.decode_key_state(data, codec.schema_header("idempotency")) == want
+    assert fast.decode_key_state(data, codec.schema_header("idempotency", 2)) == want
     if rec["state"] in fast.KEY_STATES_V1:
         assert fast.decode_key_state(data, fast.IDEMPOTENCY_V1) == want
     else:  # version 1 had no `retrying`

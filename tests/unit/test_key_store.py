@@ -91,3 +91,35 @@ def test_memory_factory_gives_fresh_stores() -> None:
     a, b = make("q", 0, HOUR), make("q", 0, HOUR)
     a.apply([(b"x", DONE, 1)], 1)
     assert b.get(b"x") is None
+
+
+def test_reschedules_are_apart_from_final_states_and_the_latest_wins(store: KeyStore) -> None:
+    assert store.run_only_due(b"a") is None
+    store.reschedule([(b"a", 50_000, 1_000), (b"a", 70_000, 1_001), (b"b", 9, 1_000)])
+    assert (store.run_only_due(b"a"), store.run_only_due(b"b")) == (70_000, 9)
+    store.apply([(b"a", DONE, 2_000), (b"b", None, 2_000)], 3)  # a final state; a tombstone
+    # both kept: a final state wins at dispatch, and a redrive's tombstone clears `dead` only
+    assert (store.get(b"a"), store.run_only_due(b"a"), store.run_only_due(b"b")) == (
+        DONE,
+        70_000,
+        9,
+    )
+    assert len(store) == 1  # counts keys with a final state
+
+
+def test_reschedules_expire_after_the_window_from_when_they_were_written(store: KeyStore) -> None:
+    store.reschedule([(b"old", 10 * HOUR, 0), (b"new", 10 * HOUR, HOUR)])
+    store.expire(HOUR)
+    assert store.run_only_due(b"old") == 10 * HOUR
+    store.expire(HOUR + 1)
+    assert (store.run_only_due(b"old"), store.run_only_due(b"new")) == (None, 10 * HOUR)
+
+
+def test_the_disk_store_keeps_its_reschedules_across_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "q-1.sqlite"
+    first = SqliteKeyStore(path, HOUR)
+    first.reschedule([(b"k", 123, 1_000)])
+    first.apply([], 7)
+    first.close()
+    again = SqliteKeyStore(path, HOUR)
+    assert (again.run_only_due(b"k"), again.next_offset) == (123, 7)

@@ -66,6 +66,7 @@ RECORDS: dict[str, dict[str, Any]] = {
         "created_ms": NOW,
         "updated_ms": NOW,
         "labels": {"team": "data"},
+        "overlap": "buffer_one",  # version 2
     },
     "outcome": {
         "job_id": "0190f0c2a1b27c3d8e9f00112233aabb",
@@ -110,6 +111,7 @@ RECORDS: dict[str, dict[str, Any]] = {
         "at_ms": NOW + 1_000,
         "attempts": 0,
         "content_hash": "5d41402abc4b2a76b9719d911017c592",
+        "run_only_due_ms": NOW + 3_600_000,  # version 3: a reschedule
     },
     "quarantined": {
         "reason": "df-due header is not a number",
@@ -200,3 +202,26 @@ def test_the_check_catches_an_incompatible_change() -> None:
     fixed = fastavro.parse_schema(changed, named_schemas={})
     assert _read(old, v1, fixed)["owner"] == ""
     assert _read(_write(fixed, {**RECORDS["idempotency"], "owner": "x"}), fixed, v1)
+
+
+@pytest.mark.parametrize("state", ["rescheduled", "expired", "skipped"])
+def test_a_reader_of_version_1_reads_the_new_outcome_states_as_unknown(state: str) -> None:
+    """Version 2 adds states; the enum's default makes them readable by version 1."""
+    v1 = fastavro.parse_schema(codec.schema_json("outcome", 1), named_schemas={})
+    data = codec.encode("outcome", {**RECORDS["outcome"], "state": state})
+    assert _read(data, codec.parsed_schema("outcome"), v1)["state"] == "unknown"
+    assert codec.decode("outcome", data)["state"] == state
+
+
+def test_records_that_need_nothing_new_are_written_as_version_1() -> None:
+    """A reader resolves only the versions it knows: what version 1 can hold is written
+    as version 1, byte for byte the hand-written encoders' (what workers write)."""
+    from dueflow.schemas import fast
+
+    key = {k: v for k, v in RECORDS["idempotency"].items() if k != "run_only_due_ms"}
+    assert codec.encode("idempotency", key, version=1) == fast.encode_key_state(**key)
+    assert codec.schema_header("idempotency", 1) == fast.IDEMPOTENCY_V1
+    assert codec.encode("outcome", RECORDS["outcome"], version=1) == fast.encode_outcome(
+        **RECORDS["outcome"]
+    )
+    assert codec.schema_header("outcome", 1) == fast.OUTCOME_V1

@@ -84,7 +84,7 @@ def test_routes() -> None:
     assert body["job_id"] == "nope/x"
     assert body["error"].startswith("unknown job id")
     assert body["state"] == "unknown"
-    assert "pending" in body["error"]
+    assert "known from the moment it is scheduled" in body["error"]
     assert got["/queues"][1]["queues"]["q"]["total"] == 1
     assert got["/api/overview"][1]["recent_jobs"] == [JOB]
     assert got["/api/cluster"][0] == 503

@@ -123,8 +123,9 @@ def test_a_cancel_of_a_retrying_job_stops_its_retries() -> None:
         assert len(calls) == 1
 
 
-def test_a_cancel_sent_to_another_queue_does_not_find_the_job() -> None:
-    """What the cluster does today (issue 15 item 4 makes cancel say so)."""
+def test_a_cancel_from_another_client_finds_the_jobs_queue_and_a_wrong_queue_is_refused() -> None:
+    """Another client does not know the job, its lookup does: the cancellation goes to
+    the job's queue (it used to go to "default", and the job ran)."""
     calls: list[Any] = []
     handler = recording("t", calls, queue="billing")
     settings = Settings(queues=(QueueSpec("default"), QueueSpec("billing")))
@@ -132,10 +133,18 @@ def test_a_cancel_sent_to_another_queue_does_not_find_the_job() -> None:
         job = p.scheduler.schedule("t", queue="billing", delay="1m")
         other = InMemoryScheduler(
             settings, log=p.log, clock=p.clock, random_bytes=lambda n: b"\0" * n
-        ).start()  # another client: it does not know the job's queue
-        assert other.cancel(job.job_id).queue == "default"
+        ).start()  # another client: it did not schedule the job
+        with pytest.raises(InvalidInput, match="was scheduled to \\('billing'\\)"):
+            other.cancel(job.job_id, queue="default")
+        cancelled = other.cancel(job.job_id)
+        assert (cancelled.queue, cancelled.found, cancelled.known, cancelled.state) == (
+            "billing",
+            True,
+            False,
+            "scheduled",
+        )
         p.run_until_idle()
-        assert [c[0] for c in calls] == [job.job_id]
+        assert calls == []
 
 
 # ------------------------------------------------------------ payloads
@@ -348,13 +357,20 @@ def test_a_job_in_a_queue_no_worker_consumes_is_pending_and_says_so() -> None:
 
 def test_status_is_what_the_status_view_shows() -> None:
     with InMemoryPipeline([recording("t", [], fail_first=1, backoff=FIXED)]) as p:
-        job = p.scheduler.schedule("t")
+        job = p.scheduler.schedule("t", delay="1m")
+        pending = p.status(job.job_id)  # the client's `scheduled` outcome, before any run
+        assert pending is not None
+        assert (pending["state"], pending["due_ms"], pending["attempts"]) == (
+            "scheduled",
+            job.due_ms,
+            0,
+        )
         p.run_until_idle()
         view = p.status(job.job_id)
         assert view is not None
         assert (view["state"], view["attempts"]) == ("succeeded", 2)
         assert view["last_error"]["type"] == "ConnectionError"
-        assert [h[0] for h in view["history"]] == ["retrying", "succeeded"]
+        assert [h[0] for h in view["history"]] == ["scheduled", "retrying", "succeeded"]
         assert p.status("nope") is None
 
 
@@ -404,6 +420,11 @@ def test_every_public_scheduler_method_is_known_here() -> None:
         "schedule_many",
         "cancel",
         "cancel_plan",
+        "lookup",
+        "status",
+        "reschedule",
+        "timers",
+        "queue_spec",
         "add_schedule",
         "update_schedule",
         "pause_schedule",

@@ -1,0 +1,171 @@
+"""What do ``scheduled`` outcomes (on by default) cost the scheduling client?
+
+    python -m benchmarks.scheduled_outcomes --jobs 100000 --json scheduled_outcomes.json
+
+With them, every job the SDK schedules also gets a small ``scheduled``
+record in the outcomes topic (written once its timer is acknowledged), so
+the status view, ``Scheduler.status`` and ``dueflow job`` know a job before
+it runs. Measured in the same run and against the same broker, rounds
+alternating after an untimed warm-up of each:
+
+- ``raw``: the very timer records ``schedule_many`` writes, produced with
+  plain ``confluent_kafka.Producer`` (as ``benchmarks.produce``);
+- ``off``: ``Scheduler(scheduled_outcomes=False).schedule_many``;
+- ``on``: ``Scheduler()`` (the default) ``.schedule_many``;
+- ``one_by_one_off`` / ``one_by_one_on``: ``schedule()`` calls, each waiting
+  for its acknowledgement (``--single`` jobs): the latency-bound path.
+
+Reported: the median of each, ``ratio_on`` / ``ratio_off`` against raw, and
+``cost_on`` = 1 - on/off (the share of throughput the outcomes take). Uses
+``DUEFLOW_BOOTSTRAP`` (or ``--bootstrap``) when set, else starts a local
+broker on a free port and stops it at the end. Prints a table and writes JSON
+(``benchmarks/output.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import statistics
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from benchmarks.output import show
+from benchmarks.produce import broker, plan_records, produce_raw, requests, timed
+from dueflow.cli.common import format_table
+from dueflow.clients import make_admin, make_producer
+from dueflow.config import load_settings
+from dueflow.producers.scheduler import BULK_PRODUCER, Scheduler
+from dueflow.topic_admin import TopicAdmin
+from dueflow.topics import TopicSpec, names, topic_layout
+
+
+def run(bootstrap: str, jobs: int, rounds: int, single: int) -> dict[str, Any]:
+    settings = load_settings(
+        env=os.environ,
+        overrides={"bootstrap": bootstrap, "topic_prefix": f"bench{uuid.uuid4().hex[:8]}"},
+    )
+    timers = names(settings).timers
+    raw_topic = f"{settings.topic_prefix}.rawbench"
+    layout = topic_layout(settings)
+    timer_spec = next(s for s in layout if s.name == timers)
+    raw_spec = TopicSpec(raw_topic, "bench", timer_spec.partitions, timer_spec.config)
+    report = TopicAdmin(
+        make_admin(settings), replication_factor=settings.replication_factor
+    ).ensure([*layout, raw_spec])
+    if not report.ok:
+        raise RuntimeError(f"topics: {report.differences}")
+
+    reqs = requests(jobs)
+    warm = requests(min(jobs, 20_000), start=jobs)
+    per_s: dict[str, list[float]] = {"raw": [], "off": [], "on": []}
+    cpu: dict[str, list[float]] = {"raw": [], "off": [], "on": []}
+    with (
+        Scheduler(settings, scheduled_outcomes=False) as off,
+        Scheduler(settings) as on,
+    ):
+        if not on.scheduled_outcomes or off.scheduled_outcomes:
+            raise RuntimeError("the default must write scheduled outcomes")
+        raw = make_producer(settings, **{**BULK_PRODUCER, **off.producer_settings()})
+        records = plan_records(settings, reqs)
+        produce_raw(raw, raw_topic, plan_records(settings, warm))  # warm-up, untimed
+        off.schedule_many(warm)
+        on.schedule_many(warm)
+        for _ in range(rounds):
+            _, wall, used = timed(lambda: produce_raw(raw, raw_topic, records))
+            per_s["raw"].append(jobs / wall)
+            cpu["raw"].append(used / jobs * 1e6)
+            for name, scheduler in (("off", off), ("on", on)):
+                result, wall, used = timed(functools.partial(scheduler.schedule_many, reqs))
+                if result.scheduled != jobs:
+                    raise RuntimeError(f"schedule_many: {result.to_json()}")
+                per_s[name].append(jobs / wall)
+                cpu[name].append(used / jobs * 1e6)
+        one_by_one: dict[str, float] = {}
+        for name, scheduler in (("off", off), ("on", on)):
+            started = time.perf_counter()
+            for req in requests(single, start=2 * jobs):
+                scheduler.schedule_request(req)
+            one_by_one[name] = single / (time.perf_counter() - started)
+        failed_outcomes = on.outcome_reports.failed
+
+    med = {k: statistics.median(v) for k, v in per_s.items()}
+    return {
+        "jobs": jobs,
+        "rounds": rounds,
+        "raw_per_s": round(med["raw"]),
+        "off_per_s": round(med["off"]),
+        "on_per_s": round(med["on"]),
+        "ratio_off": round(med["off"] / med["raw"], 3),
+        "ratio_on": round(med["on"] / med["raw"], 3),
+        "cost_on": round(1 - med["on"] / med["off"], 3),
+        "cpu_us_per_job": {k: round(statistics.median(v), 2) for k, v in cpu.items()},
+        "single": single,
+        "one_by_one_off_per_s": round(one_by_one["off"]),
+        "one_by_one_on_per_s": round(one_by_one["on"]),
+        "failed_outcomes": failed_outcomes,
+        "rounds_per_s": {k: [round(x) for x in v] for k, v in per_s.items()},
+        "cpus": os.cpu_count(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.scheduled_outcomes", description=__doc__
+    )
+    parser.add_argument("--jobs", type=int, default=100_000, help="jobs per round")
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds of each")
+    parser.add_argument("--single", type=int, default=2_000, help="schedule() calls of each")
+    parser.add_argument("--bootstrap", default=os.environ.get("DUEFLOW_BOOTSTRAP"))
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args(argv)
+    load = os.getloadavg()
+    with broker(args.bootstrap) as bootstrap:
+        out = run(bootstrap, args.jobs, args.rounds, args.single)
+    out["host"] = {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "load_before": [round(x, 2) for x in load],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+    }
+    print(
+        format_table(
+            ["schedule_many", "per second (median)", "ratio to raw", "CPU us/job", "rounds"],
+            [
+                [
+                    name,
+                    out[f"{key}_per_s"],
+                    "1" if key == "raw" else out[f"ratio_{key}"],
+                    out["cpu_us_per_job"][key],
+                    " ".join(map(str, out["rounds_per_s"][key])),
+                ]
+                for name, key in (
+                    ("raw produce", "raw"),
+                    ("scheduled outcomes off", "off"),
+                    ("scheduled outcomes on (default)", "on"),
+                )
+            ],
+        )
+    )
+    print()
+    show(
+        {
+            "cost of the outcomes (1 - on/off)": out["cost_on"],
+            "schedule() one by one, off": f"{out['one_by_one_off_per_s']}/s",
+            "schedule() one by one, on": f"{out['one_by_one_on_per_s']}/s",
+            "host load before -> after": (
+                f"{out['host']['load_before'][0]} -> {out['host']['load_after'][0]}"
+            ),
+        },
+        None,
+    )
+    if args.json:
+        show(out, args.json, hide=set(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
