@@ -37,6 +37,19 @@ _ABORT_S = 2.0  # the least an abort may take when the deadline has passed
 _FENCED_MEMBER_EPOCH = getattr(KafkaError, "FENCED_MEMBER_EPOCH", 110)
 _STALE_MEMBER_EPOCH = getattr(KafkaError, "STALE_MEMBER_EPOCH", 113)
 _LOG = logging.getLogger("dueflow.worker.commit")
+# Errors that say "not now" while a producer registers its transactional id:
+# calling init_transactions again on the same producer resumes it.
+PASSING_START_ERRORS = frozenset(
+    {
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.CONCURRENT_TRANSACTIONS,
+    }
+)
 
 
 class CommitFailed(Exception):
@@ -76,18 +89,47 @@ class TransactionalCommitter:
         self._incremental = incremental
         self._timeout_s = max(5.0, settings.worker.transaction_timeout_ms / 1000)
         self._producer: Producer | None = None
+        self._started = False
+
+    def bind(self, group_metadata: Callable[[], Any]) -> None:
+        """Commit offsets for another consumer (the next one after a failed start)."""
+        self._group_metadata = group_metadata
+
+    @property
+    def resumable(self) -> bool:
+        """A start that failed in passing left its producer to be started again."""
+        return self._producer is not None and not self._started
 
     def start(self) -> None:
-        """Create the producer and register the transactional id (blocking)."""
-        self._producer = make_transactional_producer(
-            self._settings,
-            self._txn_id,
-            **{
-                "transaction.timeout.ms": self._settings.worker.transaction_timeout_ms,
-                "linger.ms": 2,
-            },
-        )
-        self._producer.init_transactions(self._timeout_s)
+        """Create the producer and register the transactional id (blocking).
+
+        A start that times out (a coordinator loading or moving) keeps its
+        producer: calling start again resumes the same registration, as
+        librdkafka asks. A second producer would race the first one's
+        registration, which goes on in the background, and the one that
+        registers last fences the other in the middle of its work (a worker
+        under load fenced itself that way and ran a batch twice)."""
+        if self._producer is None:
+            self._producer = make_transactional_producer(
+                self._settings,
+                self._txn_id,
+                **{
+                    "transaction.timeout.ms": self._settings.worker.transaction_timeout_ms,
+                    "linger.ms": 2,
+                },
+            )
+        try:
+            self._producer.init_transactions(self._timeout_s)
+        except KafkaException as exc:
+            err = _error_of(exc)
+            if (
+                err is None
+                or err.fatal()
+                or not (err.retriable() or err.code() in PASSING_START_ERRORS)
+            ):
+                self.close()
+            raise
+        self._started = True
 
     def commit(self, batch: Batch) -> None:
         """Commit ``batch`` in one transaction or raise :class:`CommitFailed`.
@@ -172,6 +214,7 @@ class TransactionalCommitter:
 
     def close(self) -> None:
         producer, self._producer = self._producer, None
+        self._started = False
         if producer is not None:
             try:
                 producer.flush(1.0)

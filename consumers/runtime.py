@@ -53,7 +53,11 @@ from dueflow.blocking import ClientWedged, DaemonThreadExecutor
 from dueflow.clients import make_admin, make_consumer
 from dueflow.clock_probe import ClockProbe
 from dueflow.config import QueueSpec, Settings
-from dueflow.consumers.committer import CommitFailed, TransactionalCommitter
+from dueflow.consumers.committer import (
+    PASSING_START_ERRORS,
+    CommitFailed,
+    TransactionalCommitter,
+)
 from dueflow.consumers.context import TaskContext
 from dueflow.consumers.execution import JobExecutor
 from dueflow.consumers.failures import Failure
@@ -100,23 +104,11 @@ _ABANDONED: list[Any] = []  # wedged clients, kept referenced: never destroyed
 _CONNECTION_LOST = frozenset({KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT})
 
 
-_PASSING = frozenset(
-    {
-        KafkaError._TIMED_OUT,
-        KafkaError._TRANSPORT,
-        KafkaError._ALL_BROKERS_DOWN,
-        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-        KafkaError.COORDINATOR_NOT_AVAILABLE,
-        KafkaError.NOT_COORDINATOR,
-    }
-)
-
-
 def _passing(exc: BaseException) -> bool:
     """A client error that says "not now" (retry), not "never"."""
     err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
     return isinstance(err, KafkaError) and (
-        err.retriable() or (err.code() in _PASSING and not err.fatal())
+        err.retriable() or (err.code() in PASSING_START_ERRORS and not err.fatal())
     )
 
 
@@ -192,7 +184,8 @@ class QueueRuntime:
         self._tier_of.update(zip(self._tier_topics, queue.retry_tiers_ms, strict=True))
         self._group = n.worker_group(queue.name)
         # Unique per process and queue; zombies are fenced by the group generation (KIP-447).
-        self._txn_id = f"{self._group}.{worker_id}.{uuid.uuid4().hex[:8]}"
+        self._worker_id = worker_id
+        self._txn_id = self._new_txn_id()
         self._tail = KeyTail(
             settings,
             topic=n.idempotency(queue.name),
@@ -315,13 +308,17 @@ class QueueRuntime:
             name=f"dueflow-poll-{self._queue.name}",
             incremental=incremental(ws),
         )
-        self._committer = TransactionalCommitter(
-            self._settings,
-            self._txn_id,
-            lambda: poller.group_metadata,
-            queue=self._queue.name,
-            incremental=incremental(ws),
-        )
+        if self._committer is not None and self._committer.resumable:
+            # The last start timed out: resume its registration, never race it.
+            self._committer.bind(lambda: poller.group_metadata)
+        else:
+            self._committer = TransactionalCommitter(
+                self._settings,
+                self._txn_id,
+                lambda: poller.group_metadata,
+                queue=self._queue.name,
+                incremental=incremental(ws),
+            )
         try:
             await self._in_txn_thread(self._committer.start)
         except BaseException:
@@ -1053,8 +1050,14 @@ class QueueRuntime:
         )
         _ABANDONED.append(self._committer)  # destroying it would block as well
         self._committer = None
+        # The abandoned producer may still finish what it was doing (registering
+        # its id): under the same id it would fence the next one mid-batch.
+        self._txn_id = self._new_txn_id()
         self._txn_thread.shutdown(wait=False)
         self._txn_thread = DaemonThreadExecutor(f"dueflow-txn-{self.queue}")
+
+    def _new_txn_id(self) -> str:
+        return f"{self._group}.{self._worker_id}.{uuid.uuid4().hex[:8]}"
 
     def _update_gauges(self) -> None:
         m = self._metrics

@@ -1,7 +1,8 @@
 """Client errors at the edges of the emitter and the worker: the outbox turns a
 producer's fatal error into the emitter's own errors, also when it surfaces in
 ``poll`` (the session ends and starts over, not the process); a worker's start
-retries only the errors that say "not now"."""
+retries only the errors that say "not now", resuming the registration of its
+transactional id on the same producer."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from dueflow.config import load_settings
+from dueflow.consumers import committer as committer_module
+from dueflow.consumers.committer import TransactionalCommitter
 from dueflow.consumers.runtime import _passing
 from dueflow.errors import FencedError, KafkaOperationError
 from dueflow.streams.emitter.outbox import Outbox
@@ -70,3 +73,62 @@ def test_a_worker_retries_its_start_only_on_errors_that_pass(
 ) -> None:
     assert _passing(KafkaException(error)) is passing
     assert _passing(ValueError("no")) is False
+
+
+class _TxnProducer:
+    """init_transactions fails with ``errors`` in turn, then succeeds."""
+
+    def __init__(self, errors: list[KafkaError]) -> None:
+        self.errors = errors  # shared by the producers of one committer
+        self.inits = 0
+
+    def init_transactions(self, _timeout: float) -> None:
+        self.inits += 1
+        if self.errors:
+            raise KafkaException(self.errors.pop(0))
+
+    def flush(self, _timeout: float) -> int:
+        return 0
+
+
+def _committer(
+    monkeypatch: pytest.MonkeyPatch, errors: list[KafkaError]
+) -> tuple[TransactionalCommitter, list[_TxnProducer]]:
+    made: list[_TxnProducer] = []
+
+    def make(*_args: Any, **_kwargs: Any) -> _TxnProducer:
+        made.append(_TxnProducer(errors))
+        return made[-1]
+
+    monkeypatch.setattr(committer_module, "make_transactional_producer", make)
+    settings = load_settings(env={}, overrides={})
+    return TransactionalCommitter(settings, "txn-1", lambda: None, queue="q"), made
+
+
+def test_a_start_that_timed_out_resumes_on_the_same_producer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A second producer with the same transactional id would race the first
+    # one's registration, which goes on in the background: whichever registers
+    # last fences the other in the middle of its work.
+    timed_out = KafkaError(KafkaError._TIMED_OUT, "retry call to resume", retriable=True)
+    loading = KafkaError(KafkaError.COORDINATOR_LOAD_IN_PROGRESS, "loading")
+    committer, made = _committer(monkeypatch, [timed_out, loading])
+    for _ in range(2):
+        with pytest.raises(KafkaException):
+            committer.start()
+        assert committer.resumable
+    committer.start()
+    assert len(made) == 1
+    assert made[0].inits == 3
+    assert not committer.resumable
+
+
+def test_a_start_refused_for_good_closes_its_producer(monkeypatch: pytest.MonkeyPatch) -> None:
+    denied = KafkaError(KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "denied")
+    committer, made = _committer(monkeypatch, [denied])
+    with pytest.raises(KafkaException):
+        committer.start()
+    assert not committer.resumable
+    committer.start()  # a new producer, not the refused one
+    assert len(made) == 2
