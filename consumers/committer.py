@@ -16,6 +16,7 @@ starts over from the committed offsets.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -68,6 +69,10 @@ class Batch:
     # Whether any partition the batch writes for has left this member since
     # (read on the transaction thread; a partition once gone stays gone).
     gone: Callable[[], bool] = lambda: False
+    # Monotonic time after which the batch is not committed but aborted: its
+    # member may have missed heartbeats for a session since the cut (stopped,
+    # starved) and its partitions run elsewhere by now.
+    commit_by: float = math.inf
 
 
 class TransactionalCommitter:
@@ -145,6 +150,10 @@ class TransactionalCommitter:
             try:
                 self._commit_once(batch, deadline)
                 return
+            except _NotOurs as exc:
+                event(_LOG, "transaction aborted", logging.WARNING, queue=self._queue, why=str(exc))
+                self._abort(deadline)
+                raise CommitFailed(f"not committed: {exc}", fatal=False) from exc
             except KafkaException as exc:
                 err = _error_of(exc)
                 if err is not None and err.fatal():
@@ -189,9 +198,11 @@ class TransactionalCommitter:
                 except BufferError:
                     producer.poll(0.01)
         if batch.offsets:
+            _still_ours(batch)
             producer.send_offsets_to_transaction(
                 batch.offsets, self._group_metadata(), _left(deadline)
             )
+        _still_ours(batch)
         while True:
             try:
                 producer.commit_transaction(_left(deadline))
@@ -228,6 +239,28 @@ class TransactionalCommitter:
                     queue=self._queue,
                     error=str(exc),
                 )
+
+
+class _NotOurs(Exception):
+    """The batch's partitions may belong to another member by now."""
+
+
+def _still_ours(batch: Batch) -> None:
+    """Raise :class:`_NotOurs` when ``batch`` must not commit: one of its
+    partitions left this member, or the cut is older than its commit window.
+
+    The second closes the zombie's window. A worker stopped (SIGSTOP, a VM
+    pause) between the cut and the commit wakes up with the batch in hand; its
+    group metadata is read when the offsets are sent, and by then the member
+    may have rejoined with a new epoch and been given the same partitions
+    back, while another member ran the batch's jobs in between: the coordinator
+    would accept the late commit and both runs would count (seen on the
+    3-node cluster: a SIGSTOP of 8.7 s right after two jobs finished)."""
+    if batch.gone():
+        raise _NotOurs("a partition of the batch left this member")
+    late = time.monotonic() - batch.commit_by
+    if late > 0:
+        raise _NotOurs(f"its commit came {late:.1f} s after the commit window closed")
 
 
 def _error_of(exc: KafkaException) -> KafkaError | None:

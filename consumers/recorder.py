@@ -577,9 +577,16 @@ class BatchRecorder:
 
 
 def _gone_check(records: list[tuple[Any, ...]], marks: list[Mark]) -> Callable[[], bool]:
-    """Whether a feed the batch writes for is gone (asked only when a commit failed)."""
+    """Whether a feed the batch writes for is gone (asked before the offsets are
+    sent, before the commit, and before a replay)."""
+    feeds: list[Any] | None = None
 
     def gone() -> bool:
-        return any(f.gone for f, _ in marks) or any(r[0] is not None and r[0].gone for r in records)
+        nonlocal feeds
+        if feeds is None:  # the distinct feeds, once: a batch has thousands of records
+            distinct = {id(f): f for f, _ in marks}
+            distinct.update((id(r[0]), r[0]) for r in records if r[0] is not None)
+            feeds = list(distinct.values())
+        return any(f.gone for f in feeds)
 
     return gone

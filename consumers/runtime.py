@@ -238,6 +238,11 @@ class QueueRuntime:
         self._doubts = 0  # times doubt arose: a commit cut before the last one proves nothing
         self._alive_at = time.monotonic()
         self._stall_s = _ALIVE_EVERY_S + max(1.0, self._ws.heartbeat_ms / 1000)
+        # A batch not committed this long after its cut is aborted (see
+        # committer._still_ours): by then the member may have been expelled.
+        self._commit_window_s = max(
+            1.0, (self._ws.session_timeout_ms - self._ws.heartbeat_ms) / 1000
+        )
         self._ticker: asyncio.TimerHandle | None = None
         self._pump_scheduled = False
         self._closing = False
@@ -992,6 +997,7 @@ class QueueRuntime:
                 self._batch.flush_metrics()
                 return True
             batch, finals, marks = cut
+            batch.commit_by = time.monotonic() + self._commit_window_s
             proof_only = not batch.records and not marks  # nothing of it is work
             assert self._committer is not None
             try:

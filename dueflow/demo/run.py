@@ -53,6 +53,7 @@ from dueflow.producers import Scheduler
 
 SETTLE_S = 1.5  # quiet time after the last job, so a late duplicate would be seen
 DRAIN_S = 45.0
+_TWO_DAYS_MS = 2 * 86_400_000
 WARM_UP_JOBS = 60  # after the last due time, how long the demo waits for stragglers
 
 
@@ -169,11 +170,13 @@ def run_workload(
                 queue=p.queue,
                 payload=p.payload,
                 start=datetime.fromtimestamp(start_ms / 1000, UTC),
-                end=datetime.fromtimestamp(end_ms / 1000, UTC),
+                end=datetime.fromtimestamp(
+                    (end_ms if p.ends_with_window else start_ms + _TWO_DAYS_MS) / 1000, UTC
+                ),
             )
             for p in CRON_PLANS
         ]
-        cron_expected = {k for s in schedules for k in cron_runs(s)}
+        cron_expected = {k for s in schedules for k in cron_runs(s, until_ms=end_ms)}
         feeder = WaveFeeder(scheduler, waves)
         started = time.monotonic()
         feeder.start()

@@ -138,6 +138,9 @@ class CronPlan:
     task: str
     queue: str
     payload: dict[str, Any]
+    # Whether it ends with the demo's window. One that does not fire in it ends
+    # two days after its start instead (a cron that can never fire is refused).
+    ends_with_window: bool = True
 
 
 CRON_PLANS = (
@@ -145,19 +148,30 @@ CRON_PLANS = (
     CronPlan(
         "digest-paris-5s", "*/5 * * * * *", "Europe/Paris", "digest.send", "emails", {"list": 7}
     ),
-    CronPlan("nightly-report", "0 3 * * *", "Europe/Paris", "report.build", "reports", {"n": 1}),
+    CronPlan(
+        "nightly-report",
+        "0 3 * * *",
+        "Europe/Paris",
+        "report.build",
+        "reports",
+        {"n": 1},
+        ends_with_window=False,
+    ),
 )
 
 
-def cron_runs(schedule: CronSchedule, *, limit: int = 10_000) -> list[str]:
-    """Job ids of every occurrence of a schedule with a start and an end."""
+def cron_runs(
+    schedule: CronSchedule, *, until_ms: int | None = None, limit: int = 10_000
+) -> list[str]:
+    """Job ids of every occurrence of a schedule with a start and an end (and at
+    or before ``until_ms``: the demo's window, when the schedule lasts longer)."""
     if schedule.start_ms is None or schedule.end_ms is None:
         raise InvalidInput("schedule", schedule.schedule_id, "a schedule with a start and an end")
     out: list[str] = []
     at = schedule.start_ms - 1
     while len(out) < limit:
         nxt = next_occurrence(schedule, after_ms=at)
-        if nxt is None:
+        if nxt is None or (until_ms is not None and nxt > until_ms):
             break
         out.append(occurrence_id(schedule.schedule_id, nxt))
         at = nxt

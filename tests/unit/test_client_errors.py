@@ -2,18 +2,20 @@
 producer's fatal error into the emitter's own errors, also when it surfaces in
 ``poll`` (the session ends and starts over, not the process); a worker's start
 retries only the errors that say "not now", resuming the registration of its
-transactional id on the same producer."""
+transactional id on the same producer; a batch commits only while its partitions
+are still this member's and within its commit window."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from dueflow.config import load_settings
 from dueflow.consumers import committer as committer_module
-from dueflow.consumers.committer import TransactionalCommitter
+from dueflow.consumers.committer import Batch, CommitFailed, TransactionalCommitter
 from dueflow.consumers.runtime import _passing
 from dueflow.errors import FencedError, KafkaOperationError
 from dueflow.streams.emitter.outbox import Outbox
@@ -132,3 +134,70 @@ def test_a_start_refused_for_good_closes_its_producer(monkeypatch: pytest.Monkey
     assert not committer.resumable
     committer.start()  # a new producer, not the refused one
     assert len(made) == 2
+
+
+class _CommitProducer:
+    """Records the transactional calls a commit makes."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def begin_transaction(self) -> None:
+        self.calls.append("begin")
+
+    def produce(self, *_args: Any, **_kwargs: Any) -> None:
+        self.calls.append("produce")
+
+    def send_offsets_to_transaction(self, *_args: Any) -> None:
+        self.calls.append("offsets")
+
+    def commit_transaction(self, _timeout: float) -> None:
+        self.calls.append("commit")
+
+    def abort_transaction(self, _timeout: float) -> None:
+        self.calls.append("abort")
+
+
+def _started(monkeypatch: pytest.MonkeyPatch) -> tuple[TransactionalCommitter, _CommitProducer]:
+    producer = _CommitProducer()
+    committer = TransactionalCommitter(
+        load_settings(env={}, overrides={}), "txn-1", lambda: "metadata", queue="q"
+    )
+    committer._producer = producer  # type: ignore[assignment]
+    return committer, producer
+
+
+def _batch(**kw: Any) -> Batch:
+    return Batch(
+        records=[(None, "t", 0, b"k", b"v", [])],
+        offsets=[TopicPartition("exec", 0, 5)],
+        **kw,
+    )
+
+
+def test_a_batch_in_its_window_commits(monkeypatch: pytest.MonkeyPatch) -> None:
+    committer, producer = _started(monkeypatch)
+    committer.commit(_batch(commit_by=time.monotonic() + 60))
+    assert producer.calls == ["begin", "produce", "offsets", "commit"]
+
+
+def test_a_batch_past_its_commit_window_is_aborted_not_committed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A worker stopped between the cut and the commit wakes up with the batch:
+    # by then another member may have run its jobs (it was expelled), and the
+    # group metadata read now may be a new epoch the coordinator accepts.
+    committer, producer = _started(monkeypatch)
+    with pytest.raises(CommitFailed, match="commit window") as failed:
+        committer.commit(_batch(commit_by=time.monotonic() - 1))
+    assert not failed.value.fatal
+    assert producer.calls == ["begin", "produce", "abort"]
+
+
+def test_a_batch_whose_partition_left_is_aborted_before_its_offsets_go(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    committer, producer = _started(monkeypatch)
+    with pytest.raises(CommitFailed, match="left this member"):
+        committer.commit(_batch(gone=lambda: True))
+    assert producer.calls == ["begin", "produce", "abort"]

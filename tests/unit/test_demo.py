@@ -13,13 +13,16 @@ from pathlib import Path
 import pytest
 
 from dueflow.config import load_settings
+from dueflow.cron import first_occurrence
 from dueflow.cron_schedule import CronSchedule
 from dueflow.demo.ledger import Attempt, LedgerReader, LedgerView, LedgerWriter
 from dueflow.demo.observer import Tally
 from dueflow.demo.summary import Failover, percentiles, summarize
 from dueflow.demo.workload import (
+    CRON_PLANS,
     POISON_ID,
     SHORT,
+    CronPlan,
     WorkloadShape,
     cron_runs,
     job_ids,
@@ -101,6 +104,25 @@ def test_cron_runs_are_the_occurrences_within_the_window(
     cron: str, start: int, end: int, expected: list[str]
 ) -> None:
     assert cron_runs(_schedule(cron, start, end)) == expected
+
+
+def test_cron_runs_stop_at_the_demos_window() -> None:
+    s = _schedule("*/2 * * * * *", 0, 86_400_000)
+    assert cron_runs(s, until_ms=4_000) == ["s@0", "s@2000", "s@4000"]
+
+
+@pytest.mark.parametrize("plan", CRON_PLANS, ids=lambda p: p.schedule_id)
+def test_every_demo_schedule_can_fire(plan: CronPlan) -> None:
+    # add_schedule refuses a cron that can never fire: one that does not come due
+    # in the demo's window must outlast it (the nightly one: two days).
+    start = 1_796_187_000_000  # a morning in Paris: the nightly run is hours away
+    end = start + (20_000 if plan.ends_with_window else 2 * 86_400_000)
+    s = dataclasses.replace(
+        _schedule(plan.cron, start, end, plan.timezone), schedule_id=plan.schedule_id
+    )
+    first_occurrence(s, now_ms=start)  # raises InvalidInput for one that never fires
+    in_window = cron_runs(s, until_ms=start + 20_000)
+    assert bool(in_window) is plan.ends_with_window  # the nightly one is not due in it
 
 
 def test_cron_runs_needs_a_window() -> None:
