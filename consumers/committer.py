@@ -198,10 +198,12 @@ class TransactionalCommitter:
                 except BufferError:
                     producer.poll(0.01)
         if batch.offsets:
+            # The metadata first, then the check: metadata of a new epoch comes
+            # from a rejoin, which follows the lost callback that marks the
+            # batch's partitions gone.
+            metadata = self._group_metadata()
             _still_ours(batch)
-            producer.send_offsets_to_transaction(
-                batch.offsets, self._group_metadata(), _left(deadline)
-            )
+            producer.send_offsets_to_transaction(batch.offsets, metadata, _left(deadline))
         _still_ours(batch)
         while True:
             try:
