@@ -451,9 +451,11 @@ class LocalBroker:
                     f"errors and signals logged:\n{self.log_errors()}\nlast log lines:\n"
                     + self.log_tail()
                 )
-            if _port_busy(self.port):  # listening: now ask for metadata
+            # Both listening (a controller that could not bind its port ends the
+            # process a moment after the client port answered), then metadata.
+            if _port_busy(self.port) and _port_busy(self.controller_port):
                 admin = admin or self._admin()
-                if _answers(admin, 1.0, brokers=brokers):
+                if _answers(admin, 1.0, brokers=brokers) and (proc is None or proc.poll() is None):
                     return
             time.sleep(0.05)
         self.stop()

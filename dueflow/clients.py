@@ -219,6 +219,41 @@ def probe_cluster(
             )
 
 
+def wait_for_cluster(
+    settings: Settings,
+    *,
+    timeout_s: float,
+    say: Callable[[str], None],
+    log: ClientLog | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    probe: Callable[..., None] | None = None,
+) -> None:
+    """:func:`probe_cluster` again until the cluster answers, for services (a
+    worker, an emitter) started beside a cluster that may be restarting: the
+    first refusal is said once through ``say``; after ``timeout_s`` the last
+    :class:`~dueflow.errors.ClusterUnreachable` is raised."""
+    probe = probe or probe_cluster
+    deadline = clock() + timeout_s
+    said = False
+    while True:
+        left = deadline - clock()
+        try:
+            probe(settings, timeout_s=max(0.5, min(4.0, left)), log=log)
+            if said:
+                say(f"the Kafka cluster at {settings.bootstrap} answers")
+            return
+        except ClusterUnreachable as exc:
+            if clock() >= deadline:
+                raise
+            if not said:
+                say(
+                    f"the Kafka cluster at {settings.bootstrap} does not answer yet "
+                    f"({exc.reason}); waiting up to {timeout_s:g} s"
+                )
+                said = True
+            time.sleep(min(1.0, max(0.0, deadline - clock())))
+
+
 class _FailLines:
     """A librdkafka logger that keeps the first connection failures (FAIL lines) as
     they are, and hands every line on to ``log`` (if any)."""

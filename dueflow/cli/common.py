@@ -17,13 +17,19 @@ from dueflow.config import Settings, load_settings
 
 # How long a command waits for the cluster to answer before it gives up (exit 3).
 CONNECT_TIMEOUT_S = 4.0
+# ... and a service (worker, emitter, status view): it waits through a broker's
+# restart, as a supervisor starting it beside the cluster expects.
+SERVICE_CONNECT_TIMEOUT_S = 120.0
 
 
-def add_global_options(parser: argparse.ArgumentParser) -> None:
+def add_global_options(parser: argparse.ArgumentParser, *, service: bool = False) -> None:
     """Options every command that talks to Kafka accepts (they override DUEFLOW_* and
     the TOML file). Taking them marks the command as one that talks to Kafka: ``main``
-    checks that the cluster answers before its first client connects."""
-    parser.set_defaults(kafka_command=True)
+    checks that the cluster answers before its first client connects. A ``service``
+    waits for it (up to ``SERVICE_CONNECT_TIMEOUT_S``, saying so once) where a
+    command fails within seconds."""
+    parser.set_defaults(kafka_command=True, service=service)
+    timeout = SERVICE_CONNECT_TIMEOUT_S if service else CONNECT_TIMEOUT_S
     g = parser.add_argument_group("cluster")
     g.add_argument("--bootstrap", help="Kafka bootstrap servers (env DUEFLOW_BOOTSTRAP)")
     g.add_argument("--config", help="TOML settings file (env DUEFLOW_CONFIG)")
@@ -41,10 +47,15 @@ def add_global_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--connect-timeout",
         type=float,
-        default=CONNECT_TIMEOUT_S,
+        default=timeout,
         metavar="SECONDS",
-        help=f"give up (exit 3) when the cluster does not answer this long "
-        f"(default {CONNECT_TIMEOUT_S:g}; sooner when it refuses)",
+        help=(
+            f"wait this long for the cluster to answer at start, then give up "
+            f"(exit 3; default {timeout:g})"
+            if service
+            else f"give up (exit 3) when the cluster does not answer this long "
+            f"(default {timeout:g}; sooner when it refuses)"
+        ),
     )
     g.add_argument(
         "-v",

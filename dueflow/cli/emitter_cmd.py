@@ -22,7 +22,7 @@ def register(sub: Any) -> None:
         "emitter",
         help="run an emitter: fires due timers while it holds the lease, else stands by",
     )
-    add_global_options(p)
+    add_global_options(p, service=True)
     p.add_argument(
         "--metrics-port",
         type=int,

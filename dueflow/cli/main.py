@@ -33,7 +33,13 @@ from collections.abc import Sequence
 from confluent_kafka import KafkaException
 
 from dueflow import __version__
-from dueflow.clients import ClientLog, client_scope, is_unreachable, probe_cluster
+from dueflow.clients import (
+    ClientLog,
+    client_scope,
+    is_unreachable,
+    probe_cluster,
+    wait_for_cluster,
+)
 from dueflow.errors import (
     ClusterUnreachable,
     ConfigError,
@@ -156,8 +162,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             code: int = args.func(args)
             return code
         log = ClientLog(verbose=verbose, emit=_write_client_line)
-        probe = functools.partial(
-            probe_cluster, timeout_s=args.connect_timeout, log=log if verbose else None
+        probe = (
+            functools.partial(
+                wait_for_cluster,
+                timeout_s=args.connect_timeout,
+                say=_say,
+                log=log if verbose else None,
+            )
+            if getattr(args, "service", False)
+            else functools.partial(
+                probe_cluster, timeout_s=args.connect_timeout, log=log if verbose else None
+            )
         )
         with client_scope(log, probe=probe):
             code = args.func(args)
@@ -195,6 +210,10 @@ def _fail(message: str, code: int, exc: BaseException, verbose: bool) -> int:
     first = message.splitlines()[0] if message else type(exc).__name__
     sys.stderr.write(f"dueflow: {first}\n")
     return code
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(f"dueflow: {text}\n")
 
 
 def _write_client_line(level: int, text: str) -> None:

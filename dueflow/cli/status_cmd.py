@@ -60,7 +60,7 @@ def register(sub: Any) -> None:
         "made at start and printed once in the page URL. Binding beyond loopback needs a "
         "configured token.",
     )
-    add_global_options(view)
+    add_global_options(view, service=True)
     view.add_argument("--port", type=int, help="HTTP port (observability.status_port; 0: any)")
     view.add_argument("--bind", help="HTTP address (observability.status_bind, 127.0.0.1)")
     view.add_argument("--data-dir", help="faust data dir (observability.status_data_dir)")

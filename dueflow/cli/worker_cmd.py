@@ -36,7 +36,7 @@ def register(sub: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_global_options(p)
+    add_global_options(p, service=True)
     p.add_argument(
         "--app",
         action="append",

@@ -38,7 +38,7 @@ QUEUES = {"emails": 6, "reports": 3}
 RETRY_TIERS_MS = (500, 2_000)
 EMITTER_SESSION_MS = 3_000
 EMITTER_HEARTBEAT_MS = 300
-DEFAULT_BROKER_PORT = 39092
+DEFAULT_BROKER_PORT = 19192  # below the ephemeral range; not the compose file's ports
 # Settings taken from the caller's environment: how to reach and secure the
 # cluster. Everything else comes from the demo's own file.
 _PASSED_ENV = ("DUEFLOW_KAFKA_", "DUEFLOW_REPLICATION_FACTOR", "DUEFLOW_MIN_INSYNC_REPLICAS")

@@ -85,8 +85,18 @@ def kafka_commands() -> list[list[str]]:
     ]
 
 
+def is_service(argv: list[str]) -> bool:
+    """worker, emitter, status-view: they wait for the cluster at start."""
+    return any(
+        path == tuple(argv[: len(path)]) and p.get_default("service")
+        for path, p in leaf_commands(build_parser())
+    )
+
+
 def test_the_table_has_every_command_that_talks_to_kafka() -> None:
     commands = kafka_commands()
+    services = sorted(" ".join(a[:1]) for a in commands if is_service(a))
+    assert services == ["emitter", "status-view", "worker"]
     assert len(commands) == len({tuple(a[:2]) for a in commands}) >= 20
     # The local broker commands manage a process, not a cluster connection.
     assert all(argv[0] != "broker" for argv in commands)
@@ -101,15 +111,28 @@ def test_unreachable_cluster_fails_fast_with_one_line(
     monkeypatch.setenv("DUEFLOW_BOOTSTRAP", UNREACHABLE)
     for name in ("DUEFLOW_CONFIG", "DUEFLOW_QUEUES", "DUEFLOW_TOPIC_PREFIX"):
         monkeypatch.delenv(name, raising=False)
+    service = is_service(argv)
+    if service:  # it would wait two minutes (a broker restarting): not this long
+        argv = [*argv, "--connect-timeout", "1.5"]
     started = time.monotonic()
     code = main(argv)
     elapsed = time.monotonic() - started
     out, err = capfd.readouterr()
     lines = err.splitlines()
     assert code == EXIT_UNREACHABLE, err
+    refused = f"Connect to ipv4#{UNREACHABLE} failed: Connection refused"
+    waited = (
+        [
+            f"dueflow: the Kafka cluster at {UNREACHABLE} does not answer yet ({refused}); "
+            "waiting up to 1.5 s"
+        ]
+        if service
+        else []
+    )
     assert lines == [
+        *waited,
         f"dueflow: cannot reach the Kafka cluster at {UNREACHABLE} (bootstrap, from "
-        f"DUEFLOW_BOOTSTRAP): Connect to ipv4#{UNREACHABLE} failed: Connection refused"
+        f"DUEFLOW_BOOTSTRAP): {refused}",
     ]
     assert "Traceback" not in err
     assert out == ""
@@ -154,3 +177,25 @@ def test_verbose_shows_the_client_lines_and_the_traceback(
     assert "dueflow: kafka client: FAIL" in err
     assert "Traceback" in err
     assert err.splitlines()[-1].startswith("dueflow: cannot reach the Kafka cluster")
+
+
+def test_a_service_waits_for_a_cluster_that_comes_up() -> None:
+    # A worker started beside a broker that is restarting waits for it, saying so once.
+    from dueflow.clients import wait_for_cluster
+    from dueflow.config import load_settings
+    from dueflow.errors import ClusterUnreachable
+
+    answers = iter([False, False, False, True])
+    said: list[str] = []
+
+    def probe(_settings: object, **_kw: object) -> None:
+        if not next(answers):
+            raise ClusterUnreachable(UNREACHABLE, "Connection refused")
+
+    settings = load_settings(env={"DUEFLOW_BOOTSTRAP": UNREACHABLE}, overrides={})
+    wait_for_cluster(settings, timeout_s=30, say=said.append, probe=probe)
+    assert said == [
+        f"the Kafka cluster at {UNREACHABLE} does not answer yet (Connection refused); "
+        "waiting up to 30 s",
+        f"the Kafka cluster at {UNREACHABLE} answers",
+    ]

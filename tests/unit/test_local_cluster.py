@@ -166,3 +166,16 @@ def test_a_free_port_run_skips_a_taken_port() -> None:
         other = free_port_run(6, preferred=base)
         assert other != base
         assert ports_free(range(other, other + 6))
+
+
+def test_free_ports_are_below_the_ephemeral_range() -> None:
+    # An outgoing connection may take any ephemeral port as its source port
+    # between the check and a broker's bind: a local broker died that way.
+    from dueflow.broker.ports import _ephemeral_low, free_port, free_port_pair, free_port_run
+
+    low = _ephemeral_low()
+    assert all(free_port() < low for _ in range(20))
+    pair = free_port_pair()
+    assert pair + 1 < low
+    run = free_port_run(6)
+    assert run + 5 < low
