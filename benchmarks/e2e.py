@@ -34,8 +34,9 @@ are over every job of every run, ``per_run`` has each run's figures, and
 ``lateness_p99_spread_ms`` (also ``raw_latency_`` and
 ``lateness_settled_``) the min / median / max of the runs' p99. Each run
 records ``broker_state`` (``cold``: started for this invocation, nothing
-before the run; ``warmed``: it carried ``broker_load_before_s`` seconds of
-load first; ``external``: ``--bootstrap``) and ``load_s``, the run length.
+before the run; ``warmed``: the warm-up or earlier runs went first,
+``broker_load_before_s`` wall seconds of them, set-up included;
+``external``: ``--bootstrap``) and ``load_s``, the run length.
 
 Baseline in the same run, on the same broker: ``raw_roundtrip_msgs_per_s``,
 plain confluent-kafka produce + consume of as many records of the same size
@@ -363,7 +364,7 @@ def raw_roundtrip(
     seconds = (doc["last_ms"] - first) / 1000
     return {
         "msgs_per_s": round(len(records) / seconds) if seconds > 0 else None,
-        "seconds": round(seconds, 2),
+        "seconds": seconds,
         "latencies": [float(x) for x in doc["latencies"]],
         "cpu_s": {"producer": producer_cpu, "consumer": float(doc["cpu_s"])},
     }

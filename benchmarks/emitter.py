@@ -26,7 +26,8 @@ default wheel geometry, and measures from outside:
   every job of every run, ``per_run``, and the min / median / max of the
   runs' p99 (``lateness_p99_spread_ms``, ``baseline_p99_spread_ms``); each
   run records ``broker_state`` (``cold``/``warmed``/``external``, see
-  ``benchmarks/spread.py``), the load before it and ``load_s``.
+  ``benchmarks/spread.py``) as of its start (its own baseline comes
+  first), the wall seconds of earlier runs and ``load_s``.
 - ``capacity``: resident memory of the emitter process with 0, 100k and 1M
   timers pending in the wheel (due minutes to weeks ahead), while running and
   after a restart at 1M: ``pending``, ``emitter_rss_mb``.

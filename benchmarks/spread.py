@@ -64,12 +64,15 @@ def spread_rows(
     runs: Sequence[Mapping[str, Any]], *, key: str = "lateness_ms", count: str = "jobs"
 ) -> dict[str, str]:
     """Table rows for the printed summary: one per run (its ``key`` percentiles, how
-    many ``count``, load seconds and broker state), then the spread of the p99."""
+    many ``count``, load seconds and broker state), then (two runs or more) the spread
+    of the p99."""
     rows = {
         f"run {i + 1}": f"{describe(r[key])}; {r[count]:,} {count}, "
         f"{r['load_s']:g} s of load, broker {r['broker_state']}"
         for i, r in enumerate(runs)
     }
+    if len(runs) < 2:
+        return rows
     s = spread([r[key] for r in runs])
     rows[f"p99 over {len(runs)} runs"] = (
         f"min {_ms(s['min'])} / median {_ms(s['median'])} / max {_ms(s['max'])} ms"

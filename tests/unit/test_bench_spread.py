@@ -71,3 +71,8 @@ def test_the_printed_rows_give_each_run_and_the_spread() -> None:
     assert describe({"p50": None, "p95": None, "p99": None, "max": None}) == (
         "p50 - / p95 - / p99 - / max - ms"
     )
+
+
+def test_one_run_prints_no_spread_row() -> None:
+    run = {"lateness_ms": {"p50": 1.0}, "timers": 10, "load_s": 5.0, "broker_state": "cold"}
+    assert list(spread_rows([run], count="timers")) == ["run 1"]
