@@ -14,24 +14,47 @@ async no-op handler that notes the job's key, due time and start time.
   the workers' committed offsets cover every job).
 - ``steady``: ``--rate`` jobs per second for ``--settle-s`` plus
   ``--duration`` seconds, each due 1-3 s after it is scheduled: the lateness
-  a job sees at that rate. The pipeline is created for the run (new topics,
-  a new consumer group, the emitter's first transactions), and its first
-  seconds are not its steady state (measured: p99 100-260 ms for jobs due in
-  the first 0.5 s, elevated up to ~2.5 s), so ``lateness_ms`` covers the jobs
-  due from 1 s after the settling time on; ``lateness_incl_settle_ms`` covers
-  every job (both: every job counts for lost and duplicates).
+  a job sees at that rate.
 
-Both: ``lateness_ms`` = handler start - due {p50,p95,p99,max}; ``executed``,
-``lost`` (jobs never run), ``duplicates`` (runs beyond the first). Baseline
-in the same run, on the same broker: ``raw_roundtrip_msgs_per_s``, plain
-confluent-kafka produce + consume of as many records of the same size
+The headline, ``lateness_ms`` {p50,p95,p99,max}, is handler start - due over
+every job (its first run): the worker is a ``read_committed`` consumer, so
+this is what a consumer sees after the emitter's commit. The pipeline is
+created for the run (new topics, a new consumer group, the emitter's first
+transactions) and its first seconds are slower; ``lateness_settled_ms``
+(steady) leaves out the jobs due before 1 s after ``--settle-s`` and is
+only ever shown as "settled", next to the headline. ``fired_lateness_ms``
+(the emitter's ``df-fired`` stamp - due, written inside a transaction that
+is not committed yet) and ``fired_to_start_ms`` say where the time goes;
+they are not what a job sees. ``executed``, ``lost`` (jobs never run),
+``duplicates`` (runs beyond the first).
+
+``--runs N`` repeats the measurement N times in one invocation (fresh
+topics each, the same broker, one warm-up before the first): the headlines
+are over every job of every run, ``per_run`` has each run's figures, and
+``lateness_p99_spread_ms`` (also ``raw_latency_`` and
+``lateness_settled_``) the min / median / max of the runs' p99. Each run
+records ``broker_state`` (``cold``: started for this invocation, nothing
+before the run; ``warmed``: the warm-up or earlier runs went first,
+``broker_load_before_s`` wall seconds of them, set-up included;
+``external``: ``--bootstrap``) and ``load_s``, the run length.
+
+Baseline in the same run, on the same broker: ``raw_roundtrip_msgs_per_s``,
+plain confluent-kafka produce + consume of as many records of the same size
 through one topic with the exec topic's partition count (a consumer in its
 own process, first produce to last receive); ``ratio`` = pipeline / raw. In
 steady mode the raw records are also sent at ``--rate`` and their latency
-(receive - produce) is ``raw_latency_ms``.
+(receive - produce) is ``raw_latency_ms``. Every measuring consumer (the
+baseline's, the watcher of committed outcomes) reads records as soon as
+they arrive (``benchmarks/arrivals.py``), so it adds no batching wait.
 
-CPU: ``cpu_us_per_job`` by process; ``broker_jit_cpu_s`` is the part of the
-local broker's CPU its JIT compiler threads took during the measured run.
+CPU: ``cpu_us_per_job`` is user+sys CPU per job of each process the run
+starts or is (``load_producer``: this process, ``schedule_many`` and the
+commit polling; ``emitter``; ``worker_<n>``; the local ``broker``), from the
+first schedule to the last commit, idle polling included;
+``raw_cpu_us_per_record`` the same for the baseline's producer and consumer;
+``watcher_cpu_us_per_job`` the measuring consumer's (not in the total).
+``broker_jit_cpu_s`` is the part of the local broker's CPU its JIT compiler
+threads took during the measured run.
 Experiments: ``--emitter``/``--worker KEY=VALUE`` (settings),
 ``--broker KEY=VALUE`` (server properties of the local broker),
 ``--broker-jvm=OPTION`` (its JVM); all are recorded in the result.
@@ -43,6 +66,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import resource
 import signal
 import statistics
 import sys
@@ -50,7 +74,6 @@ import tempfile
 import time
 import urllib.request
 import uuid
-from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -60,13 +83,15 @@ from typing import Any
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from benchmarks.arrivals import take_arrived
+from benchmarks.e2e_result import Measured, combine, run_figures
 from benchmarks.output import show
 from benchmarks.produce import plan_records
+from benchmarks.spread import broker_state, describe, spread_rows
 from dueflow.broker.local import LocalBroker
 from dueflow.broker.ports import free_port, free_port_pair
 from dueflow.clients import make_admin
 from dueflow.config import Settings, load_settings
-from dueflow.demo.summary import percentiles
 from dueflow.headers import FIRED
 from dueflow.job_request import JobRequest
 from dueflow.producers import Scheduler
@@ -96,17 +121,13 @@ def worker_main(settings: Settings, out: str) -> None:
     logs.configure("text", "WARNING")
     runs: list[tuple[str, int, int, int]] = []
     note = runs.append
-    cpu: list[float] = []  # process CPU seconds at the first and the latest job
 
     async def noop(payload: Any, ctx: TaskContext) -> None:
         start = time.time_ns() // 1_000_000
         note((ctx.idempotency_key, ctx.due_ms, start, int(ctx.headers.get(FIRED, b"-1"))))
-        if len(runs) == 1 or len(runs) % 1_000 == 0:
-            cpu.append(time.process_time())
 
     code = run_worker(settings, TaskRegistry([task(TASK, queue=QUEUE)(noop)]), queues=[QUEUE])
-    busy = cpu[-1] - cpu[0] if len(cpu) >= 2 else 0.0
-    Path(out).write_text(json.dumps({"runs": runs, "cpu_s": busy}))
+    Path(out).write_text(json.dumps({"runs": runs}))
     sys.exit(code)
 
 
@@ -136,14 +157,15 @@ class Workers:
                 p.kill()
                 p.join(10)
 
-    def runs(self) -> tuple[list[tuple[str, int, int, int]], float]:
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs if p.pid is not None]
+
+    def runs(self) -> list[tuple[str, int, int, int]]:
         runs: list[tuple[str, int, int, int]] = []
-        cpu = 0.0
         for f in self.files:
             doc = json.loads(f.read_text())
             runs.extend((str(k), int(d), int(s), int(fi)) for k, d, s, fi in doc["runs"])
-            cpu += float(doc["cpu_s"])
-        return runs, cpu
+        return runs
 
 
 def group_ready(admin: AdminClient, group: str, members: int) -> bool:
@@ -159,9 +181,10 @@ def group_ready(admin: AdminClient, group: str, members: int) -> bool:
 OUTCOMES_PER_JOB = 2
 
 
-def watcher_main(settings: Settings, target: Any, done_at: Any, ready: Any) -> None:
+def watcher_main(settings: Settings, target: Any, done_at: Any, cpu_s: Any, ready: Any) -> None:
     """Count committed outcome records until there are ``target`` (set later by the
-    parent); then note the wall time in ``done_at``.
+    parent); then note this process's CPU seconds in ``cpu_s`` and the wall time the
+    last of them arrived in ``done_at``.
 
     Outcomes commit in the same transaction as the workers' offsets, so this is
     the moment the last job was done as far as Kafka can see. (Committed offsets
@@ -179,13 +202,16 @@ def watcher_main(settings: Settings, target: Any, done_at: Any, ready: Any) -> N
     )
     parts = consumer.list_topics(topic, timeout=30).topics[topic].partitions
     consumer.assign([TopicPartition(topic, p, 0) for p in parts])
-    consumer.consume(1, 0.5)
+    consumer.poll(0.5)  # connected and fetching before the jobs start
     ready.set()
     seen = 0
     while True:
-        seen += sum(1 for m in consumer.consume(10_000, 0.05) if m.error() is None)
+        arrival = take_arrived(consumer, timeout_s=0.05)
+        seen += sum(1 for m in arrival.messages if m.error() is None)
         if target.value and seen >= target.value:
-            done_at.value = time.time()
+            usage = resource.getrusage(resource.RUSAGE_SELF)
+            cpu_s.value = usage.ru_utime + usage.ru_stime
+            done_at.value = arrival.received_ms / 1000
             break
     consumer.close()
 
@@ -197,9 +223,11 @@ class Watcher:
         ctx = multiprocessing.get_context("spawn")
         self.target = ctx.Value("q", 0)
         self.done_at = ctx.Value("d", 0.0)
+        self.cpu = ctx.Value("d", 0.0)
         self.ready = ctx.Event()
         self.proc = ctx.Process(
-            target=watcher_main, args=(settings, self.target, self.done_at, self.ready)
+            target=watcher_main,
+            args=(settings, self.target, self.done_at, self.cpu, self.ready),
         )
 
     def __enter__(self) -> Watcher:
@@ -218,12 +246,17 @@ class Watcher:
         wait_until(lambda: self.done_at.value > 0, timeout_s, "every job committed", 0.05)
         return float(self.done_at.value)
 
+    def cpu_s(self) -> float:
+        """CPU seconds of the watcher process, its whole life (after :meth:`wait`)."""
+        return float(self.cpu.value)
+
 
 # ----------------------------------------------------------------------------- baseline
 
 
 def raw_consumer_main(settings: Settings, topic: str, count: int, out: str, ready: Any) -> None:
-    """Read ``count`` records of ``topic``; write the last receive time and latencies."""
+    """Read ``count`` records of ``topic`` as they arrive; write the last receive time,
+    the latencies (receive - produce) and this process's CPU seconds."""
     consumer = Consumer(
         settings.client_config(
             **{
@@ -235,17 +268,16 @@ def raw_consumer_main(settings: Settings, topic: str, count: int, out: str, read
     )
     parts = consumer.list_topics(topic, timeout=30).topics[topic].partitions
     consumer.assign([TopicPartition(topic, p, 0) for p in parts])
-    consumer.consume(1, 0.5)  # connected and fetching before the producer starts
+    consumer.poll(0.5)  # connected and fetching before the producer starts
     ready.set()
     seen = 0
     last = 0
     latencies: list[int] = []
     deadline = time.monotonic() + 300
     while seen < count and time.monotonic() < deadline:
-        msgs = consumer.consume(5_000, 0.05)
+        at, msgs = take_arrived(consumer, timeout_s=0.05)
         if not msgs:
             continue
-        at = now_ms()
         for m in msgs:
             if m.error() is None and m.key() != RAW_WARM_KEY:
                 seen += 1
@@ -253,7 +285,17 @@ def raw_consumer_main(settings: Settings, topic: str, count: int, out: str, read
                     latencies.append(at - int(m.timestamp()[1]))
         last = at
     consumer.close()
-    Path(out).write_text(json.dumps({"seen": seen, "last_ms": last, "latencies": latencies}))
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    Path(out).write_text(
+        json.dumps(
+            {
+                "seen": seen,
+                "last_ms": last,
+                "latencies": latencies,
+                "cpu_s": usage.ru_utime + usage.ru_stime,
+            }
+        )
+    )
 
 
 def raw_roundtrip(
@@ -295,6 +337,7 @@ def raw_roundtrip(
         producer.flush(30)
         first = now_ms()
         t0 = time.monotonic()
+        cpu0 = time.process_time()
         for i, (key, value, _p, headers) in enumerate(records):
             if rate and i % 50 == 0:
                 ahead = t0 + i / rate - time.monotonic()
@@ -309,6 +352,7 @@ def raw_roundtrip(
             if i % 1_000 == 0:
                 producer.poll(0)
         producer.flush(60)
+        producer_cpu = time.process_time() - cpu0
         proc.join(300)
     finally:
         if proc.is_alive():
@@ -320,8 +364,9 @@ def raw_roundtrip(
     seconds = (doc["last_ms"] - first) / 1000
     return {
         "msgs_per_s": round(len(records) / seconds) if seconds > 0 else None,
-        "seconds": round(seconds, 2),
-        "latency_ms": percentiles(doc["latencies"]),
+        "seconds": seconds,
+        "latencies": [float(x) for x in doc["latencies"]],
+        "cpu_s": {"producer": producer_cpu, "consumer": float(doc["cpu_s"])},
     }
 
 
@@ -507,13 +552,87 @@ def _run(
     emitter_settings = dict(i.partition("=")[::2] for i in args.emitter)
     worker_settings = dict(i.partition("=")[::2] for i in args.worker)
     warmup_s = warm_up(bootstrap, args, emitter_settings, worker_settings, workdir / "warmup")
-    settings = bench_settings(bootstrap, args.partitions, emitter_settings, worker_settings)
+    broker_load_s = warmup_s  # seconds of load the broker carried before the next run
+    measured: list[Measured] = []
+    record_bytes = 0.0
+    for i in range(args.runs):
+        t0 = time.monotonic()
+        settings = bench_settings(bootstrap, args.partitions, emitter_settings, worker_settings)
+        m, record_bytes = measure(
+            args,
+            settings,
+            broker_pid,
+            workdir / f"run-{i + 1}",
+            broker_state=broker_state(
+                started_here=broker_pid is not None, load_before_s=broker_load_s
+            ),
+            broker_load_before_s=round(broker_load_s, 1) if broker_pid else None,
+        )
+        measured.append(m)
+        if args.runs_out:
+            path = args.runs_out
+            if args.runs > 1:
+                path = path.with_name(f"{path.stem}.{i + 1}{path.suffix}")
+            path.write_text(json.dumps(sorted(m.runs, key=lambda r: r[2])))
+        broker_load_s += time.monotonic() - t0
+        lateness = run_figures(m, steady=steady(args))["lateness_ms"]
+        print(f"run {i + 1} of {args.runs}: lateness {describe(lateness)}", flush=True)
+    out: dict[str, Any] = {
+        "benchmark": "e2e",
+        "mode": args.mode,
+        **combine(measured, steady=steady(args)),
+        "processes": args.processes,
+        "partitions": args.partitions,
+        "exactly_once": True,
+        "record_bytes": round(record_bytes, 1),
+        "broker_started_for_run": broker_pid is not None,
+        "host": host_info(load_before),
+        "warmup_rate_per_s": args.warmup_rate,
+        "warmup_s": round(warmup_s, 1),
+        "emitter_settings": emitter_settings,
+        "worker_settings": worker_settings,
+        "broker_settings": dict(i.partition("=")[::2] for i in args.broker),
+        "broker_jvm_options": args.broker_jvm,
+    }
+    if args.mode == "burst":
+        out["window_s"] = args.window_s
+    else:
+        out["rate_per_s"] = args.rate
+        out["duration_s"] = args.duration
+        out["settle_s"] = args.settle_s
+        out["load_s"] = args.settle_s + args.duration
+    return out
+
+
+def steady(args: argparse.Namespace) -> bool:
+    return bool(args.mode == "steady")
+
+
+def measure(
+    args: argparse.Namespace,
+    settings: Settings,
+    broker_pid: int | None,
+    workdir: Path,
+    *,
+    broker_state: str,
+    broker_load_before_s: float | None,
+) -> tuple[Measured, float]:
+    """One run on fresh topics (``settings``' own prefix): the pipeline, then the raw
+    baseline on the same broker; and the mean record size."""
+    workdir.mkdir(parents=True, exist_ok=True)
     with (
         pipeline(settings, args.processes, workdir) as (emitter, workers),
         Watcher(settings) as watcher,
     ):
-        cpu0 = _cpu_s(emitter.pid)
-        broker0 = _cpu_s(broker_pid) if broker_pid else 0.0
+        # user+sys CPU of every process of the pipeline, from the first schedule to the
+        # last commit: idle polling counts, as it does in production
+        pids = {
+            "emitter": emitter.pid,
+            **{f"worker_{n + 1}": pid for n, pid in enumerate(workers.pids())},
+        }
+        if broker_pid:
+            pids["broker"] = broker_pid
+        cpu0 = {k: _cpu_s(pid) for k, pid in pids.items()}
         jit0 = _jit_cpu_s(broker_pid) if broker_pid else 0.0
         own0 = time.process_time()
         with Scheduler(settings) as scheduler:
@@ -530,88 +649,43 @@ def _run(
                 jobs, scheduled_s = steady_feed(scheduler, args.rate, args.settle_s + args.duration)
         done = watcher.wait(jobs * OUTCOMES_PER_JOB, args.timeout)
         commit_ms = emitter_commit_ms(int(emitter.extra_env["DUEFLOW_OBSERVABILITY_METRICS_PORT"]))
-        emitter_cpu = _cpu_s(emitter.pid) - cpu0
-        broker_cpu = (_cpu_s(broker_pid) - broker0) if broker_pid else None
+        # this process: the load producer (schedule_many) and the commit polling
+        cpu: dict[str, float | None] = {"load_producer": time.process_time() - own0}
+        cpu.update({k: _cpu_s(pid) - cpu0[k] for k, pid in pids.items()})
+        if not broker_pid:
+            cpu["broker"] = None
+        watcher_cpu = watcher.cpu_s()
         jit_cpu = (_jit_cpu_s(broker_pid) - jit0) if broker_pid else None
-        scheduler_cpu = time.process_time() - own0
-    runs, workers_cpu = workers.runs()
-    if args.runs_out:
-        args.runs_out.write_text(json.dumps(sorted(runs, key=lambda r: r[2])))
+    runs = workers.runs()
     # The baseline: records of the very size the SDK writes, same run, same broker.
     sample = plan_records(settings, requests_burst(min(jobs, 1_000), 1_000))
     records = [sample[i % len(sample)] for i in range(jobs)]
-    raw = raw_roundtrip(
-        settings, records, workdir, rate=args.rate if args.mode == "steady" else None
-    )
-    counts = Counter(k for k, _, _, _ in runs)
-    seconds = done - started
-    throughput = jobs / seconds
-    every = list(_first_runs(runs))
-    settled_ms = int((started + args.settle_s + 1.0) * 1000) if args.mode == "steady" else 0
-    first = [r for r in every if r[1] >= settled_ms]
-    lateness = [float(s - d) for _, d, s, _ in first]
+    raw = raw_roundtrip(settings, records, workdir, rate=args.rate if steady(args) else None)
     record_bytes = statistics.mean(
         len(k) + len(v) + sum(len(a) + len(b) for a, b in h) for k, v, _p, h in sample
     )
-    out: dict[str, Any] = {
-        "benchmark": "e2e",
-        "mode": args.mode,
-        "jobs": jobs,
-        "executed": len(counts),
-        "lost": jobs - len(counts),
-        "duplicates": sum(c - 1 for c in counts.values()),
-        "throughput_jobs_per_s": round(throughput),
-        "seconds": round(seconds, 2),
-        "schedule_s": round(scheduled_s, 2),
-        "lateness_ms": percentiles(lateness),
-        "lateness_cdf_ms": _cdf(lateness),
-        # where the lateness comes from: due -> fired (the emitter wrote it into its
-        # transaction) -> handler start (commit, worker fetch, dispatch)
-        "fired_lateness_ms": percentiles([float(f - d) for _, d, _, f in first if f >= 0]),
-        "fired_to_start_ms": percentiles([float(s - f) for _, _, s, f in first if f >= 0]),
+    measured = Measured(
+        jobs=jobs,
+        runs=runs,
+        started_s=started,
+        done_s=done,
+        schedule_s=scheduled_s,
+        load_s=args.settle_s + args.duration if steady(args) else 0.0,
+        # jobs scheduled after the settling time are due from 1 s after it
+        settled_from_ms=int((started + args.settle_s + 1.0) * 1000) if steady(args) else None,
+        raw_msgs_per_s=raw["msgs_per_s"],
+        raw_seconds=raw["seconds"],
+        raw_latencies=raw["latencies"],
+        raw_cpu_s=raw["cpu_s"],
+        cpu_s=cpu,
+        watcher_cpu_s=watcher_cpu,
+        broker_jit_cpu_s=jit_cpu,
         # the emitter's dueflow_emitter_commit_seconds: bucket bounds, every commit
-        "emitter_commit_ms": commit_ms,
-        "raw_roundtrip_msgs_per_s": raw["msgs_per_s"],
-        "ratio": round(throughput / raw["msgs_per_s"], 3) if raw["msgs_per_s"] else None,
-        "processes": args.processes,
-        "partitions": args.partitions,
-        "exactly_once": True,
-        "record_bytes": round(record_bytes, 1),
-        "emitter_cpu_s": round(emitter_cpu, 2),
-        # CPU between each worker's first and latest (every 1000th) job, all threads
-        "workers_cpu_s": round(workers_cpu, 2),
-        # this process: schedule_many and the commit polling
-        "scheduler_cpu_s": round(scheduler_cpu, 2),
-        "broker_cpu_s": round(broker_cpu, 2) if broker_cpu is not None else None,
-        # of which the JVM compiling code (a warm production broker spends ~0 here)
-        "broker_jit_cpu_s": round(jit_cpu, 2) if jit_cpu is not None else None,
-        "cpu_us_per_job": _cpu_per_job(
-            jobs,
-            scheduler=scheduler_cpu,
-            emitter=emitter_cpu,
-            workers=workers_cpu,
-            broker=broker_cpu,
-        ),
-        "host": host_info(load_before),
-        "warmup_rate_per_s": args.warmup_rate,
-        "warmup_s": round(warmup_s, 1),
-        "emitter_settings": emitter_settings,
-        "worker_settings": worker_settings,
-        "broker_settings": dict(i.partition("=")[::2] for i in args.broker),
-        "broker_jvm_options": args.broker_jvm,
-    }
-    if args.mode == "burst":
-        out["window_s"] = args.window_s
-    else:
-        out["rate_per_s"] = args.rate
-        out["duration_s"] = args.duration
-        out["raw_latency_ms"] = raw["latency_ms"]
-        out["settle_s"] = args.settle_s
-        out["measured_jobs"] = len(first)
-        out["lateness_incl_settle_ms"] = percentiles([float(s - d) for _, d, s, _ in every])
-        out["throughput_jobs_per_s"] = round(jobs / scheduled_s)
-        out["ratio"] = None  # the rate is given: a throughput ratio says nothing here
-    return out
+        emitter_commit_ms=commit_ms,
+        broker_state=broker_state,
+        broker_load_before_s=broker_load_before_s,
+    )
+    return measured, record_bytes
 
 
 def emitter_commit_ms(port: int) -> dict[str, Any]:
@@ -631,32 +705,6 @@ def emitter_commit_ms(port: int) -> dict[str, Any]:
         bound = next((le for le, c in buckets if c >= q * total), float("inf"))
         out[f"p{q * 100:g}"] = bound * 1000 if bound != float("inf") else None
     return out
-
-
-def _cpu_per_job(jobs: int, **cpu_s: float | None) -> dict[str, float]:
-    """Microseconds of CPU per job by process (and their total): what two cores can do
-    at most, whatever else the host runs, is 2e6 / total."""
-    out = {k: round(v * 1e6 / jobs, 1) for k, v in cpu_s.items() if v is not None and jobs}
-    out["total"] = round(sum(out.values()), 1)
-    return out
-
-
-def _first_runs(
-    runs: list[tuple[str, int, int, int]],
-) -> Iterator[tuple[str, int, int, int]]:
-    seen: set[str] = set()
-    for k, d, s, f in sorted(runs, key=lambda r: r[2]):
-        if k not in seen:
-            seen.add(k)
-            yield k, d, s, f
-
-
-def _cdf(values: list[float]) -> list[float]:
-    """Lateness at percentiles 0, 1, ..., 100 (for the report's distribution chart)."""
-    if not values:
-        return []
-    v = sorted(values)
-    return [v[min(len(v) - 1, int(q / 100 * len(v)))] for q in range(101)]
 
 
 def host_info(load_before: tuple[float, float, float]) -> dict[str, Any]:
@@ -684,7 +732,15 @@ def main(argv: list[str] | None = None) -> int:
         "--settle-s",
         type=float,
         default=3.0,
-        help="steady: seconds of load before it, whose jobs lateness_ms leaves out",
+        help="steady: seconds of load before --duration; lateness_settled_ms leaves their "
+        "jobs out (lateness_ms, the headline, does not)",
+    )
+    p.add_argument(
+        "--runs",
+        type=int,
+        default=1,
+        help="measure this many times (fresh topics each, same broker, one warm-up): "
+        "each run's figures and the spread of the p99 over them",
     )
     p.add_argument("--processes", type=int, default=2, help="worker processes")
     p.add_argument("--partitions", type=int, default=6, help="exec topic partitions")
@@ -733,8 +789,12 @@ def main(argv: list[str] | None = None) -> int:
         help="write every run here as JSON [key, due ms, start ms, fired ms], by start",
     )
     args = p.parse_args(argv)
+    if args.runs < 1:
+        p.error(f"--runs: {args.runs}; give 1 or more")
     result = run(args)
-    show(result, args.json, hide=("lateness_cdf_ms",))
+    show(result, args.json, hide=("lateness_cdf_ms", "per_run"))
+    print()
+    show(spread_rows(result["per_run"]), None)
     return 0
 
 

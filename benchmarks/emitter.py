@@ -13,13 +13,21 @@ default wheel geometry, and measures from outside:
   appended) with offsets in the transaction, ``raw_per_s``; ``ratio``.
 - ``steady``: timers written at ``--rate`` per second for ``--duration``
   seconds, due 0.1-15 s after they are written; a ``read_committed``
-  consumer reads every fired job: ``lateness_ms`` {p50,p95,p99,max} is the
-  emission lateness, the exec record's CreateTime (stamped by the emitter's
-  producer when it emits) minus due; ``seen_lateness_ms`` is receive time
-  minus due (end to end, after the commit and the consumer's fetch).
-  Baseline for the latter: the same consumer's latency for records a
-  transactional producer commits back to back (the floor any transactional
-  emitter has), ``baseline_lateness_ms``.
+  consumer reads every fired job as it arrives. The headline,
+  ``lateness_ms`` {p50,p95,p99,max}, is its receive time minus due over
+  every job (its first sighting): what a consumer sees, after the commit.
+  Baseline: the same consumer's latency for records a transactional
+  producer commits back to back (the floor any transactional emitter has),
+  ``baseline_lateness_ms``. Secondary, where the time goes:
+  ``emit_stamp_lateness_ms``, the exec record's CreateTime (stamped by the
+  emitter's producer inside a transaction not committed yet) minus due, and
+  ``fire_minus_due_ms`` (the ``df-fired`` header). ``--runs N`` repeats
+  baseline and run N times on fresh topics, same broker: headlines over
+  every job of every run, ``per_run``, and the min / median / max of the
+  runs' p99 (``lateness_p99_spread_ms``, ``baseline_p99_spread_ms``); each
+  run records ``broker_state`` (``cold``/``warmed``/``external``, see
+  ``benchmarks/spread.py``) as of its start (its own baseline comes
+  first), the wall seconds of earlier runs and ``load_s``.
 - ``capacity``: resident memory of the emitter process with 0, 100k and 1M
   timers pending in the wheel (due minutes to weeks ahead), while running and
   after a restart at 1M: ``pending``, ``emitter_rss_mb``.
@@ -45,13 +53,16 @@ import uuid
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from benchmarks.arrivals import take_arrived
 from benchmarks.output import show
+from benchmarks.spread import broker_state, describe, percentiles, spread, spread_rows
 from dueflow import headers as hdr
 from dueflow.broker.local import LocalBroker
 from dueflow.broker.ports import free_port, free_port_pair
@@ -184,17 +195,6 @@ def produce_timers(
     return count
 
 
-def percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {"p50": float("nan"), "p95": float("nan"), "p99": float("nan"), "max": float("nan")}
-    v = sorted(values)
-
-    def pick(q: float) -> float:
-        return round(v[min(len(v) - 1, int(q * len(v)))], 2)
-
-    return {"p50": pick(0.50), "p95": pick(0.95), "p99": pick(0.99), "max": round(v[-1], 2)}
-
-
 # ----------------------------------------------------------------------------- drain
 
 
@@ -232,7 +232,7 @@ def raw_drain(settings: Settings, count: int) -> float:
     producer.begin_transaction()
     last: dict[int, int] = {}
     while done < count:
-        msgs = consumer.consume(5_000, 1.0)
+        _, msgs = take_arrived(consumer, timeout_s=1.0, max_records=5_000)
         if started is None and msgs:
             started = time.monotonic()
         for m in msgs:
@@ -388,13 +388,24 @@ def _load(settings: Settings, rate: int, seconds: float, dues: dict[str, int]) -
 
 
 def _checker_main(settings: Settings, out_path: str, stop: Any) -> None:
-    """In its own process: read the exec topic until told to stop, then write what
-    was seen (job id, due, fired, seen) as JSON lines."""
+    """In its own process: read the exec topic as records arrive until told to stop
+    and then quiet for 0.5 s (at most 10 s more), then write what was seen (job id,
+    due, fired, seen, record timestamp) as JSON lines."""
     log = ExecLog(settings).start()
     try:
-        while not stop.is_set():
-            log.poll(0.005)
-        log.settle(quiet_s=0.5, timeout_s=10)
+        last = time.monotonic()
+        stopped_at: float | None = None
+        while True:
+            at, msgs = take_arrived(log.consumer, timeout_s=0.02)
+            now = time.monotonic()
+            if log.record(msgs, at):
+                last = now
+            if stopped_at is None and stop.is_set():
+                stopped_at = now
+            if stopped_at is not None and (
+                now - max(last, stopped_at) >= 0.5 or now - stopped_at >= 10
+            ):
+                break
     finally:
         log.close()
     with open(out_path, "w") as fh:
@@ -467,10 +478,118 @@ def baseline_latency(
         if opened:
             producer.commit_transaction()
         time.sleep(1.0)  # the last records reach the checker
-    return [float(seen - due) for _, due, _, seen, _ in checker.seen()]
+    return [float(seen - due) for _, due, _, seen, _ in first_sightings(checker.seen())]
 
 
-def scenario_steady(bootstrap: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+Sighting = tuple[str, int, int, int, int]  # (job id, due, df-fired, seen, record timestamp)
+
+EMIT_STAMP_MEASURE = (
+    "exec record CreateTime - due: when the emitter's producer stamped the record, "
+    "inside a transaction not committed yet; not what a consumer sees"
+)
+LATENESS_MEASURE = "receive time of a read_committed consumer - due, every job (its first sighting)"
+
+
+def first_sightings(records: list[Sighting]) -> list[Sighting]:
+    """Each job's first sighting (by receive time)."""
+    seen: set[str] = set()
+    out = []
+    for r in sorted(records, key=lambda r: r[3]):
+        if r[0] not in seen:
+            seen.add(r[0])
+            out.append(r)
+    return out
+
+
+@dataclass(frozen=True)
+class SteadyRun:
+    """What one steady run recorded."""
+
+    timers: int
+    written_s: float
+    records: list[Sighting]  # every record the checker saw, duplicates too
+    baseline: list[float]  # the baseline's seen - due, every record
+    emitter_cpu_s: float
+    transactions: int
+    histogram: dict[str, float]
+    load_s: float
+    broker_state: str
+    broker_load_before_s: float | None
+
+
+def steady_run_figures(r: SteadyRun) -> dict[str, Any]:
+    """One run's figures (an entry of ``per_run``)."""
+    first = first_sightings(r.records)
+    return {
+        "timers": r.timers,
+        "rate_per_s": round(r.timers / r.written_s) if r.written_s else None,
+        "fired": len(first),
+        "lost": r.timers - len(first),
+        "duplicates": len(r.records) - len(first),
+        "early": sum(
+            1 for _, due, fired, seen, stamp in r.records if min(seen, fired, stamp) < due
+        ),
+        "lateness_ms": percentiles([float(seen - due) for _, due, _, seen, _ in first]),
+        "emit_stamp_lateness_ms": percentiles([float(st - due) for _, due, _, _, st in first]),
+        "fire_minus_due_ms": percentiles([float(f - due) for _, due, f, _, _ in first]),
+        "baseline_lateness_ms": percentiles(r.baseline),
+        "transactions": r.transactions,
+        "timers_per_transaction": round(r.timers / max(1, r.transactions), 1),
+        "emitter_cpu_share": round(r.emitter_cpu_s / (r.written_s + 15.0), 3),
+        "emitter_histogram_share_le": r.histogram,
+        "load_s": r.load_s,
+        "broker_state": r.broker_state,
+        "broker_load_before_s": r.broker_load_before_s,
+    }
+
+
+def combine_steady(runs: list[SteadyRun]) -> dict[str, Any]:
+    """Figures over every job of every run (the headlines), the spread of the runs'
+    p99 and ``per_run``."""
+    if not runs:
+        raise ValueError("combine_steady: no runs")
+    per_run = [steady_run_figures(r) for r in runs]
+    first = [x for r in runs for x in first_sightings(r.records)]
+    timers = sum(r.timers for r in runs)
+    written = sum(r.written_s for r in runs)
+    transactions = sum(r.transactions for r in runs)
+    return {
+        "scenario": "steady",
+        "runs": len(runs),
+        "rate_per_s": round(timers / written) if written else None,
+        "timers": timers,
+        "fired": len(first),
+        "lost": timers - len(first),
+        "duplicates": sum(p["duplicates"] for p in per_run),
+        "early": sum(p["early"] for p in per_run),
+        "lateness_ms": percentiles([float(seen - due) for _, due, _, seen, _ in first]),
+        "lateness_measure": LATENESS_MEASURE,
+        "lateness_p99_spread_ms": spread([p["lateness_ms"] for p in per_run]),
+        "baseline_lateness_ms": percentiles([x for r in runs for x in r.baseline]),
+        "baseline_p99_spread_ms": spread([p["baseline_lateness_ms"] for p in per_run]),
+        "baseline": "transactional producer committing back to back, same consumer: seen - due",
+        # secondary: where the time goes, not what a job sees
+        "emit_stamp_lateness_ms": percentiles([float(st - due) for _, due, _, _, st in first]),
+        "emit_stamp_measure": EMIT_STAMP_MEASURE,
+        "fire_minus_due_ms": percentiles([float(f - due) for _, due, f, _, _ in first]),
+        "transactions": transactions,
+        "timers_per_transaction": round(timers / max(1, transactions), 1),
+        "emitter_cpu_share": round(
+            sum(r.emitter_cpu_s for r in runs) / (written + 15.0 * len(runs)), 3
+        ),
+        "per_run": per_run,
+    }
+
+
+def steady_run(
+    bootstrap: str,
+    args: argparse.Namespace,
+    workdir: Path,
+    *,
+    broker_state: str,
+    broker_load_before_s: float | None,
+) -> SteadyRun:
+    """The baseline, then the emitter, each on topics of its own."""
     s = bench_settings(bootstrap)
     # The emitter commits as soon as every due timer fired: the baseline commits
     # back to back (batch 0 ms), the floor of any transactional emitter here.
@@ -497,33 +616,47 @@ def scenario_steady(bootstrap: str, args: argparse.Namespace, workdir: Path) -> 
             commits = metric(port, "dueflow_emitter_transactions_total")
     finally:
         em.stop()
-    records = checker.seen()
-    counts = Counter(job_id for job_id, *_ in records)
-    # Emission lateness (the goal of issue 4): the exec record's CreateTime, which
-    # librdkafka stamps when the emitter produces it, minus its due time, for every
-    # record a read_committed consumer saw (so committed ones only).
-    lateness = [float(stamp - due) for _, due, _, _, stamp in records]
-    seen_lateness = [float(seen - due) for _, due, _, seen, _ in records]
-    fired_lateness = [float(fired - due) for _, due, fired, _, _ in records]
+    return SteadyRun(
+        timers=len(dues),
+        written_s=written,
+        records=checker.seen(),
+        baseline=base,
+        emitter_cpu_s=cpu,
+        transactions=int(commits),
+        histogram=hist,
+        load_s=args.duration,
+        broker_state=broker_state,
+        broker_load_before_s=broker_load_before_s,
+    )
+
+
+def scenario_steady(bootstrap: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    started_here = not args.bootstrap
+    load_before = 0.0  # seconds of load this broker carried in this invocation
+    runs: list[SteadyRun] = []
+    for i in range(args.runs):
+        t0 = time.monotonic()
+        run_dir = workdir / f"run-{i + 1}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        r = steady_run(
+            bootstrap,
+            args,
+            run_dir,
+            # the run's own baseline loads the broker before the emitter's part
+            broker_state=broker_state(started_here=started_here, load_before_s=load_before),
+            broker_load_before_s=round(load_before, 1) if started_here else None,
+        )
+        runs.append(r)
+        load_before += time.monotonic() - t0
+        late = steady_run_figures(r)["lateness_ms"]
+        print(f"run {i + 1} of {args.runs}: seen - due {describe(late)}", flush=True)
+    emitter = load_settings(env={}, overrides={"emitter": dict(EMITTER_OVERRIDES)}).emitter
     return {
-        "scenario": "steady",
-        "rate_per_s": round(len(dues) / written),
-        "timers": len(dues),
-        "fired": len(counts),
-        "duplicates": sum(c - 1 for c in counts.values()),
-        "early": sum(1 for _, due, fired, seen, stamp in records if min(seen, fired, stamp) < due),
-        "lateness_ms": percentiles(lateness),
-        "lateness_measure": "exec record CreateTime (emit time) - due, committed records",
-        "seen_lateness_ms": percentiles(seen_lateness),
-        "fire_minus_due_ms": percentiles(fired_lateness),
-        "emitter_histogram_share_le": hist,
-        "baseline_lateness_ms": percentiles(base),
-        "baseline": "transactional producer committing back to back, same consumer: seen - due",
-        "batch_max_ms": s.emitter.batch_max_ms,
-        "producers": s.emitter.producers,
-        "transactions": int(commits),
-        "timers_per_transaction": round(len(dues) / max(1.0, commits), 1),
-        "emitter_cpu_share": round(cpu / (written + 15.0), 3),
+        **combine_steady(runs),
+        "batch_max_ms": emitter.batch_max_ms,
+        "producers": emitter.producers,
+        "duration_s": args.duration,
+        "broker_started_for_run": started_here,
     }
 
 
@@ -626,7 +759,8 @@ def scenario_failover(bootstrap: str, args: argparse.Namespace, workdir: Path) -
 
     def read() -> None:
         while not stop.is_set():
-            log.poll(0.005)
+            at, msgs = take_arrived(log.consumer, timeout_s=0.02)
+            log.record(msgs, at)
 
     reader = threading.Thread(target=read, daemon=True)
     try:
@@ -752,6 +886,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--timers", type=int, default=500_000, help="drain: backlog size")
     parser.add_argument("--rate", type=int, default=5_000, help="steady/failover: timers/s")
     parser.add_argument("--duration", type=float, default=30.0, help="steady: seconds of load")
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=1,
+        help="steady: measure this many times (fresh topics each, same broker): each "
+        "run's figures and the spread of the p99 over them",
+    )
     parser.add_argument("--kills", type=int, default=10, help="failover: kill -9 count")
     parser.add_argument("--session-timeout-ms", type=int, default=3_000, help="failover")
     parser.add_argument("--logs", metavar="DIR", help="keep the emitters' logs here")
@@ -763,6 +904,8 @@ def main(argv: list[str] | None = None) -> None:
         help="an emitter setting, e.g. batch_max_ms=5 (repeatable)",
     )
     args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error(f"--runs: {args.runs}; give 1 or more")
     for item in args.emitter:
         key, _, value = item.partition("=")
         EMITTER_OVERRIDES[key.strip()] = value.strip()
@@ -778,7 +921,10 @@ def main(argv: list[str] | None = None) -> None:
         workdir = Path(args.logs) if args.logs else Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         result = run(b, args, workdir)
-    show(result, args.json)
+    show(result, args.json, hide=("per_run",))
+    if "per_run" in result:
+        print()
+        show(spread_rows(result["per_run"], count="timers"), None)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,9 @@ Reads ``<results>/<run>.json`` (layout: the run name's first part before
 - ``<img>/throughput.png``: jobs per second of each stage and of the whole
   pipeline by worker processes, next to the plain-Kafka baseline of the
   same run;
-- ``<img>/lateness.png``: the distribution of lateness (handler start - due)
-  at a steady rate, with the emitter's own and the baselines' percentiles;
+- ``<img>/lateness.png``: the distribution of lateness (handler start - due,
+  every job) at a steady rate, with the emitter's (seen by a consumer - due)
+  and the baselines' percentiles;
 - ``<img>/rss.png``: emitter memory against pending timers;
 - ``<results>/summary.md``: the table, with the machine and the host load
   of each run; with ``--readme`` also the README's text between
@@ -108,13 +109,16 @@ def row(name: str, doc: dict[str, Any]) -> tuple[str, str, str, str, str] | None
                 _n(doc["ratio"]),
             )
         if sc == "steady":
+            seen, stamp = emitter_lateness(doc)
             return (
                 "emitter: lateness at a steady rate",
-                f"{_n(doc['rate_per_s'])} timers/s, {_n(doc['timers'])} timers",
-                f"emit - due {_pct(doc['lateness_ms'])}, seen - due "
-                f"{_pct(doc.get('seen_lateness_ms', doc['lateness_ms']))}; "
-                f"{doc['duplicates']} dup, {doc['early']} early",
-                f"txn producer, seen - due: {_pct(doc['baseline_lateness_ms'])}",
+                f"{_n(doc['rate_per_s'])} timers/s, {_n(doc['timers'])} timers" + _runs(doc),
+                f"seen by a read_committed consumer - due, every job {_pct(seen)}"
+                + _spread(doc, "lateness_p99_spread_ms")
+                + (f" (produce stamp - due: {_pct(stamp)})" if stamp else "")
+                + f"; {doc['duplicates']} dup, {doc['early']} early",
+                f"txn producer, seen - due: {_pct(doc['baseline_lateness_ms'])}"
+                + _spread(doc, "baseline_p99_spread_ms"),
                 "-",
             )
         if sc == "capacity":
@@ -148,16 +152,19 @@ def row(name: str, doc: dict[str, Any]) -> tuple[str, str, str, str, str] | None
         )
     if k == "e2e" and doc.get("mode") == "steady":
         settle = doc.get("settle_s")
-        whole = doc.get("lateness_incl_settle_ms")
+        every, settled = e2e_lateness(doc)
         return (
             "end to end: lateness at a steady rate",
             f"{_n(doc['rate_per_s'])} jobs/s for {_n(doc['duration_s'])} s"
             + (f" after {_n(settle)} s of settling" if settle else "")
-            + f", {doc['processes']} worker processes",
-            f"start - due {_pct(doc['lateness_ms'])}"
-            + (f" (with the settling jobs: {_pct(whole)})" if whole else "")
+            + f", {doc['processes']} worker processes"
+            + _runs(doc),
+            f"start - due, every job {_pct(every)}"
+            + _spread(doc, "lateness_p99_spread_ms")
+            + (f" (settled, after {_n(settle)} s: {_pct(settled)})" if settled else "")
             + f"; {doc['lost']} lost, {doc['duplicates']} dup",
-            f"raw produce → consume at that rate {_pct(doc.get('raw_latency_ms'))}",
+            f"raw produce → consume at that rate {_pct(doc.get('raw_latency_ms'))}"
+            + _spread(doc, "raw_latency_p99_spread_ms"),
             "-",
         )
     if k == "e2e":
@@ -182,6 +189,35 @@ def row(name: str, doc: dict[str, Any]) -> tuple[str, str, str, str, str] | None
             f"{fire / look:.1f}",
         )
     return None
+
+
+def emitter_lateness(doc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(seen by a consumer - due, produce stamp - due) of an emitter steady result;
+    results from before issue 18 had the produce stamp as ``lateness_ms``."""
+    if "seen_lateness_ms" in doc:
+        return doc["seen_lateness_ms"], doc["lateness_ms"]
+    return doc["lateness_ms"], doc.get("emit_stamp_lateness_ms")
+
+
+def e2e_lateness(doc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(every job, settled jobs) of an e2e steady result; results from before issue 18
+    had the settled figure as ``lateness_ms`` and every job as
+    ``lateness_incl_settle_ms``."""
+    if "lateness_incl_settle_ms" in doc:
+        return doc["lateness_incl_settle_ms"], doc["lateness_ms"]
+    return doc["lateness_ms"], doc.get("lateness_settled_ms")
+
+
+def _runs(doc: dict[str, Any]) -> str:
+    n = doc.get("runs", 1)
+    return f", {n} runs" if n > 1 else ""
+
+
+def _spread(doc: dict[str, Any], key: str) -> str:
+    s = doc.get(key)
+    if doc.get("runs", 1) <= 1 or not s:
+        return ""
+    return f", p99 over the runs {_n(s['min'])} / {_n(s['median'])} / {_n(s['max'])} ms"
 
 
 ORDER = ("produce", "scheduled_outcomes", "emitter", "worker", "e2e", "cron_next_fire")
@@ -272,16 +308,17 @@ def charts(docs: Results, img: Path) -> list[Path]:
                 ax.plot(
                     [max(v, 0.5) for v in cdf],
                     range(len(cdf)),
-                    label=f"end to end, handler start - due ({d['rate_per_s']:,}/s)",
+                    label=f"end to end, handler start - due ({d['rate_per_s']:,}/s)"
+                    + ("" if "lateness_incl_settle_ms" in d else ", every job"),
                 )
             raw_latency = d.get("raw_latency_ms")
             if raw_latency:
                 _points(ax, raw_latency, "plain produce → consume latency, same rate", "s")
         for d in em:
-            seen = d["seen_lateness_ms"] if "seen_lateness_ms" in d else d["lateness_ms"]
+            seen, stamp = emitter_lateness(d)
             _points(ax, seen, "emitter only: fired, seen by a consumer", "o")
-            if "seen_lateness_ms" in d:
-                _points(ax, d["lateness_ms"], "emitter only: emitted (exec CreateTime)", "v")
+            if stamp:
+                _points(ax, stamp, "emitter only: produce stamp (not committed yet)", "v")
             _points(ax, d["baseline_lateness_ms"], "txn producer baseline", "^")
         ax.set_xscale("log")
         ax.set_xlabel("milliseconds late (log scale)")
@@ -315,8 +352,8 @@ def charts(docs: Results, img: Path) -> list[Path]:
     return written
 
 
-def _points(ax: Any, p: dict[str, float], label: str, marker: str) -> None:
-    xs = [max(p[k], 0.5) for k in ("p50", "p95", "p99", "max")]
+def _points(ax: Any, p: dict[str, float | None], label: str, marker: str) -> None:
+    xs = [max(p[k] or 0.0, 0.5) for k in ("p50", "p95", "p99", "max")]
     ax.plot(xs, [50, 95, 99, 100], marker, label=label)
 
 

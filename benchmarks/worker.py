@@ -5,7 +5,9 @@
 Writes ``--jobs`` exec records (as the emitter does) to a fresh queue, then:
 
 1. baseline: a plain confluent-kafka consumer reads the same topic
-   (``raw_consume_per_s``, first to last record);
+   (``raw_consume_per_s``, first to last record), taking records as they
+   arrive (``benchmarks/arrivals.py``: a ``consume(n, 1.0)`` would wait out
+   its timeout for the last, partial batch and add up to a second);
 2. the worker: ``--processes`` worker processes with a no-op handler and
    exactly-once commits (idempotency record + outcome + offsets per
    transaction); ``jobs_per_s`` is measured from the group's committed
@@ -35,6 +37,7 @@ from typing import Any
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from benchmarks.arrivals import take_arrived
 from benchmarks.output import show
 from dueflow.clients import make_admin
 from dueflow.config import Settings, load_settings
@@ -114,7 +117,7 @@ def raw_consume(settings: Settings, jobs: int) -> float:
     deadline = time.monotonic() + 300
     try:
         while count < jobs and time.monotonic() < deadline:
-            msgs = consumer.consume(2_000, 1.0)
+            _, msgs = take_arrived(consumer, timeout_s=1.0, max_records=2_000)
             if msgs:
                 if not count:
                     first = time.perf_counter()

@@ -14,7 +14,7 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from dueflow import headers as hdr
 from dueflow.config import Settings
@@ -135,13 +135,22 @@ class ExecLog:
         self._consumer.assign(tps)
         return self
 
+    @property
+    def consumer(self) -> Consumer:
+        """The consumer, for a caller with its own read loop (then :meth:`record`)."""
+        assert self._consumer is not None
+        return self._consumer
+
     def poll(self, timeout_s: float = 0.02) -> int:
         assert self._consumer is not None
+        return self.record(self._consumer.consume(10_000, timeout_s), now_ms())
+
+    def record(self, messages: Iterable[Message], seen_ms: int) -> int:
+        """Note ``messages`` (error events skipped), read at ``seen_ms``; how many."""
         got = 0
-        for m in self._consumer.consume(10_000, timeout_s):
+        for m in messages:
             if m.error() is not None:
                 continue
-            seen = now_ms()
             h = m.headers() or []
             due = hdr.header_int(h, hdr.DUE)  # type: ignore[arg-type]
             fired = hdr.header_int(h, hdr.FIRED)  # type: ignore[arg-type]
@@ -151,7 +160,7 @@ class ExecLog:
                     (m.key() or b"").decode(),
                     due if due is not None else -1,
                     fired if fired is not None else -1,
-                    seen,
+                    seen_ms,
                     m.partition() or 0,
                     src,
                     m.value() or b"",
