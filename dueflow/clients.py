@@ -215,8 +215,21 @@ def probe_cluster(
                 lines.failures,
             )
             raise ClusterUnreachable(
-                settings.bootstrap, f"{reason}; {hint}" if hint else reason, waited_s=now - started
+                settings.bootstrap,
+                f"{reason}; {hint}" if hint else reason,
+                waited_s=now - started,
+                refused=bool(hint) or any(e.code() in _REFUSALS for e in errors),
             )
+
+
+# Errors of a cluster that answered and said no.
+_REFUSALS = frozenset(
+    {
+        KafkaError._AUTHENTICATION,
+        KafkaError.SASL_AUTHENTICATION_FAILED,
+        KafkaError._SSL,
+    }
+)
 
 
 def wait_for_cluster(
@@ -243,7 +256,7 @@ def wait_for_cluster(
                 say(f"the Kafka cluster at {settings.bootstrap} answers")
             return
         except ClusterUnreachable as exc:
-            if clock() >= deadline:
+            if exc.refused or clock() >= deadline:  # a wrong password stays wrong
                 raise
             if not said:
                 say(

@@ -83,11 +83,15 @@ class ClusterUnreachable(KafkaOperationError):
     """No broker of the bootstrap list answered (refused, not resolved, TLS/SASL
     failure, or silence until the deadline); ``reason`` is librdkafka's."""
 
-    def __init__(self, bootstrap: str, reason: str, *, waited_s: float = 0.0) -> None:
+    def __init__(
+        self, bootstrap: str, reason: str, *, waited_s: float = 0.0, refused: bool = False
+    ) -> None:
         super().__init__(f"cannot reach the Kafka cluster at {bootstrap}: {reason}")
         self.bootstrap = bootstrap
         self.reason = reason
         self.waited_s = waited_s
+        #: the cluster answered and said no (SASL, TLS): waiting does not help
+        self.refused = refused
 
 
 class TopicMismatch(DueflowError):

@@ -199,3 +199,23 @@ def test_a_service_waits_for_a_cluster_that_comes_up() -> None:
         "waiting up to 30 s",
         f"the Kafka cluster at {UNREACHABLE} answers",
     ]
+
+
+def test_a_service_does_not_wait_for_a_cluster_that_refuses_it() -> None:
+    # A wrong password stays wrong: the SASL refusal ends the wait at once.
+    from dueflow.clients import wait_for_cluster
+    from dueflow.config import load_settings
+    from dueflow.errors import ClusterUnreachable
+
+    calls: list[int] = []
+
+    def probe(_settings: object, **_kw: object) -> None:
+        calls.append(1)
+        raise ClusterUnreachable(UNREACHABLE, "SASL authentication error", refused=True)
+
+    settings = load_settings(env={"DUEFLOW_BOOTSTRAP": UNREACHABLE}, overrides={})
+    said: list[str] = []
+    with pytest.raises(ClusterUnreachable, match="SASL"):
+        wait_for_cluster(settings, timeout_s=30, say=said.append, probe=probe)
+    assert calls == [1]
+    assert said == []
