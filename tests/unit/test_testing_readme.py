@@ -2,41 +2,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from tests.support.readme import ROOT, as_in_readme, readme_files, unit_file
 
-ROOT = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
-
-
-def _blocks() -> dict[str, list[str]]:
-    section = (ROOT / "README.md").read_text().split("## Testing your handlers", 1)[1]
-    section = section.split("\n## ", 1)[0]
-    out = {}
-    for chunk in section.split("```python\n")[1:]:
-        lines = chunk.split("\n```", 1)[0].splitlines()
-        if lines and lines[0].startswith("# ") and lines[0].endswith(".py"):
-            out[lines[0][2:]] = lines[1:]
-    return out
-
-
-def _file(name: str) -> list[str]:
-    lines = (HERE / name).read_text().splitlines()
-    assert lines[0].startswith("# The README's")
-    return lines[1:]
+SECTION = "Testing your handlers"
 
 
 def test_the_readme_shows_the_handler_module() -> None:
-    assert _blocks()["myapp/billing.py"] == _file("readme_billing.py")
+    assert readme_files(SECTION)["myapp/billing.py"] == unit_file("readme_billing.py")
 
 
 def test_the_readme_shows_the_test_that_runs_here() -> None:
-    here = [
-        "from myapp import billing"
-        if line.startswith("from tests.unit import readme_billing")
-        else line
-        for line in _file("test_readme_billing.py")
-    ]
-    assert _blocks()["tests/test_billing.py"] == here
+    here = as_in_readme("test_readme_billing.py", "readme_billing")
+    assert readme_files(SECTION)["tests/test_billing.py"] == here
 
 
 def test_the_readme_enables_the_plugin_as_this_project_does() -> None:
