@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +24,15 @@ from dueflow.config import Settings, load_settings
 
 # The in-memory pipeline's fixtures (dueflow_pipeline, ...), as users enable them.
 pytest_plugins = ["dueflow.testing.pytest_plugin"]
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> Any:
+    """``--dist loadgroup`` (``make test``): the groups of tests/support/serial.py."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from tests.support.serial import make_scheduler
+
+    return make_scheduler(config, log)
 
 
 @dataclass

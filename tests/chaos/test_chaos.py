@@ -28,7 +28,6 @@ MIN_PER_KIND = int(os.environ.get("DUEFLOW_CHAOS_MIN_PER_KIND", "1"))
 
 
 @pytest.mark.chaos
-@pytest.mark.xdist_group("chaos")  # under `make test` (xdist): one chaos run at a time
 @pytest.mark.timeout(int(MINUTES * 60) + 900)
 def test_no_job_is_lost_doubled_or_early_under_faults(tmp_path: Path) -> None:
     report = run_chaos(

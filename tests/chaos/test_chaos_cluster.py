@@ -41,7 +41,6 @@ MUST_BE_ZERO = {
 
 
 @pytest.mark.chaos
-@pytest.mark.xdist_group("chaos")  # under `make test` (xdist): one chaos run at a time
 @pytest.mark.timeout(int(MINUTES * 60) + 900)
 def test_no_job_is_lost_doubled_or_early_when_cluster_nodes_fail(tmp_path: Path) -> None:
     report = run_chaos(
