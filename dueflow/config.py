@@ -429,6 +429,10 @@ def settings_from_dict(data: Mapping[str, Any]) -> Settings:
         wheel = dict(data["wheel"])
         if "levels" in wheel:
             wheel["levels"] = _levels(wheel["levels"])
+        if "shard" in wheel:  # a property of each emitter's session, not a setting
+            raise ConfigError(
+                "wheel.shard", wheel["shard"], "no value: set wheel.shards (how many) instead"
+            )
         data["wheel"] = wheel
     built = _build(Settings, data, "")
     assert isinstance(built, Settings)

@@ -6,7 +6,8 @@ Kafka client must write to schedule a job (docs/wire-format.md):
 - partition: chosen explicitly by :func:`dueflow.wheel.place_timer` from the
   due time and the time of writing (:class:`TimerPlacer` is the same function
   with per-level numbers precomputed); ``spread`` (CRC-32 of the key) picks
-  the near partition for timers due now;
+  the shard (:func:`dueflow.wheel.shard_for`, its upper half) and the near
+  partition for timers due now (its lower bits);
 - key: the idempotency key, UTF-8;
 - value: the Avro ``dueflow.Job`` record;
 - headers: ``df-due`` (the value's ``due_ms``), ``df-queue``, ``df-kind``,
@@ -68,33 +69,47 @@ class TimerPlacer:
         "_levels",
         "_near",
         "_near_window",
+        "_shards",
+        "_stride",
         "_top",
         "levels",
         "near_partitions",
         "near_window_ms",
+        "shards",
+        "stride",
     )
 
     def __init__(self, geometry: WheelGeometry) -> None:
+        geometry = geometry.of_shard(0)
         self._near = self.near_partitions = geometry.near_partitions
         self._near_window = self.near_window_ms = geometry.near_window_ms
-        # per level (reach_ms, width_ms, first partition, slots): a timer due in at
-        # most reach_ms goes to partition first + (due_ms // width_ms) % slots
+        # per level (reach_ms, width_ms, first partition, slots) in shard 0: a timer
+        # due in at most reach_ms goes to partition first + (due_ms // width_ms) % slots
         self._levels = self.levels = [
             (geometry.reach_ms(k), lv.width_ms, geometry.level_base(k), lv.slots)
             for k, lv in enumerate(geometry.levels)
         ]
         self._top = self._levels[-1]
+        # Shard s is shard 0 moved by s * stride partitions (shard_for picks s).
+        self._shards = self.shards = geometry.shards
+        self._stride = self.stride = geometry.shard_partitions
 
     def partition(self, *, due_ms: int, now_ms: int, spread: int) -> int:
         """The timer-topic partition of a timer due at ``due_ms`` written at ``now_ms``."""
         delta = due_ms - now_ms
+        base = ((spread >> 16) % self._shards) * self._stride if self._shards > 1 else 0
         if delta <= self._near_window:
-            return spread % self._near
-        return self.far_partition(due_ms, now_ms)
+            return base + spread % self._near
+        return base + self.far_partition(due_ms, now_ms)
+
+    def shard_base(self, spread: int) -> int:
+        """First partition of the shard of a timer with ``spread`` (:func:`shard_for`)."""
+        return ((spread >> 16) % self._shards) * self._stride if self._shards > 1 else 0
 
     def far_partition(self, due_ms: int, now_ms: int) -> int:
-        """:meth:`partition` of a timer due after the near window (``due_ms - now_ms >
-        near_window_ms``), which does not depend on the spread."""
+        """:meth:`partition` in shard 0 of a timer due after the near window
+        (``due_ms - now_ms > near_window_ms``), which does not depend on the spread
+        (add :meth:`shard_base` for its shard)."""
         delta = due_ms - now_ms
         for reach, width, base, slots in self._levels:
             if delta <= reach:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import zlib
 
-from dueflow.wheel import WheelGeometry
+from dueflow.wheel import WheelGeometry, shard_for
 
 
 def timer_partitions(
@@ -28,7 +28,11 @@ def timer_partitions(
     hint: int | None = None,
 ) -> list[int]:
     """The timer-topic partitions a timer due at ``due_ms`` with ``key`` may be in at
-    ``now_ms``, in the order to search them (``hint``, where a client wrote it, first)."""
+    ``now_ms``, in the order to search them (``hint``, where a client wrote it, first).
+    They are in the key's shard: the emitter places a timer again only inside the
+    shard it read it from."""
+    spread = zlib.crc32(key)
+    geometry = geometry.of_shard(shard_for(spread, geometry.shards))
     levels = geometry.levels
     top = len(levels) - 1
     found: list[int] = [] if hint is None else [hint]
@@ -37,5 +41,5 @@ def timer_partitions(
         found += [geometry.partition_of(top, slot) for slot in range(levels[top].slots)]
     for k in range(top, -1, -1):
         found.append(geometry.partition_of(k, due_ms // levels[k].width_ms))
-    found.append(zlib.crc32(key) % geometry.near_partitions)
+    found.append(geometry.base + spread % geometry.near_partitions)
     return list(dict.fromkeys(found))

@@ -1,8 +1,10 @@
 """Create and check dueflow's topics on a cluster (I/O edge of topics.py).
 
 ``ensure`` creates what is missing and compares what exists. It never deletes
-or alters an existing topic: a topic with the wrong partition count or a
-critical config that differs is reported, and the caller exits non-zero.
+or alters an existing topic, with one exception: the timer and lease topics
+get partitions added when ``wheel.shards`` grew (whole wheels appended; see
+:attr:`TopicSpec.grows_by`). Any other wrong partition count, or a critical
+config that differs, is reported, and the caller exits non-zero.
 """
 
 from __future__ import annotations
@@ -12,7 +14,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+from confluent_kafka.admin import (
+    AdminClient,
+    ConfigResource,
+    NewPartitions,
+    NewTopic,
+    ResourceType,
+)
 
 from dueflow.clients import kafka_error
 from dueflow.topics import TopicSpec
@@ -37,6 +45,7 @@ class Difference:
 @dataclass(slots=True)
 class EnsureReport:
     created: list[str] = field(default_factory=list)
+    grown: list[str] = field(default_factory=list)  # partitions added (more shards)
     unchanged: list[str] = field(default_factory=list)
     differences: list[Difference] = field(default_factory=list)
 
@@ -100,6 +109,7 @@ class TopicAdmin:
         created = [s for s in missing if s.name in report.created]
         if created:  # return only once the broker serves them (metadata lags the controller)
             self.describe(created, must_exist=True)
+        self._grow(specs, states, report)
         for spec in specs:
             state = states[spec.name]
             if spec.name in report.created:
@@ -111,9 +121,41 @@ class TopicAdmin:
                 continue
             diffs = compare(spec, state)
             report.differences.extend(diffs)
-            if not diffs:
+            if not diffs and spec.name not in report.grown:
                 report.unchanged.append(spec.name)
         return report
+
+    def _grow(
+        self, specs: Sequence[TopicSpec], states: dict[str, TopicState], report: EnsureReport
+    ) -> None:
+        """Add partitions to topics that may grow (the timer and lease topics, for
+        more shards) and have fewer than ``specs`` need; ``states`` is updated."""
+        todo = {}
+        for spec in specs:
+            have = states[spec.name].partitions
+            if have is not None and spec.growth_from(have) is not None:
+                todo[spec.name] = NewPartitions(spec.name, spec.partitions)
+        if not todo:
+            return
+        futures = self._admin.create_partitions(
+            list(todo.values()), operation_timeout=self._timeout
+        )
+        for name, fut in futures.items():
+            try:
+                fut.result()
+            except KafkaException as exc:
+                raise kafka_error(f"add partitions to {name}", exc) from exc
+            report.grown.append(name)
+        grown = [s for s in specs if s.name in todo]
+        deadline = time.monotonic() + self._timeout
+        while True:  # metadata lags the controller: wait until the broker serves them
+            fresh = {st.name: st for st in self.describe(grown)}
+            if all(fresh[s.name].partitions == s.partitions for s in grown):
+                break
+            if time.monotonic() > deadline:
+                break  # reported as a difference below
+            time.sleep(0.2)
+        states.update(fresh)
 
     def _create(self, specs: Sequence[TopicSpec], report: EnsureReport) -> list[TopicSpec]:
         """Create ``specs``; return those that turned out to exist already."""

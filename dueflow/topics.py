@@ -27,6 +27,16 @@ class TopicSpec:
     config: Mapping[str, str] = field(default_factory=dict)
     critical: frozenset[str] = frozenset({"cleanup.policy"})
     queue: str | None = None
+    # Partitions may be added in steps of this many (0: the count never changes):
+    # `topics ensure` grows a topic with fewer; fewer than it has is never possible.
+    grows_by: int = 0
+
+    def growth_from(self, have: int) -> int | None:
+        """How many partitions to add to a topic of ``have`` partitions; None when
+        it cannot be grown to :attr:`partitions` (pure)."""
+        if not self.grows_by or have >= self.partitions or have % self.grows_by:
+            return None
+        return self.partitions - have
 
 
 def tier_label(delay_ms: int) -> str:
@@ -99,11 +109,12 @@ class TopicNames:
     def emitter_transactional_id(self) -> str:
         return f"{self.prefix}.emitter"
 
-    def emitter_transactional_ids(self, count: int) -> list[str]:
-        """The active emitter's producers' ids: the first is :attr:`emitter_transactional_id`."""
-        return [self.emitter_transactional_id] + [
-            f"{self.emitter_transactional_id}.{i}" for i in range(1, count)
-        ]
+    def emitter_transactional_ids(self, count: int, shard: int = 0) -> list[str]:
+        """The producers' ids of the active emitter of ``shard``: shard 0's first is
+        :attr:`emitter_transactional_id` (the ids of a deployment without shards),
+        shard s's is ``<prefix>.emitter.s<s>``."""
+        first = self.emitter_transactional_id + (f".s{shard}" if shard else "")
+        return [first] + [f"{first}.{i}" for i in range(1, count)]
 
     @property
     def emitter_cron(self) -> str:
@@ -148,8 +159,14 @@ def topic_layout(settings: Settings) -> list[TopicSpec]:
             critical=frozenset(
                 {"cleanup.policy", "retention.ms", "retention.bytes", "message.timestamp.type"}
             ),
+            # More shards: whole wheels appended (the existing partitions keep
+            # their place, so their timers stay where the emitters look).
+            grows_by=settings.wheel.shard_partitions,
         ),
-        TopicSpec(n.lease, "lease", 1, {"cleanup.policy": "delete", **isr}),
+        # One partition per shard: its holder is the shard's active emitter.
+        TopicSpec(
+            n.lease, "lease", settings.wheel.shards, {"cleanup.policy": "delete", **isr}, grows_by=1
+        ),
         TopicSpec(
             n.emitter_cron,
             "cron-state",

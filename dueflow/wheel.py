@@ -18,11 +18,13 @@ Nothing here reads the clock: ``now_ms`` is always an argument.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dueflow.errors import ConfigError
 
 NEAR_LEVEL = -1
+# Shards of one deployment's timer topic (each adds a wheel's partitions).
+MAX_SHARDS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,23 +85,59 @@ class WheelGeometry:
     near_partitions: int = 4
     near_window_ms: int = 2_000
     lookahead_ms: int = 500
+    # The timer topic holds ``shards`` wheels of this shape side by side: shard s
+    # is partitions [s * shard_partitions, (s + 1) * shard_partitions). Each has
+    # its own lease partition and active emitter (docs/emitter.md#shards).
+    shards: int = 1
+    # Which shard this geometry places into and reads (0 in settings; the
+    # emitter of shard s works with ``of_shard(s)``).
+    shard: int = 0
+
+    @property
+    def shard_partitions(self) -> int:
+        """Partitions of one shard: the near partitions and every level's slots."""
+        return self.near_partitions + sum(level.slots for level in self.levels)
 
     @property
     def total_partitions(self) -> int:
-        return self.near_partitions + sum(level.slots for level in self.levels)
+        """Partitions of the whole timer topic: every shard's."""
+        return self.shards * self.shard_partitions
+
+    @property
+    def base(self) -> int:
+        """First partition of this geometry's shard."""
+        return self.shard * self.shard_partitions
+
+    @property
+    def partitions(self) -> range:
+        """This shard's partitions of the timer topic."""
+        base = self.base
+        return range(base, base + self.shard_partitions)
+
+    def of_shard(self, shard: int) -> WheelGeometry:
+        """The same wheel, placing into and reading shard ``shard``."""
+        if not 0 <= shard < self.shards:
+            raise ValueError(f"shard {shard} is outside 0..{self.shards - 1}")
+        return replace(self, shard=shard)
+
+    def shard_of(self, partition: int) -> int:
+        """The shard a timer-topic partition belongs to."""
+        return partition // self.shard_partitions
 
     def level_base(self, level: int) -> int:
-        """First partition of ``level`` in the timer topic."""
-        return self.near_partitions + sum(lv.slots for lv in self.levels[:level])
+        """First partition of ``level`` (of this shard) in the timer topic."""
+        return self.base + self.near_partitions + sum(lv.slots for lv in self.levels[:level])
 
     def partition_of(self, level: int, slot: int) -> int:
         """Partition holding absolute slot ``slot`` of ``level``."""
         return self.level_base(level) + slot % self.levels[level].slots
 
     def locate(self, partition: int) -> tuple[int, int]:
-        """``(level, index)`` of a partition; level is NEAR_LEVEL for near ones."""
+        """``(level, index)`` of a partition of any shard; level is NEAR_LEVEL for
+        near ones."""
         if not 0 <= partition < self.total_partitions:
             raise ValueError(f"partition {partition} is outside the wheel")
+        partition %= self.shard_partitions
         if partition < self.near_partitions:
             return NEAR_LEVEL, partition
         rest = partition - self.near_partitions
@@ -128,6 +166,10 @@ class WheelGeometry:
         """Raise :class:`ConfigError` naming the level that breaks the safety rule."""
         if self.near_partitions < 1:
             raise ConfigError("wheel.near_partitions", self.near_partitions, "an integer >= 1")
+        if not 1 <= self.shards <= MAX_SHARDS:
+            raise ConfigError("wheel.shards", self.shards, f"an integer from 1 to {MAX_SHARDS}")
+        if not 0 <= self.shard < self.shards:
+            raise ConfigError("wheel.shard", self.shard, f"0..{self.shards - 1}")
         if self.lookahead_ms < 0:
             raise ConfigError("wheel.lookahead_ms", self.lookahead_ms, "an integer >= 0")
         if not self.levels:
@@ -181,8 +223,17 @@ class WheelGeometry:
         return self
 
 
+def shard_for(spread: int, shards: int) -> int:
+    """The shard of a timer (or cron schedule) whose ``spread`` (CRC-32 of its key)
+    is given: its upper half, so the choice does not follow the near partition,
+    which the lower bits pick."""
+    return (spread >> 16) % shards if shards > 1 else 0
+
+
 def place_timer(*, due_ms: int, now_ms: int, geometry: WheelGeometry, spread: int) -> Placement:
-    """Choose the timer-topic partition for a timer due at ``due_ms``.
+    """Choose the timer-topic partition for a timer due at ``due_ms``, in the shard
+    of ``geometry`` (:meth:`WheelGeometry.of_shard`; a client first picks the
+    shard with :func:`shard_for`).
 
     ``spread`` is any stable integer of the timer (e.g. a hash of its key); it
     picks one of the near partitions so near load is shared. Overdue timers go
@@ -191,7 +242,7 @@ def place_timer(*, due_ms: int, now_ms: int, geometry: WheelGeometry, spread: in
     delta = due_ms - now_ms
     if delta <= geometry.near_window_ms:
         near = spread % geometry.near_partitions
-        return Placement(near, NEAR_LEVEL, near)
+        return Placement(geometry.base + near, NEAR_LEVEL, near)
     levels = geometry.levels
     for k in range(len(levels)):
         if delta <= geometry.reach_ms(k):

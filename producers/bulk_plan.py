@@ -111,6 +111,7 @@ class BulkPlanner:
         self._near = planner.placer.near_partitions
         self._levels = planner.placer.levels
         self._near_window = planner.placer.near_window_ms
+        self._sharded = planner.placer.shards > 1
         self._max_bytes = planner.max_record_bytes
         self._tails: list[str] = []
         self._ms = -1  # the millisecond of _head and _created
@@ -239,14 +240,20 @@ class BulkPlanner:
                 raise self.planner.too_large(n, size + len(id_bytes))
             delta = due_ms - now_ms
             if delta <= self._near_window:
-                partition = _crc32(key_bytes) % self._near
+                spread = _crc32(key_bytes)
+                partition = spread % self._near
             else:  # TimerPlacer.far_partition, inline
+                spread = -1
                 for reach, width, base, slots in self._levels:
                     if delta <= reach:
                         partition = base + (due_ms // width) % slots
                         break
                 else:
                     partition = self._placer.far_partition(due_ms, now_ms)
+            if self._sharded:
+                if spread < 0:
+                    spread = _crc32(key_bytes)
+                partition += self._placer.shard_base(spread)
             entry = (chash, due_ms, queue, task, key, partition)
             if drawn:
                 self.pending.append((job_id, entry))

@@ -383,14 +383,24 @@ def _trace_map(trace_headers: Sequence[tuple[str, bytes]]) -> Mapping[str, str]:
 
 
 def check_timer_topic(
-    admin: AdminClient, topic: str, *, partitions: int, timeout_s: float = 15.0
+    admin: AdminClient,
+    topic: str,
+    *,
+    partitions: int,
+    shard_partitions: int | None = None,
+    timeout_s: float = 15.0,
 ) -> int:
     """Check that ``topic`` exists with the wheel's partition count; return its
     ``max.message.bytes``. Raises a clear error otherwise.
 
+    A topic with more shards than the settings say (``topics ensure`` ran with a
+    larger ``wheel.shards``) is accepted: this client writes into the first
+    ones only, which their emitters fire all the same.
+
     A topic created a moment ago may not be visible (or describable) yet:
     missing answers are retried for a few seconds before they count.
     """
+    shard_partitions = shard_partitions or partitions
     deadline = time.monotonic() + timeout_s
     missing_since: float | None = None
     while True:
@@ -409,11 +419,14 @@ def check_timer_topic(
                 )
             time.sleep(0.1)
             continue
-        if len(found.partitions) != partitions:
+        have = len(found.partitions)
+        if have % shard_partitions or have < partitions:
             raise TopicMismatch(
-                f"topic {topic} has {len(found.partitions)} partitions but the timing wheel "
-                f"of these settings needs {partitions}: the settings (wheel) differ from those "
+                f"topic {topic} has {have} partitions but the timing wheel of these "
+                f"settings needs {partitions} ({partitions // shard_partitions} shards of "
+                f"{shard_partitions}): the settings (wheel, wheel.shards) differ from those "
                 "the topic was created with"
+                + ("; run `dueflow topics ensure` to add the shards" if have < partitions else "")
             )
         try:
             return read_max_message_bytes(admin, topic, timeout_s=timeout_s)

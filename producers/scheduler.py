@@ -160,8 +160,12 @@ class Scheduler:
         # global tracer provider, if one is installed by now.
         self.tracer = self._tracer or default_tracer()
         admin = make_admin(self.settings)
+        geo = self.settings.wheel
         limit = check_timer_topic(
-            admin, self.names.timers, partitions=self.settings.wheel.total_partitions
+            admin,
+            self.names.timers,
+            partitions=geo.total_partitions,
+            shard_partitions=geo.shard_partitions,
         )
         declared = declared_queues(self._app if self._app is not None else self.settings.app)
         watcher = QueueWatcher(self.settings, on_change=self._on_queues, component="scheduler")

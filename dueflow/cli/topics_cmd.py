@@ -61,6 +61,7 @@ def _ensure(args: argparse.Namespace) -> int:
                 "ok": report.ok,
                 "conflicts": conflicts,
                 "created": report.created,
+                "grown": report.grown,
                 "unchanged": report.unchanged,
                 "differences": [
                     {
@@ -77,7 +78,12 @@ def _ensure(args: argparse.Namespace) -> int:
     else:
         for name in report.created:
             print(f"created  {name}")
-        print(f"{len(report.unchanged)} topics already as needed, {len(report.created)} created")
+        for name in report.grown:
+            print(f"grown    {name} (partitions added for wheel.shards)")
+        print(
+            f"{len(report.unchanged)} topics already as needed, {len(report.created)} created"
+            + (f", {len(report.grown)} grown" if report.grown else "")
+        )
         for diff in report.differences:
             print(str(diff))
         for conflict in conflicts:
@@ -137,5 +143,10 @@ def _describe(args: argparse.Namespace) -> int:
             f"{geo.near_window_ms} ms), levels "
             + ", ".join(f"{lv.slots}x{lv.width_ms}ms" for lv in geo.levels)
             + f", lookahead {geo.lookahead_ms} ms"
+            + (
+                f"; {geo.shards} shards of {geo.shard_partitions} partitions"
+                if geo.shards > 1
+                else ""
+            )
         )
     return 0

@@ -13,6 +13,7 @@ transaction, so placement, firing and state commit together.
 from __future__ import annotations
 
 import logging
+import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,6 +40,7 @@ from dueflow.streams.emitter.drainer import Emit, Sender
 from dueflow.streams.emitter.quarantine import quarantine_record
 from dueflow.streams.emitter.schedules import ScheduleTable
 from dueflow.topics import names
+from dueflow.wheel import place_timer, shard_for
 
 log = logging.getLogger("dueflow.emitter.cron")
 
@@ -69,20 +71,35 @@ class CronKeeper:
         )
         self._quarantined_to: dict[int, int] = {}
         self._dirty_offsets = False
+        # Each shard's emitter keeps the schedules whose id hashes to its shard; the
+        # bad schedule records are quarantined by shard 0's alone.
+        geo = settings.wheel
+        self._shard, self._shards = geo.shard, geo.shards
+        self._geometry = geo
+
+    def owns(self, schedule_id: str) -> bool:
+        """True when this shard keeps ``schedule_id`` (:func:`shard_for` of its id)."""
+        return self._shards == 1 or self.owner(schedule_id) == self._shard
+
+    def owner(self, schedule_id: str) -> int:
+        return shard_for(zlib.crc32(schedule_id.encode()), self._shards)
 
     # ------------------------------------------------------------ activation
     def start(
         self, *, state: dict[str, CronState], quarantined_to: dict[int, int], now_ms: int
     ) -> None:
         """Take over: known state, schedules offsets already quarantined up to."""
-        self._state = dict(state)
+        self._state = {k: v for k, v in state.items() if self.owns(k)}
         self._quarantined_to = dict(quarantined_to)
         self.quarantine_bad(now_ms)
         for schedule_id in sorted(set(self._table.ids()) | set(self._state)):
             self.reconcile(schedule_id, now_ms)
 
     def quarantine_bad(self, now_ms: int) -> None:
-        """Quarantine remembered bad schedule records no emitter quarantined yet."""
+        """Quarantine remembered bad schedule records no emitter quarantined yet
+        (shard 0's emitter does: once, whatever the shards)."""
+        if self._shard != 0:
+            return
         bad, self._table.bad = self._table.bad, []
         for b in bad:
             if b.offset < self._quarantined_to.get(b.partition, 0):
@@ -111,7 +128,9 @@ class CronKeeper:
 
     # ------------------------------------------------------------ changes
     def reconcile(self, schedule_id: str, now_ms: int) -> None:
-        """Bring the wheel in line with the table for one schedule."""
+        """Bring the wheel in line with the table for one schedule (of this shard)."""
+        if not self.owns(schedule_id):
+            return
         schedule = self._table.get(schedule_id)
         state = self._state.get(schedule_id)
         if schedule is None:
@@ -140,6 +159,22 @@ class CronKeeper:
         )
         self._send(self._names.timers, rec.value, rec.key, rec.headers, rec.partition)
 
+    def _forward(
+        self, message: Message, schedule_id: str, due_ms: int, headers: list[Any], now_ms: int
+    ) -> None:
+        """An occurrence of a schedule another shard keeps (placed before the shards
+        grew): moved, unchanged, into that shard's wheel, whose emitter fires it
+        and places the next one. Its state record says it is in the wheel, so
+        nobody places it twice."""
+        owner = self._geometry.of_shard(self.owner(schedule_id))
+        key = message.key() or b""
+        placement = place_timer(
+            due_ms=due_ms, now_ms=now_ms, geometry=owner, spread=zlib.crc32(key)
+        )
+        self._send(self._names.timers, message.value(), key, headers, placement.partition)
+        self._metrics.cron_occurrences.labels("moved").inc()
+        event(log, "occurrence moved to its shard", schedule_id=schedule_id, shard=owner.shard)
+
     def _write_state(self, schedule_id: str, state: CronState) -> None:
         self._state[schedule_id] = state
         self._send(self._names.emitter_cron, state.encode(), schedule_id.encode(), None)
@@ -166,6 +201,9 @@ class CronKeeper:
             # A cron record without its bookkeeping: run it as the plain job it is.
             emit(topic, message.value(), message.key(), [*headers, source], due_ms)
             self._metrics.cron_occurrences.labels("unbound").inc()
+            return
+        if not self.owns(schedule_id):
+            self._forward(message, schedule_id, due_ms, headers, now_ms)
             return
         schedule = self._table.get(schedule_id)
         verdict = occurrence_verdict(schedule, version=version)

@@ -143,9 +143,12 @@ class WheelDrainer:
         tracer: JobTracer | None = None,
         queues: QueueTopics | None = None,
     ) -> None:
-        geo = settings.wheel
+        geo = settings.wheel  # this shard's (WheelGeometry.of_shard)
         em = settings.emitter
-        n = geo.total_partitions
+        ours = geo.partitions
+        # Per-partition lists are indexed by partition: this shard's are
+        # ours.start .. n-1 (the entries below are never used).
+        n = ours.stop
         self._geo = geo
         self._topic = names(settings).timers
         self._quarantine_topic = names(settings).quarantine
@@ -171,7 +174,7 @@ class WheelDrainer:
 
         self._level = [geo.locate(p)[0] for p in range(n)]
         self._index = [geo.locate(p)[1] for p in range(n)]
-        self._feeders = [p for p in range(n) if self._level[p] <= 0]
+        self._feeders = [p for p in ours if self._level[p] <= 0]
         self._ahead = [read_ahead_ms(geo, lv) if lv <= 0 else 0 for lv in self._level]
         # Flow control reads a level-0 feeder one slot further ahead than firing
         # needs: while a backlog drains, the drain clock moves many seconds per
@@ -189,7 +192,7 @@ class WheelDrainer:
         # due order; with nothing in the heap, neither does the drain clock.
         self._frontier = [0] * n
         self.fire_limit_ms = 0
-        self.committed_offsets = {p: committed.get(p, (-1, None))[0] for p in range(n)}
+        self.committed_offsets = {p: committed.get(p, (-1, None))[0] for p in ours}
 
         # Heap feeders re-read after a takeover, up to the previous emitter's read
         # offset: nothing fires until they are (it is a short stretch).

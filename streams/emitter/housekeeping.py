@@ -1,17 +1,19 @@
 """Off the hot path: pending timers per level and DeleteRecords.
 
-Every ``housekeeping_interval_ms`` the active emitter asks the cluster for the
-end offset of every timer partition (one ListOffsets batch, answered through
-futures, never blocking the loop) and exports high watermark minus committed
-offset per level as ``dueflow_timers_pending``. Records below a committed
-offset were handled for good, so they are deleted with DeleteRecords; the
-timer topic has no time retention, so nothing else removes them.
+Every ``housekeeping_interval_ms`` the active emitter of a shard asks the
+cluster for the end offset of every timer partition of the shard (one
+ListOffsets batch, answered through futures, never blocking the loop) and
+exports high watermark minus committed offset per level as
+``dueflow_timers_pending`` (a process driving several shards adds them
+up). Records below a committed offset were handled for good, so they are
+deleted with DeleteRecords; the timer topic has no time retention, so nothing
+else removes them.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
@@ -49,13 +51,22 @@ def pending_by_level(
 class Housekeeping:
     """Periodic jobs of the active emitter, driven by :meth:`tick`."""
 
-    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics,
+        *,
+        report: Callable[[int, dict[str, int]], None] | None = None,
+    ) -> None:
         self._settings = settings
         self._metrics = metrics
         self._topic = names(settings).timers
         self._interval = settings.emitter.housekeeping_interval_ms
-        geo = settings.wheel
-        self._levels = {p: geo.locate(p)[0] for p in range(geo.total_partitions)}
+        geo = settings.wheel  # this shard's
+        self._shard = geo.shard
+        self._levels = {p: geo.locate(p)[0] for p in geo.partitions}
+        # The process adds up its shards' counts (PendingTotals); alone, set them.
+        self._report = report if report is not None else self._set_gauges
         self._admin: AdminClient | None = None
         self._next_ms = 0
         self._ends: dict[TopicPartition, Future[Any]] = {}
@@ -98,8 +109,7 @@ class Housekeeping:
                 if fut.exception() is None:
                     ends[tp.partition] = fut.result().offset
             self.pending = pending_by_level(ends=ends, committed=committed, levels=self._levels)
-            for label, count in self.pending.items():
-                self._metrics.timers_pending.labels(label).set(count)
+            self._report(self._shard, self.pending)
             self._ends = {}
         if self._deletes and all(f.done() for f in self._deletes.values()):
             for tp, fut in self._deletes.items():
@@ -115,5 +125,36 @@ class Housekeeping:
                     )
             self._deletes = {}
 
+    def _set_gauges(self, _shard: int, pending: dict[str, int]) -> None:
+        for label, count in pending.items():
+            self._metrics.timers_pending.labels(label).set(count)
+
     def close(self) -> None:
         self._admin = None
+
+
+class PendingTotals:
+    """``dueflow_timers_pending`` of a process that drives several shards: per
+    level, the sum of the latest count of each shard it drives."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+        self._by_shard: dict[int, dict[str, int]] = {}
+
+    def report(self, shard: int, pending: dict[str, int]) -> None:
+        self._by_shard[shard] = dict(pending)
+        self._publish()
+
+    def forget(self, shard: int) -> None:
+        """The shard is no longer driven here: its counts go (another emitter's now)."""
+        if self._by_shard.pop(shard, None) is not None:
+            self._metrics.timers_pending.clear()
+            self._publish()
+
+    def _publish(self) -> None:
+        totals: dict[str, int] = {}
+        for pending in self._by_shard.values():
+            for label, count in pending.items():
+                totals[label] = totals.get(label, 0) + count
+        for label, count in totals.items():
+            self._metrics.timers_pending.labels(label).set(count)

@@ -1,15 +1,19 @@
-"""Leader election of emitters: a consumer group on the one-partition lease topic.
+"""Leader election of emitters: a consumer group on the lease topic.
 
 Every emitter process joins the group ``<prefix>.emitter`` subscribed to
-``<prefix>.emitter.lease``. The member that holds partition 0 is the active
-emitter; the others are hot standbys. The group coordinator does the election:
-a member that stops heartbeating is removed after ``session.timeout.ms`` and
-partition 0 moves to a standby. Cooperative-sticky assignment keeps partition
-0 with its holder when standbys join or leave, so a new standby does not
-interrupt the active emitter.
+``<prefix>.emitter.lease``, which has one partition per shard of the timer
+topic (``wheel.shards``, 1 by default). The member that holds partition s is
+the active emitter of shard s; a process may hold several, or none (a hot
+standby). The group coordinator does the election: a member that stops
+heartbeating is removed after ``session.timeout.ms`` and its partitions move
+to the others. Cooperative-sticky assignment spreads the shards evenly over
+the members and keeps each with its holder when members join or leave, so a
+new standby interrupts at most the shards it is given (their holder commits
+and hands them over in the revoke callback).
 
-Holding the lease is not enough to write: the active emitter's transactional
-producer (a fixed ``transactional.id``) fences any older holder that still runs.
+Holding a lease partition is not enough to write: the shard's transactional
+producers (fixed ``transactional.id``s per shard) fence any older holder
+that still runs.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Callable
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -31,17 +36,27 @@ log = logging.getLogger("dueflow.emitter.lease")
 class Lease:
     """This process's membership in the emitter group; :meth:`poll` it often."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        on_release: Callable[[frozenset[int], bool], None] | None = None,
+    ) -> None:
         self._settings = settings
         self._names = names(settings)
+        self._shards = settings.wheel.shards
         self._consumer: Consumer | None = None
-        self._held = False
+        self._held: set[int] = set()
+        # Called inside poll() when shards go: (shards, lost). Revoked (a
+        # rebalance): commit and hand over; lost (session expired): abort.
+        self._on_release = on_release
+        self.misfit: int | None = None  # a lease partition beyond wheel.shards
         self.acquisitions = 0
 
     @property
-    def held(self) -> bool:
-        """True while this process holds partition 0 of the lease topic."""
-        return self._held
+    def held(self) -> frozenset[int]:
+        """The shards (lease partitions) this process holds now."""
+        return frozenset(self._held)
 
     def start(self) -> None:
         em = self._settings.emitter
@@ -63,32 +78,54 @@ class Lease:
             on_lost=self._on_lost,
         )
 
-    def poll(self, timeout_s: float = 0.0) -> bool:
+    def poll(self, timeout_s: float = 0.0) -> frozenset[int]:
         """Serve group events (the callbacks run in here); return :attr:`held`."""
         if self._consumer is not None:
             self._consumer.poll(timeout_s)
-        return self._held
+        return frozenset(self._held)
 
     def close(self) -> None:
         """Leave the group at once, so a standby takes over without waiting."""
         consumer, self._consumer = self._consumer, None
-        self._held = False
+        self._held.clear()
         if consumer is not None:
             consumer.close()
 
     # ---------------------------------------------------------------- callbacks
     def _on_assign(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        if any(tp.partition == 0 for tp in partitions) and not self._held:
-            self._held = True
-            self.acquisitions += 1
-            event(log, "emitter lease acquired", lease=self._names.lease)
+        for tp in partitions:
+            if tp.partition >= self._shards:
+                self.misfit = tp.partition
+                event(
+                    log,
+                    "emitter lease of an unknown shard",
+                    logging.ERROR,
+                    lease=self._names.lease,
+                    partition=tp.partition,
+                    shards=self._shards,
+                )
+            elif tp.partition not in self._held:
+                self._held.add(tp.partition)
+                self.acquisitions += 1
+                event(log, "emitter lease acquired", lease=self._names.lease, shard=tp.partition)
 
     def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        if any(tp.partition == 0 for tp in partitions) and self._held:
-            self._held = False
-            event(log, "emitter lease released", lease=self._names.lease)
+        self._release(partitions, lost=False)
 
     def _on_lost(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        if any(tp.partition == 0 for tp in partitions) and self._held:
-            self._held = False
-            event(log, "emitter lease lost", logging.WARNING, lease=self._names.lease)
+        self._release(partitions, lost=True)
+
+    def _release(self, partitions: list[TopicPartition], *, lost: bool) -> None:
+        gone = frozenset(tp.partition for tp in partitions if tp.partition in self._held)
+        if not gone:
+            return
+        self._held -= gone
+        for shard in sorted(gone):
+            if lost:
+                event(
+                    log, "emitter lease lost", logging.WARNING, lease=self._names.lease, shard=shard
+                )
+            else:
+                event(log, "emitter lease released", lease=self._names.lease, shard=shard)
+        if self._on_release is not None:
+            self._on_release(gone, lost)

@@ -99,7 +99,8 @@ class Outbox:
         self._clock = clock_ms  # the session's clock: ages and commit times compare with it
         self._names = names(settings)
         em = settings.emitter
-        ids = self._names.emitter_transactional_ids(MAX_PRODUCERS)
+        self.shard = settings.wheel.shard
+        ids = self._names.emitter_transactional_ids(MAX_PRODUCERS, settings.wheel.shard)
         self._ring = em.producers
         self._lanes = [
             _Lane(txn_id, _FENCE_SPARES if i < self._ring else 1) for i, txn_id in enumerate(ids)

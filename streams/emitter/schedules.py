@@ -63,6 +63,7 @@ class ScheduleTable:
         self._topic = names(settings).schedules
         self._cron_topic = names(settings).emitter_cron
         self.cron_state: dict[str, CronState] = {}
+        self._unreported: set[str] = set()  # changed while reading the cron state
         self._cron_ended = False
         self._consumer: Consumer | None = None
         self._schedules: dict[str, CronSchedule] = {}
@@ -115,11 +116,20 @@ class ScheduleTable:
         while not self._cron_ended:
             if time.monotonic() > deadline:
                 raise KafkaOperationError(f"{self._cron_topic} could not be read to its end")
-            self.poll(0.05)
+            # Schedules read meanwhile are reported by the next poll (other shards
+            # driven by this process must hear of them).
+            self._unreported |= self._read(0.05)
         return dict(self.cron_state)
 
     def poll(self, timeout_s: float = 0.0) -> set[str]:
         """Read what arrived; return the ids of schedules that changed (or went away)."""
+        changed = self._read(timeout_s)
+        if self._unreported:
+            changed |= self._unreported
+            self._unreported = set()
+        return changed
+
+    def _read(self, timeout_s: float) -> set[str]:
         if self._consumer is None:
             return set()
         first = self._consumer.poll(timeout_s)
@@ -218,3 +228,39 @@ class ScheduleTable:
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             consumer.close()
+
+
+def read_cron_state(settings: Settings, timeout_s: float = 60.0) -> dict[str, CronState]:
+    """The cron state topic read to its end by a consumer of its own (a shard
+    taking over while this process drives others reads it off the loop's
+    thread; call once the shard's older emitters are fenced)."""
+    topic = names(settings).emitter_cron
+    consumer = make_consumer(
+        settings,
+        names(settings).emitter_offsets_group,  # never commits with it
+        **{"enable.partition.eof": True, "fetch.wait.max.ms": 10},
+    )
+    state: dict[str, CronState] = {}
+    try:
+        # Offset 0, not OFFSET_BEGINNING: an explicit offset spares a new client's
+        # offset query (half a second); compaction never moves the log start, and
+        # a deleted start falls back to the earliest (auto.offset.reset).
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if time.monotonic() > deadline:
+                raise KafkaOperationError(f"{topic} could not be read to its end")
+            for m in consumer.consume(1_000, 0.05):
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        return state
+                    continue
+                key = (m.key() or b"").decode("utf-8", "replace")
+                found = CronState.decode(m.value())
+                if found is None:
+                    state.pop(key, None)
+                else:
+                    state[key] = found
+    finally:
+        consumer.close()

@@ -16,19 +16,22 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from confluent_kafka import Message
+
 from dueflow.clock_probe import wall_ms
 from dueflow.config import Settings
-from dueflow.drain import commit_age_ms, commit_due
+from dueflow.cron_occurrence import CronState
+from dueflow.drain import Checkpoint, commit_age_ms, commit_due
 from dueflow.errors import KafkaOperationError
 from dueflow.logs import event
 from dueflow.metrics import Metrics
 from dueflow.streams.emitter.cron_keeper import CronKeeper
 from dueflow.streams.emitter.drainer import SealedCommit, WheelDrainer
 from dueflow.streams.emitter.end_watch import EndWatch
-from dueflow.streams.emitter.housekeeping import Housekeeping
+from dueflow.streams.emitter.housekeeping import Housekeeping, PendingTotals
 from dueflow.streams.emitter.outbox import Outbox
 from dueflow.streams.emitter.queues import EmitterQueues, RegistryQuarantine
-from dueflow.streams.emitter.schedules import ScheduleTable
+from dueflow.streams.emitter.schedules import ScheduleTable, read_cron_state
 from dueflow.streams.emitter.wheel_source import WheelSource
 from dueflow.topics import names
 from dueflow.tracing import JobTracer
@@ -50,7 +53,13 @@ class ActiveSession:
         tracer: JobTracer | None = None,
         outbox: Outbox | None = None,
         queues: EmitterQueues | None = None,
+        pending: PendingTotals | None = None,
     ) -> None:
+        # settings.wheel is this session's shard (WheelGeometry.of_shard).
+        self.shard = settings.wheel.shard
+        self.partitions = settings.wheel.partitions
+        # Shard 0's emitter quarantines the bad queue registry and schedule records.
+        self._singletons = self.shard == 0
         self._settings = settings
         self._queues = queues
         self._metrics = metrics
@@ -73,7 +82,9 @@ class ActiveSession:
             metrics=metrics,
         )
         self.source = source  # started by the process: warm before the takeover
-        self.housekeeping = Housekeeping(settings, metrics)
+        self.housekeeping = Housekeeping(
+            settings, metrics, report=pending.report if pending is not None else None
+        )
         self.end_watch = EndWatch(source.topic)
         self._drainer: WheelDrainer | None = None
         self._started = 0.0
@@ -90,6 +101,12 @@ class ActiveSession:
         self._idle_commit_ms = max(1, min(10_000, em.transaction_timeout_ms // 3))
         self._group_metadata: Any = None
         self._sealed: SealedCommit | None = None  # the commit in flight
+        # What prepare_start read, for finish_start.
+        self._took: dict[str, int] = {}
+        self._committed: dict[int, tuple[int, Checkpoint | None]] = {}
+        self._quarantined_to: dict[int, int] = {}
+        self._registry_quarantined_to: dict[int, int] = {}
+        self._cron_state: dict[str, CronState] = {}
 
     @property
     def drainer(self) -> WheelDrainer:
@@ -98,7 +115,16 @@ class ActiveSession:
 
     def start(self, timeout_s: float = 60.0) -> None:
         """Fence older emitters and start reading from the committed offsets."""
-        took: dict[str, int] = {}
+        self.prepare_start(timeout_s)
+        self.finish_start()
+
+    def prepare_start(self, timeout_s: float = 60.0, *, apart: bool = False) -> None:
+        """The waiting part of :meth:`start`: fence, read the committed offsets and
+        the cron state. ``apart``: on a thread of its own while the process's loop
+        drives other shards (it then touches only this session's clients, the
+        shared timer consumer's thread-safe ``committed``, and reads the cron
+        state with a consumer of its own)."""
+        took = self._took = {}
         t = self._started = time.monotonic()
 
         def lap(name: str) -> None:
@@ -109,21 +135,38 @@ class ActiveSession:
 
         self.outbox.start()
         lap("fence_ms")
-        committed = self.source.committed()
-        quarantined_to = self.source.committed_elsewhere(
-            self._schedules.topic, self._settings.schedules_partitions
-        )
-        registry_quarantined_to = self.source.committed_elsewhere(names(self._settings).queues, 1)
+        self._committed = self.source.committed(self.partitions)
+        if self._singletons:
+            self._quarantined_to = self.source.committed_elsewhere(
+                self._schedules.topic, self._settings.schedules_partitions
+            )
+            self._registry_quarantined_to = self.source.committed_elsewhere(
+                names(self._settings).queues, 1
+            )
         lap("offsets_ms")
-        # Cron: every schedule known (a missing one would read as deleted), the
-        # state of the wheel, and the bad schedule records quarantined so far.
-        deadline = time.monotonic() + timeout_s
-        while not self._schedules.caught_up:
-            if time.monotonic() > deadline:
-                raise KafkaOperationError("the schedules topic could not be read to its end")
-            self._schedules.poll(0.1)
-        state = self._schedules.sync_cron_state(timeout_s)
+        if apart:
+            self._cron_state = read_cron_state(self._settings, timeout_s)
+        else:
+            # Cron: every schedule known (a missing one would read as deleted), the
+            # state of the wheel, and the bad schedule records quarantined so far.
+            deadline = time.monotonic() + timeout_s
+            while not self._schedules.caught_up:
+                if time.monotonic() > deadline:
+                    raise KafkaOperationError("the schedules topic could not be read to its end")
+                self._schedules.poll(0.1)
+            self._cron_state = self._schedules.sync_cron_state(timeout_s)
         lap("cron_ms")
+
+    @property
+    def ready_to_finish(self) -> bool:
+        """Every schedule is known (the process's table has read its topic to the end)."""
+        return self._schedules.caught_up
+
+    def finish_start(self) -> None:
+        """The rest of :meth:`start`, on the loop's thread: the drainer, cron keeper
+        and quarantines, and the timer partitions assigned."""
+        took, t = self._took, time.monotonic()
+        committed = self._committed
         now = self._clock()
         self._drainer = WheelDrainer(
             settings=self._settings,
@@ -136,17 +179,19 @@ class ActiveSession:
             tracer=self._tracer,
             queues=self._queues,
         )
-        self.cron.start(state=state, quarantined_to=quarantined_to, now_ms=now)
-        self.registry_quarantine.start(registry_quarantined_to.get(0, 0))
-        self.quarantine_queue_records()
+        self.cron.start(state=self._cron_state, quarantined_to=self._quarantined_to, now_ms=now)
+        if self._singletons:
+            self.registry_quarantine.start(self._registry_quarantined_to.get(0, 0))
+            self.quarantine_queue_records()
         self.source.assign({p: off for p, (off, _) in committed.items()})
         self._group_metadata = self.source.group_metadata()
         self.housekeeping.start()
         self.end_watch.start(self.housekeeping.admin)
-        lap("start_ms")
+        took["start_ms"] = round((time.monotonic() - t) * 1000)
         event(
             log,
             "emitter active",
+            shard=self.shard,
             replaying=len([1 for _, ck in committed.values() if ck is not None]),
             last_fired=self._drainer.fired,
             **took,
@@ -154,6 +199,14 @@ class ActiveSession:
 
     def step(self) -> None:
         """One turn: read, fire, advance, commit when the batch is due."""
+        wake, now = self.before_read()
+        messages = self.source.consume(self._consume_max, max(0, wake - now) / 1000.0)
+        self.after_read(messages, self._clock())
+
+    def before_read(self, may_wait: bool = True) -> tuple[int, int]:
+        """The first half of :meth:`step`: collect the commit in flight; return
+        ``(wake, now)``: until when the read may wait for records. ``may_wait``
+        False (other shards share the loop): never wait here for a commit."""
         drainer = self.drainer
         outbox = self.outbox
         self._collect()
@@ -168,14 +221,23 @@ class ActiveSession:
             )
             due_at = outbox.first_ms + age
             if due_at <= now and not outbox.can_submit() and wake > now:
+                if not may_wait:  # look again soon: the commit in flight may be done
+                    return min(wake, now + 1), now
                 # The previous commit is in flight: wait for it (or the next timer).
                 outbox.wait_submittable((wake - now) / 1000.0)
                 self._collect()
                 now = self._clock()
                 wake = max(now, min(wake, due_at))
             wake = min(wake, due_at)
-        messages = self.source.consume(self._consume_max, max(0, wake - now) / 1000.0)
-        now = self._clock()
+        return wake, now
+
+    def consume_max(self) -> int:
+        return self._consume_max
+
+    def after_read(self, messages: list[Message], now: int) -> None:
+        """The second half of :meth:`step`: this shard's records read meanwhile."""
+        drainer = self.drainer
+        outbox = self.outbox
         if messages:
             drainer.on_messages(messages, now)
         drainer.advance(now)
@@ -222,8 +284,9 @@ class ActiveSession:
             self.cron.reconcile(schedule_id, now)
 
     def quarantine_queue_records(self) -> None:
-        """Quarantine the bad queue registry records read since the last call."""
-        if self._queues is not None:
+        """Quarantine the bad queue registry records read since the last call
+        (shard 0's emitter does)."""
+        if self._queues is not None and self._singletons:
             self.registry_quarantine.put(self._queues.take_bad(), self._clock())
 
     def commit(self, *, wait: bool = True, reopen: bool = True) -> None:
@@ -270,6 +333,6 @@ class ActiveSession:
             if self.outbox.in_transaction:
                 self._metrics.emitter_transactions.labels("aborted").inc()
             self.outbox.close(abort=True)
-            self.source.unassign()
+            self.source.unassign(self.partitions)
             self.end_watch.close()
             self.housekeeping.close()

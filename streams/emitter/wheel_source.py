@@ -1,8 +1,10 @@
 """The active emitter's consumer of the timer topic.
 
-It is assigned every partition of the timer topic (no group subscription: the
-lease decides who reads) at the committed offsets of the emitter's offsets
-group, reads with ``read_committed`` and reports partition ends. Partitions
+It is assigned the partitions of every shard the process drives (no group
+subscription: the lease decides who reads) at the committed offsets of the
+emitter's offsets group (one group for all shards: each shard's transactions
+commit only its own partitions), reads with ``read_committed`` and reports
+partition ends. Partitions
 are paused and resumed by the drainer; pausing always seeks to the offset to
 read next, so messages fetched past it are dropped and fetched again on
 resume.
@@ -23,7 +25,7 @@ from dueflow.topics import names
 
 
 class WheelSource:
-    """Reads the timer topic; one instance per active period."""
+    """Reads the timer topic; one per process, shared by the shards it drives."""
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
@@ -80,15 +82,17 @@ class WheelSource:
         assert self._consumer is not None, "start() first"
         return self._consumer
 
-    def committed(self, timeout_s: float = 30.0) -> dict[int, tuple[int, Checkpoint | None]]:
-        """Committed offset and checkpoint of every partition (stable offsets only).
+    def committed(
+        self, partitions: range, timeout_s: float = 30.0
+    ) -> dict[int, tuple[int, Checkpoint | None]]:
+        """Committed offset and checkpoint of ``partitions`` (a shard's: stable
+        offsets only).
 
         ``read_committed`` makes the fetch wait for offsets of open transactions,
         so the fenced emitter's last transaction is settled first. Offset -1:
         nothing committed yet.
         """
-        count = self._settings.wheel.total_partitions
-        tps = [TopicPartition(self._topic, p) for p in range(count)]
+        tps = [TopicPartition(self._topic, p) for p in partitions]
         try:
             got = self.consumer.committed(tps, timeout=timeout_s)
         except KafkaException as exc:
@@ -111,7 +115,8 @@ class WheelSource:
         return {tp.partition: max(tp.offset, 0) for tp in got}
 
     def assign(self, offsets: dict[int, int]) -> None:
-        """Read every partition from ``offsets`` (-1: from the beginning).
+        """Read the partitions of ``offsets`` (a shard's) from them (-1: from the
+        beginning), besides those read already (other shards this process drives).
 
         Never committed means never deleted by the emitter either, so "the
         beginning" is offset 0 (if someone else deleted records, the offset reset
@@ -122,7 +127,7 @@ class WheelSource:
             TopicPartition(self._topic, p, off if off >= 0 else 0)
             for p, off in sorted(offsets.items())
         ]
-        self.consumer.assign(tps)
+        self.consumer.incremental_assign(tps)
         # librdkafka keeps a partition's pause across unassign()/assign(): a slot
         # paused by the previous active period of this (warm) consumer would never
         # be read again, and the new drainer, which believes it runs, would wait
@@ -164,10 +169,15 @@ class WheelSource:
         )
         return int(high)
 
-    def unassign(self) -> None:
-        """Stop reading (the lease is gone); the consumer stays, warm, for the next time."""
-        if self._consumer is not None:
-            self._consumer.unassign()
+    def unassign(self, partitions: range) -> None:
+        """Stop reading ``partitions`` (a shard's lease is gone); the consumer stays,
+        warm, for the next time."""
+        if self._consumer is None:
+            return
+        mine = {tp.partition for tp in self._consumer.assignment()}
+        tps = [TopicPartition(self._topic, p) for p in partitions if p in mine]
+        if tps:
+            self._consumer.incremental_unassign(tps)
 
     def group_metadata(self) -> Any:
         return self.consumer.consumer_group_metadata()

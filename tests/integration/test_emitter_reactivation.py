@@ -50,7 +50,7 @@ def test_a_slot_paused_in_an_earlier_active_period_is_read_in_the_next(
         source.assign(every)
         assert len(_read(source, slot, 3, 30)) == 3
         source.pause(slot, 0)  # the drainer parks a slot that is not open yet
-        source.unassign()  # the lease is lost
+        source.unassign(settings.wheel.partitions)  # the lease is lost
 
         source.assign(every)  # active again, a new drainer
         again = _read(source, slot, 3, 10)

@@ -115,6 +115,7 @@ def emitter_env(settings: Settings, extra: dict[str, str] | None = None) -> dict
             "DUEFLOW_WHEEL_NEAR_PARTITIONS": str(geo.near_partitions),
             "DUEFLOW_WHEEL_NEAR_WINDOW_MS": str(geo.near_window_ms),
             "DUEFLOW_WHEEL_LOOKAHEAD_MS": str(geo.lookahead_ms),
+            "DUEFLOW_WHEEL_SHARDS": str(geo.shards),
             "DUEFLOW_OBSERVABILITY_LOG_FORMAT": "json",
         }
     )
@@ -161,6 +162,17 @@ class EmitterSubprocess:
     def active_count(self) -> int:
         """How many times this process became the active emitter."""
         return sum(1 for e in self.events() if e.get("event") == "emitter is active")
+
+    def shards_held(self) -> set[int]:
+        """The shards this process drives now, by its log."""
+        held: set[int] = set()
+        for e in self.events():
+            what = e.get("event")
+            if what == "emitter is active":
+                held.add(int(e.get("shard", 0)))
+            elif what in ("emitter is standby", "emitter shard released"):
+                held.discard(int(e.get("shard", 0)))
+        return held
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -21,7 +21,7 @@ from dueflow.config import Settings
 from dueflow.model import Job
 from dueflow.schemas import codec
 from dueflow.topics import names
-from dueflow.wheel import place_timer
+from dueflow.wheel import place_timer, shard_for
 
 
 def now_ms() -> int:
@@ -46,9 +46,9 @@ def timer_record(
 ) -> tuple[int, bytes, bytes, list[tuple[str, bytes]]]:
     """``(partition, key, value, headers)`` of a timer placed at ``at_ms``."""
     key = job_id.encode()
-    placement = place_timer(
-        due_ms=due_ms, now_ms=at_ms, geometry=settings.wheel, spread=zlib.crc32(key)
-    )
+    spread = zlib.crc32(key)
+    geometry = settings.wheel.of_shard(shard_for(spread, settings.wheel.shards))
+    placement = place_timer(due_ms=due_ms, now_ms=at_ms, geometry=geometry, spread=spread)
     headers = hdr.encode(
         [
             (hdr.DUE, due_ms),
@@ -105,6 +105,12 @@ class Fired:
     source: str
     value: bytes = b""
     timestamp_ms: int = -1  # the record's timestamp (exec topics: CreateTime, the emit time)
+
+    @property
+    def timer_partition(self) -> int:
+        """The timer-topic partition it was fired from (df-src), -1: none."""
+        parts = self.source.rsplit(":", 2)
+        return int(parts[1]) if len(parts) == 3 else -1
 
 
 @dataclass
