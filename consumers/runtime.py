@@ -59,13 +59,13 @@ from dueflow.consumers.committer import (
     TransactionalCommitter,
 )
 from dueflow.consumers.context import TaskContext
+from dueflow.consumers.decision import Kind, decide
 from dueflow.consumers.execution import JobExecutor
 from dueflow.consumers.failures import Failure
 from dueflow.consumers.feeds import (
     Delivery,
     PartitionFeed,
     attempt_limits,
-    int_or,
     prepare,
     trace_id,
 )
@@ -78,9 +78,8 @@ from dueflow.consumers.ratelimit import QueueRates
 from dueflow.consumers.recorder import BatchRecorder
 from dueflow.consumers.registry import TaskRegistry
 from dueflow.consumers.spans import end_attempt, start_attempt
-from dueflow.consumers.store import StoreFactory, skips
+from dueflow.consumers.store import StoreFactory
 from dueflow.consumers.tail import KeyTail
-from dueflow.cron_overlap import Admission
 from dueflow.errors import DueflowError
 from dueflow.group_config import (
     apply_group_configs,
@@ -90,7 +89,7 @@ from dueflow.group_config import (
 )
 from dueflow.logs import JOB_STARTED, event, job_event
 from dueflow.metrics import Metrics
-from dueflow.schemas.fast import F_DUE_MS, F_JOB_ID, F_TASK
+from dueflow.schemas.fast import F_JOB_ID, F_TASK
 from dueflow.topics import names, tier_label
 from dueflow.tracing import JobTracer
 
@@ -712,12 +711,17 @@ class QueueRuntime:
                 ready.rotate(-1)
 
     def _dispatch(self, feed: PartitionFeed) -> bool:
-        """Start what can start from ``feed``; True when it has nothing startable now."""
+        """Start what can start from ``feed``; True when it has nothing startable now.
+
+        What each head record gets is :func:`~dueflow.consumers.decision.decide`'s
+        verdict; this carries it out.
+        """
         backlog = feed.backlog
         slots = self._slots
         pending_final = self._batch.pending_final
         running = self._running
         store = feed.keys
+        overlap = self._overlap
         registry = self._registry
         limited = self._rates.limited
         now_ms = self._due_now()
@@ -729,68 +733,62 @@ class QueueRuntime:
             d = backlog[0]
             if d.fields is None and d.bad is None:
                 prepare(d, registry)
-            if d.not_before > now_ms:
-                now_ms = self._due_now()
-                if d.not_before > now_ms:
-                    self._hold(feed, d.not_before, now_ms)
+            verdict = decide(
+                d,
+                store=store,
+                pending=pending_final,
+                running=running,
+                occurrences=overlap,
+                now_ms=now_ms,
+            )
+            kind = verdict.kind
+            if kind is Kind.HOLD:
+                now_ms = self._due_now()  # read at the start of the turn: maybe due by now
+                verdict = decide(
+                    d,
+                    store=store,
+                    pending=pending_final,
+                    running=running,
+                    occurrences=overlap,
+                    now_ms=now_ms,
+                )
+                kind = verdict.kind
+                if kind is Kind.HOLD:
+                    self._hold(feed, verdict.until_ms, now_ms)
                     return True
-            key = d.key
-            if key:
-                # What this process finished and has not committed yet is newer.
-                state = pending_final.get(key)
-                if state is None:
-                    state = store.get(key)
-                if state is not None and skips(state, d.attempt):
-                    if not d.rechecked and hdr.REDRIVEN_AT in d.hmap:
-                        # A redrive clears the key's `dead` state in the same
-                        # transaction that wrote this record: decide after the
-                        # store has read that far.
-                        d.rechecked = True
-                        self._recheck(feed)
-                        return True
-                    backlog.popleft()
-                    self._batch.skipped(d, state, now_ms)
-                    feed.tracker.finish(d.offset)
-                    continue
-                run_only = store.run_only_due(key)  # dueflow.reschedule.superseded, inlined
-                if run_only is not None and d.fields is not None and d.fields[F_DUE_MS] != run_only:
-                    # A reschedule moved the job: this delivery has another due time.
-                    backlog.popleft()
-                    self._batch.superseded(d, now_ms)
-                    feed.tracker.finish(d.offset)
-                    continue
-                if key in running:
-                    backlog.popleft()
-                    self._held.setdefault(key, []).append(d)
-                    continue
-            if d.attempt == 1:
-                deadline = d.hmap.get(hdr.EXPIRES)  # dueflow.deadline.expired, inlined
-                if deadline is not None and now_ms > int_or(deadline, now_ms):
-                    backlog.popleft()
-                    self._batch.expired(d, now_ms)
-                    feed.tracker.finish(d.offset)
-                    continue
-            if d.bad is not None:
+            if kind is Kind.RUN:
+                if limited and not self._take_token(feed, d):
+                    return True
                 backlog.popleft()
-                reason, failure = d.bad
-                self._batch.dead(d, reason, failure, now_ms, started=False)
-                feed.tracker.finish(d.offset)
+                budget -= 1
+                self._start(d)
                 continue
-            if hdr.OVERLAP in d.hmap:  # a cron occurrence of a schedule with a policy
-                admission = self._overlap.admit(d)
-                if admission is Admission.SKIP:
-                    backlog.popleft()
-                    self._batch.skipped_occurrence(d, now_ms)
-                    feed.tracker.finish(d.offset)
-                    continue
-                if admission is Admission.BUFFER:  # waits for the running one
-                    backlog.popleft()
-                    continue
-            if limited and not self._take_token(feed, d):
+            if kind is Kind.RECHECK:
+                d.rechecked = True
+                self._recheck(feed)
                 return True
             backlog.popleft()
-            budget -= 1
-            self._start(d)
+            if kind is Kind.WAIT:
+                self._held.setdefault(d.key, []).append(d)
+                continue
+            if kind is Kind.BUFFER_OCCURRENCE:  # waits for the running one
+                overlap.buffer(d)
+                continue
+            if kind is Kind.DUPLICATE or kind is Kind.CANCELLED:
+                assert verdict.state is not None
+                self._batch.skipped(d, verdict.state, now_ms)
+            elif kind is Kind.RESCHEDULED:
+                self._batch.superseded(d, now_ms)
+            elif kind is Kind.EXPIRED:
+                self._batch.expired(d, now_ms)
+            elif kind is Kind.DEAD_LETTER:
+                assert verdict.failure is not None
+                self._batch.dead(d, verdict.reason, verdict.failure, now_ms, started=False)
+            elif kind is Kind.SKIP_OCCURRENCE:
+                self._batch.skipped_occurrence(d, now_ms)
+            else:  # pragma: no cover - every kind is handled above
+                raise AssertionError(f"unhandled verdict {verdict}")
+            feed.tracker.finish(d.offset)
         self._sync_pause(feed)
         return True
 
