@@ -24,6 +24,10 @@ For each record, at the head of its partition:
 5. rate limits (queue, task) -> the partitions pause until a token is due;
 6. a concurrency slot -> the handler runs.
 
+Steps 1 to 4 (and the overlap policy) are :func:`dueflow.consumers.decision.decide`,
+a pure function; the runtime's and its partitions' lifecycles are the states
+of :mod:`dueflow.consumers.lifecycle`.
+
 A finished attempt adds its records to the current batch: success ->
 idempotency ``done`` + outcome ``succeeded``; retriable failure -> retry
 tier record + outcome ``retrying``; permanent or exhausted -> DLQ record +
@@ -71,6 +75,7 @@ from dueflow.consumers.feeds import (
 )
 from dueflow.consumers.follow_ups import FollowUpPlanner, FollowUpSetup
 from dueflow.consumers.hooks import HookRunner
+from dueflow.consumers.lifecycle import FeedState, RuntimeEvent, RuntimeState, runtime_move
 from dueflow.consumers.overlap import OverlapGuard
 from dueflow.consumers.polling import GroupPoller
 from dueflow.consumers.quarantine import Quarantine
@@ -244,9 +249,7 @@ class QueueRuntime:
         )
         self._ticker: asyncio.TimerHandle | None = None
         self._pump_scheduled = False
-        self._closing = False
-        self._restarting = False
-        self._closed = False
+        self._life = RuntimeState.RUNNING  # closing, restarting, closed (lifecycle.py)
         self._inflight_changed = asyncio.Event()
         self._commit_soon = asyncio.Event()
         self._commit_lock = asyncio.Lock()
@@ -355,7 +358,7 @@ class QueueRuntime:
 
     def stop_taking(self) -> None:
         """Shutdown, step 1: start nothing new and stop fetching."""
-        self._closing = True
+        self._move(RuntimeEvent.STOP)
         for feed in self._feeds.values():
             self._sync_pause(feed)
 
@@ -369,13 +372,13 @@ class QueueRuntime:
         ``leave=False`` commits and stops without leaving the group (see
         :meth:`GroupPoller.stop`): the process exits right after.
         """
-        self._closing = True
+        self._move(RuntimeEvent.STOP)
         if self._poller is not None:
-            if not leave and not self._restarting:
+            if not leave and not self._life.restarting:
                 await self.commit_now()
             self._poller.stop(leave=leave)
             await self._poller.wait_closed()  # when leaving, the final revoke commits
-        self._closed = True
+        self._move(RuntimeEvent.CLOSE)
         if self._ticker is not None:
             self._ticker.cancel()
         self._commit_soon.set()
@@ -388,10 +391,23 @@ class QueueRuntime:
         await self._tail.close()
         self._txn_thread.shutdown(wait=False)
 
+    def _move(self, on: RuntimeEvent) -> None:
+        self._life = runtime_move(self._life, on)
+
+    def _begin_restart(self) -> bool:
+        """Enter a restart (nothing starts or commits meanwhile); False when one is
+        under way already or the runtime is closed."""
+        if not self._life.may_restart:
+            return False
+        self._move(RuntimeEvent.RESTART)
+        return True
+
     async def _restart(self, reason: str) -> None:
-        """Forget all uncommitted work and rejoin: redelivery and the key store do the rest."""
+        """Forget all uncommitted work and rejoin: redelivery and the key store do the rest.
+
+        Called after :meth:`_begin_restart` said yes.
+        """
         event(_LOG, "worker restarting queue", logging.WARNING, queue=self.queue, reason=reason)
-        self._restarting = True
         for feed in self._feeds.values():
             self._forget(feed)
         self._feeds.clear()
@@ -405,7 +421,7 @@ class QueueRuntime:
             with contextlib.suppress(ClientWedged):
                 await self._in_txn_thread(self._committer.close)
         await self._connect_until_up(first=False)
-        self._restarting = False
+        self._move(RuntimeEvent.RESTARTED)
 
     async def _connect_until_up(self, *, first: bool) -> None:
         """Connect, again every second while the cluster is not ready for it (a
@@ -413,7 +429,7 @@ class QueueRuntime:
         init_transactions times out or says COORDINATOR_LOAD_IN_PROGRESS). At the
         first start only such passing errors are retried; anything else (a
         refused authorization, bad settings) is raised to the caller."""
-        while not self._closing:
+        while not self._life.closing:
             try:
                 await self._connect()
                 return
@@ -440,10 +456,8 @@ class QueueRuntime:
         callback, whose consumer thread waits for the callback, while the
         restart waits for that thread to close its consumer.
         """
-        if self._restarting:
-            return
-        self._restarting = True  # nothing starts or commits meanwhile
-        self._loop.create_task(self._restart(reason))
+        if self._begin_restart():
+            self._loop.create_task(self._restart(reason))
 
     # ================================================================== rebalance
 
@@ -470,10 +484,10 @@ class QueueRuntime:
     async def _on_revoke(self, partitions: list[TopicPartition]) -> None:
         feeds = [f for tp in partitions if (f := self._feeds.get((tp.topic, tp.partition)))]
         for feed in feeds:
-            feed.revoked = True
+            feed.advance(FeedState.REVOKED)
             feed.backlog.clear()  # undispatched: the next owner reads them again
         self._ready = deque(f for f in self._ready if not f.revoked)
-        grace = 0.0 if self._closing or self._restarting else self._ws.rebalance_grace_s
+        grace = 0.0 if self._life is not RuntimeState.RUNNING else self._ws.rebalance_grace_s
         deadline = self._loop.time() + grace
         while any(f.inflight for f in feeds):
             left = deadline - self._loop.time()
@@ -489,7 +503,7 @@ class QueueRuntime:
             self._inflight_changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._inflight_changed.wait(), left)
-        if not self._restarting:
+        if not self._life.restarting:
             # Commits what finished; never past an unfinished (or abandoned) job.
             await self.commit_now()
         for feed in feeds:
@@ -514,7 +528,7 @@ class QueueRuntime:
         self._recompute_rates()
 
     def _forget(self, feed: PartitionFeed) -> None:
-        feed.gone = True
+        feed.advance(FeedState.GONE)
         feed.backlog.clear()
         with contextlib.suppress(KeyError):  # its lag is the new owner's to report now
             self._metrics.consumer_lag.remove(self._group, feed.topic, str(feed.partition))
@@ -531,7 +545,7 @@ class QueueRuntime:
     def _on_batch(self, msgs: list[Any]) -> None:
         if self._poller is not None:
             self._poller.batch_taken()
-        if self._restarting:
+        if self._life.restarting:
             return
         feeds = self._feeds
         # Offsets per feed, added to its tracker once per batch (hot path).
@@ -563,12 +577,12 @@ class QueueRuntime:
         for feed, seen in touched.items():
             feed.tracker.extend(seen)
         for feed in touched:
-            if not feed.loading and not feed.loaded:
+            if feed.state is FeedState.ASSIGNED:
                 # First records since assignment: the group's offsets for this
                 # partition are stable now; load the keys up to now before any
                 # record of it runs.
                 feed.committed = feed.backlog[0].offset if feed.backlog else None
-                feed.loading = True
+                feed.advance(FeedState.LOADING)
                 self._loop.create_task(self._load_keys(feed))
             elif feed.loaded and not feed.held:
                 self._make_ready(feed)
@@ -583,7 +597,7 @@ class QueueRuntime:
         except asyncio.CancelledError:
             return False
         except KafkaException as exc:
-            if not self._restarting:
+            if self._begin_restart():
                 await self._restart(f"key store load failed: {exc}")
             return False
         return True
@@ -591,10 +605,10 @@ class QueueRuntime:
     async def _load_keys(self, feed: PartitionFeed) -> None:
         if not await self._keys_caught_up(feed):
             return
-        feed.loading = False
         if feed.gone:
             return
-        feed.loaded = True
+        if feed.state is FeedState.LOADING:  # revoked meanwhile: stays revoked
+            feed.advance(FeedState.LOADED)
         self._make_ready(feed)
         self._pump()
 
@@ -614,7 +628,7 @@ class QueueRuntime:
         self._pump()
 
     def _make_ready(self, feed: PartitionFeed) -> None:
-        if not feed.in_ready and feed.backlog and feed.loaded and not feed.gone:
+        if not feed.in_ready and feed.backlog and feed.loaded:
             feed.in_ready = True
             self._ready.append(feed)
 
@@ -627,8 +641,7 @@ class QueueRuntime:
 
     def _stalled(self) -> bool:
         return (
-            self._closing
-            or self._restarting
+            self._life is not RuntimeState.RUNNING
             or self._queue_held
             or self._operator_paused
             or self._in_doubt
@@ -650,7 +663,7 @@ class QueueRuntime:
         what it owns.
         """
         self._doubts += 1
-        if self._in_doubt or self._closing:
+        if self._in_doubt or self._life.closing:
             return
         self._in_doubt = True
         event(
@@ -678,7 +691,7 @@ class QueueRuntime:
             self._doubt_membership(f"this process did not run for {gap:.1f} s")
         if self._ticker is not None:
             self._ticker.cancel()
-        if not self._closed:
+        if not self._life.closed:
             self._ticker = self._loop.call_later(_ALIVE_EVERY_S, self._alive)
 
     def _on_client_error(self, err: KafkaError) -> None:
@@ -851,7 +864,7 @@ class QueueRuntime:
         if feed.gone or poller is None:
             return
         size = len(feed.backlog)
-        held = feed.held or self._queue_held or self._closing or self._operator_paused
+        held = feed.held or self._queue_held or self._life.closing or self._operator_paused
         want = held or (size > self._low if feed.paused else size >= self._high)
         if want == feed.paused:
             return
@@ -965,9 +978,9 @@ class QueueRuntime:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._commit_soon.wait(), interval)
             self._commit_soon.clear()
-            if self._closed:
+            if self._life.closed:
                 return
-            if not self._restarting:
+            if not self._life.restarting:
                 await self.commit_now(validate=self._in_doubt)
             now = self._loop.time()
             if now >= next_gauges:
