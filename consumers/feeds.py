@@ -13,6 +13,7 @@ from confluent_kafka import TopicPartition
 from dueflow import headers as hdr
 from dueflow.config import WorkerSettings
 from dueflow.consumers.failures import Failure, permanent
+from dueflow.consumers.lifecycle import FeedState, feed_move
 from dueflow.consumers.offsets import OffsetTracker
 from dueflow.consumers.registry import RegisteredTask, TaskRegistry
 from dueflow.consumers.store import KeyStore
@@ -86,26 +87,24 @@ class PartitionFeed:
 
     ``backlog`` holds delivered records not dispatched yet, in offset order;
     ``tracker`` knows which delivered offsets have not finished. The feed is
-    dispatchable when its keys are loaded and it is not held (head record
-    not due, rate limit).
+    dispatchable when it is :attr:`FeedState.LOADED` and not held (head record
+    not due, rate limit, a recheck of the keys). ``state`` moves only through
+    :meth:`advance` (:mod:`dueflow.consumers.lifecycle`).
     """
 
     __slots__ = (
         "backlog",
         "checking",
         "committed",
-        "gone",
         "held_until",
         "in_ready",
         "inflight",
         "keys",
-        "loaded",
-        "loading",
         "partition",
         "paused",
         "planner",
         "rate_held",
-        "revoked",
+        "state",
         "tier_ms",
         "timer",
         "topic",
@@ -130,17 +129,33 @@ class PartitionFeed:
         self.tracker = OffsetTracker()
         self.committed: int | None = None  # last offset committed for this partition
         self.inflight = 0
-        self.loading = False  # waiting for the key store to catch up
-        self.loaded = False
+        self.state = FeedState.ASSIGNED
         self.held_until = 0  # wall ms: the head record is not due before
         self.rate_held = False
         self.checking = False  # waiting for the key store to catch up (a redriven record)
         self.paused = False
         self.in_ready = False
-        self.revoked = False
-        self.gone = False
         self.timer: asyncio.TimerHandle | None = None
         self.planner = planner  # ctx.schedule's FollowUpPlanner of the queue
+
+    def advance(self, to: FeedState) -> None:
+        """Move to ``to``; :class:`~dueflow.errors.IllegalTransition` when it cannot."""
+        self.state = feed_move(self.state, to)
+
+    @property
+    def loaded(self) -> bool:
+        """Its keys are loaded and it is still assigned: records may be dispatched."""
+        return self.state is FeedState.LOADED
+
+    @property
+    def revoked(self) -> bool:
+        """No longer read from: revoked (maybe finishing in-flight jobs) or gone."""
+        return self.state is FeedState.REVOKED or self.state is FeedState.GONE
+
+    @property
+    def gone(self) -> bool:
+        """Forgotten: what finishes of it now writes nothing."""
+        return self.state is FeedState.GONE
 
     @property
     def held(self) -> bool:

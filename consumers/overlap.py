@@ -33,19 +33,29 @@ class OverlapGuard:
         self.running: dict[str, int] = {}
         self.buffered: dict[str, Delivery] = {}
 
-    def admit(self, d: Delivery) -> Admission:
-        """Whether ``d`` may start now; a buffered one is kept here until its turn."""
+    def admission(self, d: Delivery) -> Admission:
+        """Whether ``d`` may start now; changes nothing (see :meth:`buffer`)."""
         found = _schedule_of(d)
         if found is None:
             return Admission.RUN
         schedule_id, policy = found
-        decision = admit_occurrence(
+        return admit_occurrence(
             policy,
             running=self.running.get(schedule_id, 0),
             buffered=schedule_id in self.buffered,
         )
+
+    def buffer(self, d: Delivery) -> None:
+        """Keep occurrence ``d`` (admitted :attr:`Admission.BUFFER`) until its turn."""
+        found = _schedule_of(d)
+        if found is not None:
+            self.buffered[found[0]] = d
+
+    def admit(self, d: Delivery) -> Admission:
+        """Whether ``d`` may start now; a buffered one is kept here until its turn."""
+        decision = self.admission(d)
         if decision is Admission.BUFFER:
-            self.buffered[schedule_id] = d
+            self.buffer(d)
         return decision
 
     def started(self, d: Delivery) -> None:

@@ -24,6 +24,10 @@ For each record, at the head of its partition:
 5. rate limits (queue, task) -> the partitions pause until a token is due;
 6. a concurrency slot -> the handler runs.
 
+Steps 1 to 4 (and the overlap policy) are :func:`dueflow.consumers.decision.decide`,
+a pure function; the runtime's and its partitions' lifecycles are the states
+of :mod:`dueflow.consumers.lifecycle`.
+
 A finished attempt adds its records to the current batch: success ->
 idempotency ``done`` + outcome ``succeeded``; retriable failure -> retry
 tier record + outcome ``retrying``; permanent or exhausted -> DLQ record +
@@ -59,18 +63,19 @@ from dueflow.consumers.committer import (
     TransactionalCommitter,
 )
 from dueflow.consumers.context import TaskContext
+from dueflow.consumers.decision import Kind, decide
 from dueflow.consumers.execution import JobExecutor
 from dueflow.consumers.failures import Failure
 from dueflow.consumers.feeds import (
     Delivery,
     PartitionFeed,
     attempt_limits,
-    int_or,
     prepare,
     trace_id,
 )
 from dueflow.consumers.follow_ups import FollowUpPlanner, FollowUpSetup
 from dueflow.consumers.hooks import HookRunner
+from dueflow.consumers.lifecycle import FeedState, RuntimeEvent, RuntimeState, runtime_move
 from dueflow.consumers.overlap import OverlapGuard
 from dueflow.consumers.polling import GroupPoller
 from dueflow.consumers.quarantine import Quarantine
@@ -78,9 +83,8 @@ from dueflow.consumers.ratelimit import QueueRates
 from dueflow.consumers.recorder import BatchRecorder
 from dueflow.consumers.registry import TaskRegistry
 from dueflow.consumers.spans import end_attempt, start_attempt
-from dueflow.consumers.store import StoreFactory, skips
+from dueflow.consumers.store import StoreFactory
 from dueflow.consumers.tail import KeyTail
-from dueflow.cron_overlap import Admission
 from dueflow.errors import DueflowError
 from dueflow.group_config import (
     apply_group_configs,
@@ -90,7 +94,7 @@ from dueflow.group_config import (
 )
 from dueflow.logs import JOB_STARTED, event, job_event
 from dueflow.metrics import Metrics
-from dueflow.schemas.fast import F_DUE_MS, F_JOB_ID, F_TASK
+from dueflow.schemas.fast import F_JOB_ID, F_TASK
 from dueflow.topics import names, tier_label
 from dueflow.tracing import JobTracer
 
@@ -245,9 +249,7 @@ class QueueRuntime:
         )
         self._ticker: asyncio.TimerHandle | None = None
         self._pump_scheduled = False
-        self._closing = False
-        self._restarting = False
-        self._closed = False
+        self._life = RuntimeState.RUNNING  # closing, restarting, closed (lifecycle.py)
         self._inflight_changed = asyncio.Event()
         self._commit_soon = asyncio.Event()
         self._commit_lock = asyncio.Lock()
@@ -356,7 +358,7 @@ class QueueRuntime:
 
     def stop_taking(self) -> None:
         """Shutdown, step 1: start nothing new and stop fetching."""
-        self._closing = True
+        self._move(RuntimeEvent.STOP)
         for feed in self._feeds.values():
             self._sync_pause(feed)
 
@@ -370,13 +372,13 @@ class QueueRuntime:
         ``leave=False`` commits and stops without leaving the group (see
         :meth:`GroupPoller.stop`): the process exits right after.
         """
-        self._closing = True
+        self._move(RuntimeEvent.STOP)
         if self._poller is not None:
-            if not leave and not self._restarting:
+            if not leave and not self._life.restarting:
                 await self.commit_now()
             self._poller.stop(leave=leave)
             await self._poller.wait_closed()  # when leaving, the final revoke commits
-        self._closed = True
+        self._move(RuntimeEvent.CLOSE)
         if self._ticker is not None:
             self._ticker.cancel()
         self._commit_soon.set()
@@ -389,10 +391,23 @@ class QueueRuntime:
         await self._tail.close()
         self._txn_thread.shutdown(wait=False)
 
+    def _move(self, on: RuntimeEvent) -> None:
+        self._life = runtime_move(self._life, on)
+
+    def _begin_restart(self) -> bool:
+        """Enter a restart (nothing starts or commits meanwhile); False when one is
+        under way already or the runtime is closed."""
+        if not self._life.may_restart:
+            return False
+        self._move(RuntimeEvent.RESTART)
+        return True
+
     async def _restart(self, reason: str) -> None:
-        """Forget all uncommitted work and rejoin: redelivery and the key store do the rest."""
+        """Forget all uncommitted work and rejoin: redelivery and the key store do the rest.
+
+        Called after :meth:`_begin_restart` said yes.
+        """
         event(_LOG, "worker restarting queue", logging.WARNING, queue=self.queue, reason=reason)
-        self._restarting = True
         for feed in self._feeds.values():
             self._forget(feed)
         self._feeds.clear()
@@ -406,7 +421,7 @@ class QueueRuntime:
             with contextlib.suppress(ClientWedged):
                 await self._in_txn_thread(self._committer.close)
         await self._connect_until_up(first=False)
-        self._restarting = False
+        self._move(RuntimeEvent.RESTARTED)
 
     async def _connect_until_up(self, *, first: bool) -> None:
         """Connect, again every second while the cluster is not ready for it (a
@@ -414,7 +429,7 @@ class QueueRuntime:
         init_transactions times out or says COORDINATOR_LOAD_IN_PROGRESS). At the
         first start only such passing errors are retried; anything else (a
         refused authorization, bad settings) is raised to the caller."""
-        while not self._closing:
+        while not self._life.closing:
             try:
                 await self._connect()
                 return
@@ -441,10 +456,8 @@ class QueueRuntime:
         callback, whose consumer thread waits for the callback, while the
         restart waits for that thread to close its consumer.
         """
-        if self._restarting:
-            return
-        self._restarting = True  # nothing starts or commits meanwhile
-        self._loop.create_task(self._restart(reason))
+        if self._begin_restart():
+            self._loop.create_task(self._restart(reason))
 
     # ================================================================== rebalance
 
@@ -471,10 +484,10 @@ class QueueRuntime:
     async def _on_revoke(self, partitions: list[TopicPartition]) -> None:
         feeds = [f for tp in partitions if (f := self._feeds.get((tp.topic, tp.partition)))]
         for feed in feeds:
-            feed.revoked = True
+            feed.advance(FeedState.REVOKED)
             feed.backlog.clear()  # undispatched: the next owner reads them again
         self._ready = deque(f for f in self._ready if not f.revoked)
-        grace = 0.0 if self._closing or self._restarting else self._ws.rebalance_grace_s
+        grace = 0.0 if self._life is not RuntimeState.RUNNING else self._ws.rebalance_grace_s
         deadline = self._loop.time() + grace
         while any(f.inflight for f in feeds):
             left = deadline - self._loop.time()
@@ -490,7 +503,7 @@ class QueueRuntime:
             self._inflight_changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._inflight_changed.wait(), left)
-        if not self._restarting:
+        if not self._life.restarting:
             # Commits what finished; never past an unfinished (or abandoned) job.
             await self.commit_now()
         for feed in feeds:
@@ -515,7 +528,7 @@ class QueueRuntime:
         self._recompute_rates()
 
     def _forget(self, feed: PartitionFeed) -> None:
-        feed.gone = True
+        feed.advance(FeedState.GONE)
         feed.backlog.clear()
         with contextlib.suppress(KeyError):  # its lag is the new owner's to report now
             self._metrics.consumer_lag.remove(self._group, feed.topic, str(feed.partition))
@@ -532,7 +545,7 @@ class QueueRuntime:
     def _on_batch(self, msgs: list[Any]) -> None:
         if self._poller is not None:
             self._poller.batch_taken()
-        if self._restarting:
+        if self._life.restarting:
             return
         feeds = self._feeds
         # Offsets per feed, added to its tracker once per batch (hot path).
@@ -564,12 +577,12 @@ class QueueRuntime:
         for feed, seen in touched.items():
             feed.tracker.extend(seen)
         for feed in touched:
-            if not feed.loading and not feed.loaded:
+            if feed.state is FeedState.ASSIGNED:
                 # First records since assignment: the group's offsets for this
                 # partition are stable now; load the keys up to now before any
                 # record of it runs.
                 feed.committed = feed.backlog[0].offset if feed.backlog else None
-                feed.loading = True
+                feed.advance(FeedState.LOADING)
                 self._loop.create_task(self._load_keys(feed))
             elif feed.loaded and not feed.held:
                 self._make_ready(feed)
@@ -584,7 +597,7 @@ class QueueRuntime:
         except asyncio.CancelledError:
             return False
         except KafkaException as exc:
-            if not self._restarting:
+            if self._begin_restart():
                 await self._restart(f"key store load failed: {exc}")
             return False
         return True
@@ -592,10 +605,10 @@ class QueueRuntime:
     async def _load_keys(self, feed: PartitionFeed) -> None:
         if not await self._keys_caught_up(feed):
             return
-        feed.loading = False
         if feed.gone:
             return
-        feed.loaded = True
+        if feed.state is FeedState.LOADING:  # revoked meanwhile: stays revoked
+            feed.advance(FeedState.LOADED)
         self._make_ready(feed)
         self._pump()
 
@@ -615,7 +628,7 @@ class QueueRuntime:
         self._pump()
 
     def _make_ready(self, feed: PartitionFeed) -> None:
-        if not feed.in_ready and feed.backlog and feed.loaded and not feed.gone:
+        if not feed.in_ready and feed.backlog and feed.loaded:
             feed.in_ready = True
             self._ready.append(feed)
 
@@ -628,8 +641,7 @@ class QueueRuntime:
 
     def _stalled(self) -> bool:
         return (
-            self._closing
-            or self._restarting
+            self._life is not RuntimeState.RUNNING
             or self._queue_held
             or self._operator_paused
             or self._in_doubt
@@ -651,7 +663,7 @@ class QueueRuntime:
         what it owns.
         """
         self._doubts += 1
-        if self._in_doubt or self._closing:
+        if self._in_doubt or self._life.closing:
             return
         self._in_doubt = True
         event(
@@ -679,7 +691,7 @@ class QueueRuntime:
             self._doubt_membership(f"this process did not run for {gap:.1f} s")
         if self._ticker is not None:
             self._ticker.cancel()
-        if not self._closed:
+        if not self._life.closed:
             self._ticker = self._loop.call_later(_ALIVE_EVERY_S, self._alive)
 
     def _on_client_error(self, err: KafkaError) -> None:
@@ -712,12 +724,17 @@ class QueueRuntime:
                 ready.rotate(-1)
 
     def _dispatch(self, feed: PartitionFeed) -> bool:
-        """Start what can start from ``feed``; True when it has nothing startable now."""
+        """Start what can start from ``feed``; True when it has nothing startable now.
+
+        What each head record gets is :func:`~dueflow.consumers.decision.decide`'s
+        verdict; this carries it out.
+        """
         backlog = feed.backlog
         slots = self._slots
         pending_final = self._batch.pending_final
         running = self._running
         store = feed.keys
+        overlap = self._overlap
         registry = self._registry
         limited = self._rates.limited
         now_ms = self._due_now()
@@ -729,68 +746,62 @@ class QueueRuntime:
             d = backlog[0]
             if d.fields is None and d.bad is None:
                 prepare(d, registry)
-            if d.not_before > now_ms:
-                now_ms = self._due_now()
-                if d.not_before > now_ms:
-                    self._hold(feed, d.not_before, now_ms)
+            verdict = decide(
+                d,
+                store=store,
+                pending=pending_final,
+                running=running,
+                occurrences=overlap,
+                now_ms=now_ms,
+            )
+            kind = verdict.kind
+            if kind is Kind.HOLD:
+                now_ms = self._due_now()  # read at the start of the turn: maybe due by now
+                verdict = decide(
+                    d,
+                    store=store,
+                    pending=pending_final,
+                    running=running,
+                    occurrences=overlap,
+                    now_ms=now_ms,
+                )
+                kind = verdict.kind
+                if kind is Kind.HOLD:
+                    self._hold(feed, verdict.until_ms, now_ms)
                     return True
-            key = d.key
-            if key:
-                # What this process finished and has not committed yet is newer.
-                state = pending_final.get(key)
-                if state is None:
-                    state = store.get(key)
-                if state is not None and skips(state, d.attempt):
-                    if not d.rechecked and hdr.REDRIVEN_AT in d.hmap:
-                        # A redrive clears the key's `dead` state in the same
-                        # transaction that wrote this record: decide after the
-                        # store has read that far.
-                        d.rechecked = True
-                        self._recheck(feed)
-                        return True
-                    backlog.popleft()
-                    self._batch.skipped(d, state, now_ms)
-                    feed.tracker.finish(d.offset)
-                    continue
-                run_only = store.run_only_due(key)  # dueflow.reschedule.superseded, inlined
-                if run_only is not None and d.fields is not None and d.fields[F_DUE_MS] != run_only:
-                    # A reschedule moved the job: this delivery has another due time.
-                    backlog.popleft()
-                    self._batch.superseded(d, now_ms)
-                    feed.tracker.finish(d.offset)
-                    continue
-                if key in running:
-                    backlog.popleft()
-                    self._held.setdefault(key, []).append(d)
-                    continue
-            if d.attempt == 1:
-                deadline = d.hmap.get(hdr.EXPIRES)  # dueflow.deadline.expired, inlined
-                if deadline is not None and now_ms > int_or(deadline, now_ms):
-                    backlog.popleft()
-                    self._batch.expired(d, now_ms)
-                    feed.tracker.finish(d.offset)
-                    continue
-            if d.bad is not None:
+            if kind is Kind.RUN:
+                if limited and not self._take_token(feed, d):
+                    return True
                 backlog.popleft()
-                reason, failure = d.bad
-                self._batch.dead(d, reason, failure, now_ms, started=False)
-                feed.tracker.finish(d.offset)
+                budget -= 1
+                self._start(d)
                 continue
-            if hdr.OVERLAP in d.hmap:  # a cron occurrence of a schedule with a policy
-                admission = self._overlap.admit(d)
-                if admission is Admission.SKIP:
-                    backlog.popleft()
-                    self._batch.skipped_occurrence(d, now_ms)
-                    feed.tracker.finish(d.offset)
-                    continue
-                if admission is Admission.BUFFER:  # waits for the running one
-                    backlog.popleft()
-                    continue
-            if limited and not self._take_token(feed, d):
+            if kind is Kind.RECHECK:
+                d.rechecked = True
+                self._recheck(feed)
                 return True
             backlog.popleft()
-            budget -= 1
-            self._start(d)
+            if kind is Kind.WAIT:
+                self._held.setdefault(d.key, []).append(d)
+                continue
+            if kind is Kind.BUFFER_OCCURRENCE:  # waits for the running one
+                overlap.buffer(d)
+                continue
+            if kind is Kind.DUPLICATE or kind is Kind.CANCELLED:
+                assert verdict.state is not None
+                self._batch.skipped(d, verdict.state, now_ms)
+            elif kind is Kind.RESCHEDULED:
+                self._batch.superseded(d, now_ms)
+            elif kind is Kind.EXPIRED:
+                self._batch.expired(d, now_ms)
+            elif kind is Kind.DEAD_LETTER:
+                assert verdict.failure is not None
+                self._batch.dead(d, verdict.reason, verdict.failure, now_ms, started=False)
+            elif kind is Kind.SKIP_OCCURRENCE:
+                self._batch.skipped_occurrence(d, now_ms)
+            else:  # pragma: no cover - every kind is handled above
+                raise AssertionError(f"unhandled verdict {verdict}")
+            feed.tracker.finish(d.offset)
         self._sync_pause(feed)
         return True
 
@@ -853,7 +864,7 @@ class QueueRuntime:
         if feed.gone or poller is None:
             return
         size = len(feed.backlog)
-        held = feed.held or self._queue_held or self._closing or self._operator_paused
+        held = feed.held or self._queue_held or self._life.closing or self._operator_paused
         want = held or (size > self._low if feed.paused else size >= self._high)
         if want == feed.paused:
             return
@@ -967,9 +978,9 @@ class QueueRuntime:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._commit_soon.wait(), interval)
             self._commit_soon.clear()
-            if self._closed:
+            if self._life.closed:
                 return
-            if not self._restarting:
+            if not self._life.restarting:
                 await self.commit_now(validate=self._in_doubt)
             now = self._loop.time()
             if now >= next_gauges:

@@ -126,3 +126,15 @@ class WorkerStartupFailed(DueflowError):
     def __init__(self, hook: str, error: str, *, cause: BaseException | None = None) -> None:
         super().__init__(f"worker startup hook {hook} failed: {error}", cause=cause)
         self.hook = hook
+
+
+class IllegalTransition(DueflowError):
+    """A lifecycle was asked to move where it cannot go from where it is (a bug in
+    the caller, never a passing condition): ``machine``, ``state``, ``to``."""
+
+    def __init__(self, machine: str, state: str, to: str, allowed: Iterable[str]) -> None:
+        options = ", ".join(sorted(allowed)) or "nothing"
+        super().__init__(f"{machine}: cannot go from {state} by {to}; from {state}: {options}")
+        self.machine = machine
+        self.state = state
+        self.to = to

@@ -44,6 +44,7 @@ from dueflow.consumers.failures import Failure
 from dueflow.consumers.feeds import Delivery, PartitionFeed, attempt_limits, int_or, prepare
 from dueflow.consumers.follow_ups import FollowUpPlanner
 from dueflow.consumers.hooks import will_retry
+from dueflow.consumers.lifecycle import FeedState
 from dueflow.consumers.overlap import OverlapGuard
 from dueflow.consumers.recorder import BatchRecorder
 from dueflow.consumers.registry import TaskRegistry
@@ -172,7 +173,8 @@ class InMemoryWorker:
             store = self._stores[(spec.name, p)] = MemoryKeyStore(spec.idempotency_retention_ms)
             for topic, tier in [(n.exec(spec.name), None), *tiers.items()]:
                 feed = self._feeds[(topic, p)] = PartitionFeed(topic, p, tier, store, planner)
-                feed.loaded = True
+                feed.advance(FeedState.LOADING)  # the keys are in memory: loaded at once
+                feed.advance(FeedState.LOADED)
                 feeds.append(feed)
         self._queues[spec.name] = _Queue(spec, recorder, feeds, tiers, planner)
 

@@ -8,6 +8,7 @@ import pytest
 
 from dueflow import headers as hdr
 from dueflow.consumers.feeds import Delivery, PartitionFeed
+from dueflow.consumers.lifecycle import FeedState
 from dueflow.consumers.overlap import OverlapGuard
 from dueflow.consumers.store import MemoryKeyStore
 from dueflow.cron_overlap import Admission, OverlapPolicy, admit_occurrence, exec_partition
@@ -80,6 +81,6 @@ def test_a_waiting_occurrence_of_a_lost_partition_is_forgotten() -> None:
     first, second = occurrence("s", "buffer_one", 0), occurrence("s", "buffer_one", 1)
     guard.started(first)
     assert guard.admit(second) is Admission.BUFFER
-    second.feed.gone = True
+    second.feed.advance(FeedState.GONE)
     guard.forget_gone()
     assert guard.finished(first) is None
