@@ -93,6 +93,7 @@ from dueflow.metrics import Metrics
 from dueflow.schemas.fast import F_DUE_MS, F_JOB_ID, F_TASK
 from dueflow.topics import names, tier_label
 from dueflow.tracing import JobTracer
+from dueflow.wall_clock import wall_ms as _wall_ms
 
 _LOG = logging.getLogger("dueflow.worker")
 _EXPIRE_EVERY_S = 60.0
@@ -110,10 +111,6 @@ def _passing(exc: BaseException) -> bool:
     return isinstance(err, KafkaError) and (
         err.retriable() or (err.code() in PASSING_START_ERRORS and not err.fatal())
     )
-
-
-def _wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class Slots:

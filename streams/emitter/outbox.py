@@ -49,11 +49,11 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from dueflow.blocking import ClientWedged, DaemonThreadExecutor
 from dueflow.clients import make_transactional_producer
-from dueflow.clock_probe import wall_ms
 from dueflow.config import EMITTER_MAX_PRODUCERS, Settings
 from dueflow.errors import FencedError, KafkaOperationError
 from dueflow.logs import event
 from dueflow.topics import names
+from dueflow.wall_clock import wall_ms
 
 log = logging.getLogger("dueflow.emitter.outbox")
 _ABANDONED: list[Any] = []  # wedged producers, kept referenced: never destroyed

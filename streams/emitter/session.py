@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from dueflow.clock_probe import wall_ms
 from dueflow.config import Settings
 from dueflow.drain import commit_age_ms, commit_due
 from dueflow.errors import KafkaOperationError
@@ -32,6 +31,7 @@ from dueflow.streams.emitter.schedules import ScheduleTable
 from dueflow.streams.emitter.wheel_source import WheelSource
 from dueflow.topics import names
 from dueflow.tracing import JobTracer
+from dueflow.wall_clock import wall_ms
 
 log = logging.getLogger("dueflow.emitter")
 
