@@ -511,8 +511,7 @@ class WheelDrainer:
         if cron and self._cron is not None:
             self._cron.fire_occurrence(m, due, topic, headers, now_ms, self._emitter(now_ms))
             return
-        headers.append((_FIRED, str(now_ms).encode()))
-        headers.append((_SOURCE, self._sources[p] % off))
+        hdr.fired(headers, fired_at=str(now_ms).encode(), source=self._sources[p] % off)
         if self._tracer is not None:
             step = self._tracer.span_for_fire(
                 headers,
@@ -539,7 +538,7 @@ class WheelDrainer:
             due: int,
             partition: int = -1,
         ) -> None:
-            headers.append((_FIRED, fired_at))
+            hdr.fired(headers, fired_at=fired_at)
             if self._tracer is not None:
                 step = self._tracer.span_for_fire(
                     headers,
