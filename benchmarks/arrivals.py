@@ -10,11 +10,12 @@ already fetched, so the receive time is when the records were there to read.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
 from confluent_kafka import Message
+
+from dueflow.wall_clock import wall_ms
 
 
 class RecordSource(Protocol):
@@ -30,10 +31,6 @@ class Arrival(NamedTuple):
 
     received_ms: int
     messages: list[Message]
-
-
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def take_arrived(

@@ -97,15 +97,12 @@ from dueflow.job_request import JobRequest
 from dueflow.producers import Scheduler
 from dueflow.topic_admin import TopicAdmin
 from dueflow.topics import TopicSpec, names, topic_layout
+from dueflow.wall_clock import wall_ms
 from tests.support.emitters import EmitterSubprocess, wait_until
 
 QUEUE = "bench"
 RAW_WARM_KEY = b"warm-up"  # the raw baseline's first record: not counted, not timed
 TASK = "e2e.noop"
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 # ----------------------------------------------------------------------------- workers
@@ -335,7 +332,7 @@ def raw_roundtrip(
         # first ~0.3 s of records wait for that and make the baseline's p99.
         producer.produce(topic, b"", RAW_WARM_KEY, 0)
         producer.flush(30)
-        first = now_ms()
+        first = wall_ms()
         t0 = time.monotonic()
         cpu0 = time.process_time()
         for i, (key, value, _p, headers) in enumerate(records):

@@ -43,11 +43,12 @@ from dueflow.cli.common import format_table
 from dueflow.clients import make_admin, make_producer
 from dueflow.config import Settings, load_settings
 from dueflow.job_request import JobRequest
-from dueflow.producers.core import JobIds, PlannedTimer, TimerPlanner, wall_ms
+from dueflow.producers.core import JobIds, PlannedTimer, TimerPlanner
 from dueflow.producers.recent import RecentJobs
 from dueflow.producers.scheduler import BULK_PRODUCER, Scheduler
 from dueflow.topic_admin import TopicAdmin
 from dueflow.topics import TopicSpec, names, topic_layout
+from dueflow.wall_clock import wall_ms
 
 Record = tuple[bytes, bytes, int, list[tuple[str, bytes]]]
 T = TypeVar("T")

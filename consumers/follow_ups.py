@@ -29,7 +29,6 @@ the success.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -43,6 +42,7 @@ from dueflow.schemas.fast import encode_outcome
 from dueflow.timer_record import TimerPlacer
 from dueflow.topics import names
 from dueflow.tracing import span_headers, trace_id_of
+from dueflow.wall_clock import wall_ms
 from dueflow.wheel import WheelGeometry
 
 if TYPE_CHECKING:
@@ -323,10 +323,6 @@ def child_planner(
 def fixed_planner(settings: Settings, *, now_ms: int) -> FollowUpPlanner:
     """A planner whose clock reads ``now_ms`` (``TaskContext.for_test``)."""
     return FollowUpPlanner(settings, declared={}, clock=lambda: now_ms, running=attempt_open)
-
-
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def attempt_open(owner: Attempt) -> bool:

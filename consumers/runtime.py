@@ -53,7 +53,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from dueflow import headers as hdr
 from dueflow.backoff import WHEEL
-from dueflow.blocking import ClientWedged, DaemonThreadExecutor
+from dueflow.blocking import ClientWedged, DaemonThreadExecutor, abandon
 from dueflow.clients import make_admin, make_consumer
 from dueflow.clock_probe import ClockProbe
 from dueflow.config import QueueSpec, Settings
@@ -97,13 +97,13 @@ from dueflow.metrics import Metrics
 from dueflow.schemas.fast import F_JOB_ID, F_TASK
 from dueflow.topics import names, tier_label
 from dueflow.tracing import JobTracer
+from dueflow.wall_clock import wall_ms as _wall_ms
 
 _LOG = logging.getLogger("dueflow.worker")
 _EXPIRE_EVERY_S = 60.0
 _GAUGES_EVERY_S = 1.0
 _ALIVE_EVERY_S = 0.1
 _DLQ_DEPTH_EVERY_S = 15.0
-_ABANDONED: list[Any] = []  # wedged clients, kept referenced: never destroyed
 # Consumer errors after which this member may have been expelled unawares.
 _CONNECTION_LOST = frozenset({KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT})
 
@@ -114,10 +114,6 @@ def _passing(exc: BaseException) -> bool:
     return isinstance(err, KafkaError) and (
         err.retriable() or (err.code() in PASSING_START_ERRORS and not err.fatal())
     )
-
-
-def _wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class Slots:
@@ -1065,7 +1061,7 @@ class QueueRuntime:
             queue=self.queue,
             deadline_s=self._commit_deadline_s,
         )
-        _ABANDONED.append(self._committer)  # destroying it would block as well
+        abandon(self._committer)  # destroying it would block as well
         self._committer = None
         # The abandoned producer may still finish what it was doing (registering
         # its id): under the same id it would fence the next one mid-batch.

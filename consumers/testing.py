@@ -13,7 +13,6 @@ replaces this module.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -26,6 +25,7 @@ from dueflow.config import Settings
 from dueflow.model import Backoff, Job
 from dueflow.schemas import codec
 from dueflow.topics import names
+from dueflow.wall_clock import wall_ms
 
 
 def make_job(
@@ -43,7 +43,7 @@ def make_job(
     content_type: str = "application/json",
 ) -> Job:
     """A job due now (or at ``due_ms``); ``payload`` is JSON-encoded unless ``raw_payload``."""
-    now = int(time.time() * 1000)
+    now = wall_ms()
     job_id = job_id or uuid.uuid4().hex
     return Job(
         job_id=job_id,
@@ -62,17 +62,17 @@ def make_job(
 
 def exec_headers(job: Job, *, fired_ms: int | None = None) -> hdr.Headers:
     """The headers an exec record of ``job`` carries when the emitter fires it."""
-    return hdr.encode(
+    timer = hdr.encode(
         [
             (hdr.DUE, job.due_ms),
             (hdr.QUEUE, job.queue),
             (hdr.JOB_ID, job.job_id),
             (hdr.TASK, job.task),
             (hdr.SCHEMA, codec.schema_header("job")),
-            (hdr.FIRED, fired_ms if fired_ms is not None else int(time.time() * 1000)),
-            (hdr.SOURCE, "timers:0:0"),
         ]
     )
+    at = fired_ms if fired_ms is not None else wall_ms()
+    return hdr.fired(timer, fired_at=str(at).encode(), source=hdr.source_of("timers", 0, 0))
 
 
 class ExecWriter:

@@ -6,7 +6,9 @@ and has no side effects.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from dueflow.lazy_exports import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -64,13 +66,32 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dueflow' has no attribute {name!r}")
-    import importlib
+__all__ = [
+    "AsyncScheduler",
+    "Backoff",
+    "ConflictError",
+    "CronSchedule",
+    "DueflowError",
+    "FollowUp",
+    "InvalidInput",
+    "JobError",
+    "JobRequest",
+    "MisfirePolicy",
+    "PermanentJobError",
+    "QueueSpec",
+    "Scheduler",
+    "Settings",
+    "TaskContext",
+    "TaskRegistry",
+    "WheelGeometry",
+    "WheelLevel",
+    "WorkerInfo",
+    "load_settings",
+    "on_failure",
+    "on_shutdown",
+    "on_startup",
+    "task",
+]
 
-    return getattr(importlib.import_module(module), name)
-
-
-__all__ = sorted(_EXPORTS)
+if not TYPE_CHECKING:  # type checkers see the imports above, not Any
+    __getattr__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -28,6 +28,8 @@ from dueflow.errors import KafkaOperationError
 T = TypeVar("T")
 
 _Work = tuple[concurrent.futures.Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+# Wedged clients, kept referenced for the life of the process: never destroyed.
+_ABANDONED: list[Any] = []
 
 
 class ClientWedged(KafkaOperationError):
@@ -75,6 +77,12 @@ class DaemonThreadExecutor(concurrent.futures.Executor):
         self._queue.put(None)
         if wait:
             self._thread.join()
+
+
+def abandon(client: Any) -> None:
+    """Never touch ``client`` again and never let it be destroyed: a wedged
+    librdkafka client blocks in its destructor as well (the rule above)."""
+    _ABANDONED.append(client)
 
 
 def call_with_deadline(

@@ -25,12 +25,9 @@ from dueflow.clock import ClockOffset
 from dueflow.config import Settings
 from dueflow.logs import event
 from dueflow.topics import names
+from dueflow.wall_clock import wall_ms
 
 _LOG = logging.getLogger("dueflow.clock")
-
-
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class ClockProbe:

@@ -32,8 +32,7 @@ Nothing here reads a clock: ``now_ms`` and the drain clock are arguments.
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -344,74 +343,3 @@ def latest_fired(checkpoints: Sequence[Checkpoint | None]) -> TimerKey | None:
     """The global last fired key: the greatest over the partitions' checkpoints."""
     keys = [c.fired for c in checkpoints if c is not None and c.fired is not None]
     return max(keys) if keys else None
-
-
-# ------------------------------------------------------------ small machines
-
-
-class OpenOffsets:
-    """Offsets of one partition still in the heap, finished out of order.
-
-    ``lowest(default)`` is the offset to commit: the first unfinished one.
-    Offsets are added in increasing order (the order they are read).
-
-    ``add`` and ``finish`` run once per timer on the hot path, so both are bound
-    methods of builtins (no Python frame); finished offsets are dropped from the
-    front of the order when ``lowest`` asks (once per commit).
-    """
-
-    __slots__ = ("_done", "_order", "add", "finish")
-
-    def __init__(self) -> None:
-        self._order: deque[int] = deque()
-        self._done: set[int] = set()
-        # add(offset) / finish(offset): bound methods of the deque and the set.
-        self.add: Callable[[int], None] = self._order.append
-        self.finish: Callable[[int], None] = self._done.add
-
-    def lowest(self, default: int) -> int:
-        order = self._order
-        done = self._done
-        if len(done) >= len(order):  # every offset added has finished
-            order.clear()
-            done.clear()
-            return default
-        while order[0] in done:
-            done.remove(order.popleft())
-        return order[0]
-
-    def __len__(self) -> int:
-        return len(self._order) - len(self._done)
-
-
-class TokenBucket:
-    """At most ``rate_per_s`` events per second on average, bursts up to ``burst``."""
-
-    __slots__ = ("_at_ms", "_burst", "_rate_per_ms", "_tokens")
-
-    def __init__(self, *, rate_per_s: float, burst: float, now_ms: int) -> None:
-        if rate_per_s <= 0 or burst < 1:
-            raise ValueError("rate_per_s must be > 0 and burst >= 1")
-        self._rate_per_ms = rate_per_s / 1000.0
-        self._burst = float(burst)
-        self._tokens = float(burst)
-        self._at_ms = now_ms
-
-    def available(self, now_ms: int) -> int:
-        """Whole tokens available at ``now_ms``."""
-        if now_ms > self._at_ms:
-            self._tokens = min(
-                self._burst, self._tokens + (now_ms - self._at_ms) * self._rate_per_ms
-            )
-            self._at_ms = now_ms
-        return int(self._tokens)
-
-    def take(self, count: int) -> None:
-        """Spend ``count`` tokens (after :meth:`available` said they are there)."""
-        self._tokens -= count
-
-    def wait_ms(self, now_ms: int) -> int:
-        """Milliseconds until one token is available."""
-        if self.available(now_ms) >= 1:
-            return 0
-        return int((1.0 - self._tokens) / self._rate_per_ms) + 1

@@ -157,6 +157,24 @@ def encode(pairs: Iterable[tuple[str, str | int | bytes | None]]) -> Headers:
     return out
 
 
+def source_of(topic: str, partition: int, offset: int) -> bytes:
+    """``topic:partition:offset`` of a record: the value of ``df-src``, ``df-origin``,
+    ``df-redriven-from`` and ``df-replayed-from``."""
+    return f"{topic}:{partition}:{offset}".encode()
+
+
+def fired(headers: Headers, *, fired_at: bytes, source: bytes | None = None) -> Headers:
+    """The headers of the exec record a timer fires as: the timer's own, then
+    ``df-fired`` (``fired_at``: the fire time in ms, ASCII) and ``df-src``
+    (``source``, see :func:`source_of`; ``None`` when the headers carry it
+    already, as a cron occurrence's do). Appends to ``headers`` in place (the
+    emitter's hot path) and returns them."""
+    headers.append((FIRED, fired_at))
+    if source is not None:
+        headers.append((SOURCE, source))
+    return headers
+
+
 def replace(
     headers: Sequence[tuple[str, bytes | None]] | None,
     updates: Iterable[tuple[str, str | int | bytes | None]],

@@ -33,12 +33,13 @@ from dueflow.job_status import JobStatus
 from dueflow.metrics import Metrics
 from dueflow.model import Backoff
 from dueflow.producers.cancel import OutgoingRecord
-from dueflow.producers.core import PlannedTimer, ScheduleSpan, delivery_error, wall_ms
+from dueflow.producers.core import PlannedTimer, ScheduleSpan, delivery_error
 from dueflow.producers.lookup import DEFAULT_SCAN_LIMIT
 from dueflow.producers.recent import DEFAULT_CAPACITY
 from dueflow.producers.results import BulkResult, Cancelled, Rescheduled, Scheduled
 from dueflow.producers.scheduler import App, Scheduler
 from dueflow.tracing import JobTracer
+from dueflow.wall_clock import wall_ms
 
 
 class _Future:

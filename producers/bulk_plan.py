@@ -51,16 +51,13 @@ from dueflow.producers.core import PlannedTimer, TimerPlanner
 from dueflow.producers.recent import Entry
 from dueflow.producers.results import Scheduled
 from dueflow.schemas.job_binary import (
-    LOW_GROUPS,
     PLAIN_TAIL,
     SHORT_LENGTHS,
-    VARINTS,
     content_type_text,
-    long_varint,
     plain_options,
     queue_task,
-    varint,
 )
+from dueflow.schemas.varint import LOW_GROUPS, VARINTS, long_varint, varint
 from dueflow.task_name import is_task_name
 from dueflow.timer_record import FIXED_RECORD_SIZE, KIND_JOB_HEADER, SCHEMA_HEADER, name_headers
 from dueflow.timeutil import parse_duration

@@ -65,11 +65,6 @@ _new_tuple = tuple.__new__  # NamedTuple without its Python-level __new__ (hot p
 DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
 
 
-def wall_ms() -> int:
-    """Wall-clock UTC epoch milliseconds (the default clock of the clients)."""
-    return time.time_ns() // 1_000_000
-
-
 class JobIds:
     """Draws UUIDv7 job ids; random digits come in batches from ``random_bytes``.
 

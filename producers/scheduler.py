@@ -57,7 +57,6 @@ from dueflow.producers.core import (
     default_tracer,
     delivery_error,
     producer_settings,
-    wall_ms,
 )
 from dueflow.producers.lifecycle import Lifecycle
 from dueflow.producers.lookup import DEFAULT_SCAN_LIMIT, JobLookup, OutcomeLookup
@@ -71,6 +70,7 @@ from dueflow.queue_reader import QueueWatcher
 from dueflow.queue_registry import QueueView, merge_queues
 from dueflow.topics import names
 from dueflow.tracing import JobTracer
+from dueflow.wall_clock import wall_ms
 
 if TYPE_CHECKING:
     from dueflow.consumers.registry import TaskRegistry

@@ -16,6 +16,7 @@ from typing import Any
 from dueflow.errors import UndecodableRecord
 from dueflow.model import Backoff, BackoffKind, Job
 from dueflow.schemas import codec
+from dueflow.schemas.varint import varint
 
 JOB_V1 = b"dueflow.Job/1"
 OUTCOME_V1 = b"dueflow.Outcome/1"
@@ -333,19 +334,7 @@ def decode_key_state(data: bytes, schema: bytes | None = None) -> tuple[str, int
 # --------------------------------------------------------------------------- encoding
 
 
-def _zigzag_raw(n: int) -> bytes:
-    z = n << 1 if n >= 0 else ((-n) << 1) - 1
-    if z < 0x80:
-        return bytes((z,))
-    out = bytearray()
-    while z >= 0x80:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
-
-
-_SMALL = [_zigzag_raw(i) for i in range(128)]
+_SMALL = [varint(i) for i in range(128)]
 _BIG: dict[int, bytes] = {}
 
 
@@ -357,7 +346,7 @@ def _zigzag(n: int) -> bytes:
     if out is None:
         if len(_BIG) >= 4_096:
             _BIG.clear()
-        out = _BIG[n] = _zigzag_raw(n)
+        out = _BIG[n] = varint(n)
     return out
 
 

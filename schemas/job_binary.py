@@ -22,21 +22,12 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from dueflow.model import Backoff, BackoffKind
-
-# Varints of 0..16383 (the zig-zag forms of -8192..8191), precomputed, and
-# every 14-bit group as two bytes with the continuation bit set: a varint of
-# up to 42 bits (epoch milliseconds until 2039) is then three table lookups.
-_SMALL: list[bytes] = []
-_GROUP14: list[bytes] = []
-for _z in range(1 << 14):
-    _SMALL.append(bytes([_z]) if _z < 0x80 else bytes([(_z & 0x7F) | 0x80, _z >> 7]))
-    _GROUP14.append(bytes([(_z & 0x7F) | 0x80, (_z >> 7) | 0x80]))
-del _z
+from dueflow.schemas.varint import VARINTS, long_varint, varint
 
 _NULL = b"\x00"  # union branch 0 (null), and also an empty map's end block
 _BRANCH_1 = b"\x02"  # union branch 1: zig-zag of 1
 _DOUBLE = struct.Struct("<d").pack
-_BACKOFF_KIND = {kind: _SMALL[i << 1] for i, kind in enumerate(BackoffKind)}
+_BACKOFF_KIND = {kind: VARINTS[i << 1] for i, kind in enumerate(BackoffKind)}
 
 
 class JobFields(Protocol):
@@ -100,25 +91,6 @@ JobValues = tuple[
 ]
 
 
-def varint(n: int) -> bytes:
-    """Zig-zag varint of a long (Avro ``int`` and ``long``)."""
-    z = (n << 1) ^ (n >> 63)
-    if 0 <= z < 1 << 14:
-        return _SMALL[z]
-    if 0 < z < 1 << 28:
-        return _GROUP14[z & 0x3FFF] + _SMALL[z >> 14]
-    if 0 < z < 1 << 42:
-        return _GROUP14[z & 0x3FFF] + _GROUP14[(z >> 14) & 0x3FFF] + _SMALL[z >> 28]
-    if not -(1 << 63) <= n < (1 << 63):
-        raise ValueError(f"{n} does not fit an Avro long")
-    out = bytearray()
-    while z >= 0x80:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
-
-
 def _int(n: int) -> bytes:
     if not -(1 << 31) <= n < (1 << 31):
         raise ValueError(f"{n} does not fit an Avro int")
@@ -128,7 +100,7 @@ def _int(n: int) -> bytes:
 def _text(s: str) -> bytes:
     raw = s.encode()
     n = len(raw)
-    return (_SMALL[n << 1] if n < 8192 else varint(n)) + raw
+    return (VARINTS[n << 1] if n < 8192 else varint(n)) + raw
 
 
 def _map(m: Mapping[str, str]) -> bytes:
@@ -154,14 +126,6 @@ def _backoff(b: Backoff) -> bytes:
             b"\x01" if b.jitter else b"\x00",
         )
     )
-
-
-def _long(n: int) -> bytes:
-    """:func:`varint` with the common epoch-millisecond case first."""
-    z = (n << 1) ^ (n >> 63)
-    if (1 << 28) <= z < (1 << 42):
-        return _GROUP14[z & 0x3FFF] + _GROUP14[(z >> 14) & 0x3FFF] + _SMALL[z >> 28]
-    return varint(n)
 
 
 # Encoded pieces that repeat from job to job, keyed by the values they encode:
@@ -218,15 +182,9 @@ _PLAIN_OPTIONS: dict[int, bytes] = {}
 # For callers that assemble plain jobs themselves (schedule_many's bulk
 # planner): lengths below 8192 as ``SHORT_LENGTHS[n]``, the schema-order pieces
 # below, and PLAIN_TAIL + text(content_hash) + b"\x00" to end the record.
-SHORT_LENGTHS = _SMALL[0::2][:8192]
+SHORT_LENGTHS = VARINTS[0::2][:8192]
 PLAIN_TAIL = _PLAIN_TAIL
-# An epoch-millisecond long ``n`` from 1970-01-02 to 2039 (``z = n << 1`` with
-# ``2**28 <= z < 2**42``) is ``LOW_GROUPS[z & 0x3FFF] + LOW_GROUPS[(z >> 14) &
-# 0x3FFF] + VARINTS[z >> 28]``; :func:`long_varint` takes any long.
-LOW_GROUPS = _GROUP14
-VARINTS = _SMALL
 text = _text
-long_varint = _long
 
 
 def queue_task(queue: str, task: str) -> bytes:
@@ -262,17 +220,17 @@ def encode_plain_job(values: JobValues, job_id: bytes, key: bytes) -> bytes:
     assert content_hash is not None
     return b"".join(
         (
-            _SMALL[nid << 1] if nid < 8192 else varint(nid),
+            VARINTS[nid << 1] if nid < 8192 else varint(nid),
             job_id,
             _queue_task(values[1], values[2]),
-            _SMALL[n << 1] if n < 8192 else varint(n),
+            VARINTS[n << 1] if n < 8192 else varint(n),
             payload,
             _content_type(values[4]),
-            _long(values[5]),
-            _SMALL[nkey << 1] if nkey < 8192 else varint(nkey),
+            long_varint(values[5]),
+            VARINTS[nkey << 1] if nkey < 8192 else varint(nkey),
             key,
             options,
-            _long(values[11]),
+            long_varint(values[11]),
             _PLAIN_TAIL,
             _text(content_hash),
             _NULL,
@@ -337,17 +295,17 @@ def encode_job_values(values: JobValues, job_id: bytes, key: bytes) -> bytes:
     nid = len(job_id)
     nkey = len(key)
     head = (
-        _SMALL[nid << 1] if nid < 8192 else varint(nid),
+        VARINTS[nid << 1] if nid < 8192 else varint(nid),
         job_id,
         _queue_task(queue, task),
-        _SMALL[n << 1] if n < 8192 else varint(n),
+        VARINTS[n << 1] if n < 8192 else varint(n),
         payload,
         _content_type(content_type),
-        _long(due_ms),
-        _SMALL[nkey << 1] if nkey < 8192 else varint(nkey),
+        long_varint(due_ms),
+        VARINTS[nkey << 1] if nkey < 8192 else varint(nkey),
         key,
         _options(max_attempts, backoff, timeout_ms, jitter_ms),
-        _long(created_ms),
+        long_varint(created_ms),
     )
     if not trace and schedule_id is None and schedule_version is None and content_hash:
         if labels:

@@ -18,10 +18,10 @@ from typing import Any
 from dueflow.cli.common import add_global_options, format_table, print_json, settings_from_args
 from dueflow.cli.schedule_cmd import PAYLOAD_HELP, read_payload
 from dueflow.cron import CronSchedule, MisfirePolicy, OverlapPolicy, next_occurrence
-from dueflow.producers.core import wall_ms
 from dueflow.producers.scheduler import Scheduler
 from dueflow.producers.schedules import schedule_fields
 from dueflow.timeutil import format_utc
+from dueflow.wall_clock import wall_ms
 
 MISFIRE_HELP = "after downtime: " + ", ".join(p.value for p in MisfirePolicy) + " (fire_once)"
 

@@ -29,10 +29,10 @@ from dueflow.ops.dlq import DlqFilter, parse_ref, read_dead_letters
 from dueflow.ops.purge import plan_purge, purge
 from dueflow.ops.reading import ops_consumer
 from dueflow.ops.redrive import Redriver
-from dueflow.producers.core import wall_ms
 from dueflow.queue_reader import with_registered_queues
 from dueflow.reasons import DEAD_LETTER_REASONS
 from dueflow.timeutil import format_utc
+from dueflow.wall_clock import wall_ms
 
 REASONS = DEAD_LETTER_REASONS
 

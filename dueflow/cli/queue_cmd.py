@@ -34,11 +34,11 @@ from dueflow.errors import ConfigError, InvalidInput, TopicMismatch, UnknownQueu
 from dueflow.ops.control import operator_name, read_queue_controls, write_queue_control
 from dueflow.ops.queues import create_queue, describe_topics
 from dueflow.ops.reading import ops_consumer
-from dueflow.producers.core import wall_ms
 from dueflow.queue_reader import QueueRegistryReader, read_registry
 from dueflow.queue_registry import spec_json
 from dueflow.timeutil import format_utc, parse_duration
 from dueflow.topics import names, tier_label
+from dueflow.wall_clock import wall_ms
 
 # QueueSpec field -> the `queue create` option that sets it
 _OPTIONS = {

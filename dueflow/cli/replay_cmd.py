@@ -26,8 +26,8 @@ from dueflow.ops.bounds import parse_bound
 from dueflow.ops.control import operator_name
 from dueflow.ops.reading import ops_consumer
 from dueflow.ops.replay import Replayer, plan_spans
-from dueflow.producers.core import wall_ms
 from dueflow.timeutil import format_utc
+from dueflow.wall_clock import wall_ms
 
 SHOWN = 50
 

@@ -22,9 +22,9 @@ import orjson
 from dueflow.cli.common import add_global_options, print_json, settings_from_args
 from dueflow.errors import InvalidInput
 from dueflow.job_request import JobRequest, JobRules, deadline_of, due_of, prepare_job
-from dueflow.producers.core import wall_ms
 from dueflow.producers.scheduler import Scheduler, declared_queues
 from dueflow.timeutil import format_utc
+from dueflow.wall_clock import wall_ms
 
 PAYLOAD_HELP = "JSON text, or @PATH of a file holding JSON (default: null)"
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -29,6 +28,7 @@ from dueflow.cli.common import (
 from dueflow.config import Settings
 from dueflow.job_status import PENDING_STATES
 from dueflow.queue_reader import with_registered_queues
+from dueflow.wall_clock import wall_ms
 
 HTTP_TIMEOUT_S = 3.0
 
@@ -228,7 +228,7 @@ def _job(args: argparse.Namespace) -> int:
             if args.json:
                 print_json(doc)
             elif found:
-                print(render_job(body, now_ms=_now_ms()))
+                print(render_job(body, now_ms=wall_ms()))
             else:
                 print(f"job {job_id}: {UNKNOWN} ({body.get('error')})")
             return 0 if found else 1
@@ -248,7 +248,7 @@ def _job(args: argparse.Namespace) -> int:
         if scan.view is None:
             print(f"job {job_id}: {UNKNOWN}; {where}")
         else:
-            print(render_job(scan.view, now_ms=_now_ms()))
+            print(render_job(scan.view, now_ms=wall_ms()))
             print(where)
     return 0 if scan.view is not None else 1
 
@@ -332,10 +332,6 @@ def _when(ms: int | None) -> str:
     if ms is None:
         return "-"
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def _span(ms: int) -> str:

@@ -50,15 +50,12 @@ from dueflow.demo.workload import (
     plan_waves,
 )
 from dueflow.producers import Scheduler
+from dueflow.wall_clock import wall_ms
 
 SETTLE_S = 1.5  # quiet time after the last job, so a late duplicate would be seen
 DRAIN_S = 45.0
 _TWO_DAYS_MS = 2 * 86_400_000
 WARM_UP_JOBS = 60  # after the last due time, how long the demo waits for stragglers
-
-
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class WaveFeeder(threading.Thread):

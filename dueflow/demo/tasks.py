@@ -16,6 +16,7 @@ from typing import Any
 
 from dueflow.consumers import TaskContext, task
 from dueflow.demo.ledger import ENV, LedgerWriter
+from dueflow.wall_clock import wall_ms
 
 _writer: LedgerWriter | None = None
 
@@ -31,10 +32,6 @@ def _ledger() -> LedgerWriter:
     if _writer is None:
         _writer = LedgerWriter(Path(os.environ[ENV]))
     return _writer
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def _run(payload: Any, ctx: TaskContext, started_ms: int) -> None:
@@ -57,7 +54,7 @@ def _run(payload: Any, ctx: TaskContext, started_ms: int) -> None:
 @task("email.send", queue="emails")
 async def send_email(payload: Any, ctx: TaskContext) -> None:
     """An I/O-bound job: waits ~1 ms as a mail API call would, then applies its effect."""
-    started = _now_ms()
+    started = wall_ms()
     await asyncio.sleep(0.001)
     _run(payload, ctx, started)
 
@@ -65,19 +62,19 @@ async def send_email(payload: Any, ctx: TaskContext) -> None:
 @task("payment.charge", queue="emails")
 async def charge(payload: Any, ctx: TaskContext) -> None:
     """A flaky job: its first ``fail_times`` attempts fail (a gateway timeout)."""
-    _run(payload, ctx, _now_ms())
+    _run(payload, ctx, wall_ms())
 
 
 @task("webhook.deliver", queue="emails", max_attempts=3)
 async def deliver_webhook(payload: Any, ctx: TaskContext) -> None:
     """A job whose endpoint is down for good: three attempts, then the DLQ."""
-    _run(payload, ctx, _now_ms())
+    _run(payload, ctx, wall_ms())
 
 
 @task("report.build", queue="reports", timeout=10)
 def build_report(payload: Any, ctx: TaskContext) -> None:
     """A blocking job on a worker thread (a 2 ms call to a reporting database)."""
-    started = _now_ms()
+    started = wall_ms()
     time.sleep(0.002)
     _run(payload, ctx, started)
 
@@ -85,10 +82,10 @@ def build_report(payload: Any, ctx: TaskContext) -> None:
 @task("metrics.rollup", queue="reports")
 def rollup(payload: Any, ctx: TaskContext) -> None:
     """Run by a cron schedule (every 2 seconds)."""
-    _run(payload, ctx, _now_ms())
+    _run(payload, ctx, wall_ms())
 
 
 @task("digest.send", queue="emails")
 async def digest(payload: Any, ctx: TaskContext) -> None:
     """Run by a cron schedule in Europe/Paris (every 5 seconds)."""
-    _run(payload, ctx, _now_ms())
+    _run(payload, ctx, wall_ms())

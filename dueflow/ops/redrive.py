@@ -48,6 +48,7 @@ from dueflow.ops.reading import Span, offsets_for_time, ops_consumer, read_spans
 from dueflow.schemas import codec
 from dueflow.schemas.fast import decode_key_state, encode_outcome
 from dueflow.topics import names
+from dueflow.wall_clock import wall_ms
 
 # Headers of a job's failed attempts: a redriven job starts over.
 _FAILURE_HEADERS = (hdr.FIRST_FAILURE, hdr.LAST_FAILURE, hdr.ERROR, hdr.ORIGIN)
@@ -150,7 +151,7 @@ class Redriver:
         by: str,
         rate_per_s: float = 100.0,
         batch: int = 100,
-        clock: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        clock: Callable[[], int] = wall_ms,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if rate_per_s <= 0:

@@ -29,6 +29,7 @@ from dueflow.errors import InvalidInput, KafkaOperationError
 from dueflow.ops.bounds import Bound
 from dueflow.ops.reading import Span, offsets_for_time, partitions_of, read_spans, watermarks
 from dueflow.topics import names
+from dueflow.wall_clock import wall_ms
 
 
 def replayable_topics(settings: Settings) -> dict[str, str]:
@@ -169,7 +170,7 @@ class Replayer:
         *,
         by: str,
         rate_per_s: float = 1000.0,
-        clock: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        clock: Callable[[], int] = wall_ms,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if rate_per_s <= 0:

@@ -34,7 +34,9 @@ benchmarks.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from dueflow.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:  # what type checkers see of the lazy names below ("X as X": exported)
     from dueflow.consumers.context import TaskContext as TaskContext
@@ -74,13 +76,23 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dueflow.testing' has no attribute {name!r}")
-    import importlib
+__all__ = [
+    "DeadLetterEntry",
+    "Failure",
+    "FakeClock",
+    "HookError",
+    "InMemoryPipeline",
+    "InMemoryScheduler",
+    "InMemoryWorker",
+    "JobRun",
+    "JobState",
+    "JobTimeout",
+    "PendingJob",
+    "Quarantined",
+    "RunawayJobs",
+    "TaskContext",
+    "make_context",
+]
 
-    return getattr(importlib.import_module(module), name)
-
-
-__all__ = sorted(_EXPORTS)
+if not TYPE_CHECKING:  # type checkers see the imports above, not Any
+    __getattr__ = lazy_exports(__name__, _EXPORTS, globals())

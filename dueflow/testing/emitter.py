@@ -184,9 +184,10 @@ class MemoryEmitter:
                 self._emit(now_ms),
             )
             return
-        headers.append((hdr.FIRED, str(now_ms).encode()))
-        headers.append(
-            (hdr.SOURCE, f"{record.topic()}:{record.partition()}:{record.offset()}".encode())
+        hdr.fired(
+            headers,
+            fired_at=str(now_ms).encode(),
+            source=hdr.source_of(record.topic(), record.partition(), record.offset()),
         )
         self._log.append(timer.exec_topic, record.key(), record.value(), headers, timer.partition)
 
@@ -201,7 +202,7 @@ class MemoryEmitter:
             due: int,
             partition: int = -1,
         ) -> None:
-            headers.append((hdr.FIRED, fired_at))
+            hdr.fired(headers, fired_at=fired_at)
             self._log.append(topic, key, value, headers, None if partition < 0 else partition)
 
         return emit

@@ -35,9 +35,7 @@ from dueflow import headers as hdr
 from dueflow.config import Settings
 from dueflow.drain import (
     Checkpoint,
-    OpenOffsets,
     TimerKey,
-    TokenBucket,
     cascade_ready_ms,
     classify_timer,
     heap_horizon_ms,
@@ -50,9 +48,11 @@ from dueflow.drain import (
 from dueflow.due_queue import DueQueue
 from dueflow.logs import event
 from dueflow.metrics import Metrics, observe_ages
+from dueflow.open_offsets import OpenOffsets
 from dueflow.reasons import UNKNOWN_QUEUE, reason_label
 from dueflow.streams.emitter.quarantine import quarantine_record
 from dueflow.streams.emitter.queues import QueueTopics
+from dueflow.token_bucket import TokenBucket
 from dueflow.topics import names
 from dueflow.tracing import JobTracer
 from dueflow.wheel import NEAR_LEVEL, place_timer
@@ -167,9 +167,9 @@ class WheelDrainer:
         self._slot = geo.levels[0].width_ms  # lag of the drain clock, pause hysteresis
         self._budget = em.heap_budget
         self._bucket = TokenBucket(
-            rate_per_s=em.catchup_max_rate_per_s,
-            burst=max(1.0, em.catchup_max_rate_per_s / 20.0),
-            now_ms=now_ms,
+            em.catchup_max_rate_per_s / 1000.0,  # per ms
+            capacity=max(1.0, em.catchup_max_rate_per_s / 20.0),
+            now=now_ms,
         )
 
         self._level = [geo.locate(p)[0] for p in range(n)]
@@ -514,8 +514,7 @@ class WheelDrainer:
         if cron and self._cron is not None:
             self._cron.fire_occurrence(m, due, topic, headers, now_ms, self._emitter(now_ms))
             return
-        headers.append((_FIRED, str(now_ms).encode()))
-        headers.append((_SOURCE, self._sources[p] % off))
+        hdr.fired(headers, fired_at=str(now_ms).encode(), source=self._sources[p] % off)
         if self._tracer is not None:
             step = self._tracer.span_for_fire(
                 headers,
@@ -542,7 +541,7 @@ class WheelDrainer:
             due: int,
             partition: int = -1,
         ) -> None:
-            headers.append((_FIRED, fired_at))
+            hdr.fired(headers, fired_at=fired_at)
             if self._tracer is not None:
                 step = self._tracer.span_for_fire(
                     headers,
@@ -743,7 +742,7 @@ class WheelDrainer:
             if top > now_ms:
                 at = min(at, top)
             elif top <= self.fire_limit_ms:
-                at = min(at, now_ms + self._bucket.wait_ms(now_ms))
+                at = min(at, now_ms + self._bucket.wait(now_ms))
             else:  # a feeder is still reading: its records wake the loop
                 at = min(at, now_ms + 5)
         if self.drain_ms >= now_ms - 1:  # steady state: the drain clock is the wall clock
@@ -752,7 +751,7 @@ class WheelDrainer:
             if self._slot_queue:
                 at = min(at, max(self._slot_queue[0][0], now_ms))
         if self._rate_paused:
-            at = min(at, now_ms + max(1, self._bucket.wait_ms(now_ms)))
+            at = min(at, now_ms + max(1, self._bucket.wait(now_ms)))
         return at
 
     # ------------------------------------------------------------------ commits

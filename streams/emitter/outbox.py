@@ -47,16 +47,15 @@ from typing import Any, NoReturn
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
-from dueflow.blocking import ClientWedged, DaemonThreadExecutor
+from dueflow.blocking import ClientWedged, DaemonThreadExecutor, abandon
 from dueflow.clients import make_transactional_producer
-from dueflow.clock_probe import wall_ms
 from dueflow.config import EMITTER_MAX_PRODUCERS, Settings
 from dueflow.errors import FencedError, KafkaOperationError
 from dueflow.logs import event
 from dueflow.topics import names
+from dueflow.wall_clock import wall_ms
 
 log = logging.getLogger("dueflow.emitter.outbox")
-_ABANDONED: list[Any] = []  # wedged producers, kept referenced: never destroyed
 
 MAX_PRODUCERS = EMITTER_MAX_PRODUCERS  # transactional ids fenced at every takeover
 
@@ -552,7 +551,7 @@ class Outbox:
         if lane.producer is None:
             return
         event(log, "transactional producer wedged: abandoned", logging.ERROR, id=lane.txn_id)
-        _ABANDONED.append(lane.producer)
+        abandon(lane.producer)
         lane.producer = None
         lane.open = False
         if lane.calls is not None:

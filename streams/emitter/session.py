@@ -18,7 +18,6 @@ from typing import Any
 
 from confluent_kafka import Message
 
-from dueflow.clock_probe import wall_ms
 from dueflow.config import Settings
 from dueflow.cron_occurrence import CronState
 from dueflow.drain import Checkpoint, commit_age_ms, commit_due
@@ -35,6 +34,7 @@ from dueflow.streams.emitter.schedules import ScheduleTable, read_cron_state
 from dueflow.streams.emitter.wheel_source import WheelSource
 from dueflow.topics import names
 from dueflow.tracing import JobTracer
+from dueflow.wall_clock import wall_ms
 
 log = logging.getLogger("dueflow.emitter")
 

@@ -40,7 +40,6 @@ import heapq
 import logging
 import secrets
 import sys
-import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -66,16 +65,13 @@ from dueflow.streams.status.credentials import faust_broker_options
 from dueflow.streams.status.web import WebServer, build_web_app
 from dueflow.topic_admin import TopicAdmin
 from dueflow.topics import TopicSpec, names, topic_layout
+from dueflow.wall_clock import wall_ms
 
 log = logging.getLogger("dueflow.status")
 
 RECENT_JOBS = 200
 REDRIVE_RATE = 50.0  # records per second from the redrive button
 SWEEP_INTERVAL_S = 60.0
-
-
-def _wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class StatusView:
@@ -89,7 +85,7 @@ class StatusView:
         port: int | None = None,
         data_dir: str | Path | None = None,
         app_id: str | None = None,
-        clock: Callable[[], int] = _wall_ms,
+        clock: Callable[[], int] = wall_ms,
         reader_factory: Callable[[Settings], ClusterReader] = ClusterReader,
     ) -> None:
         obs = settings.observability

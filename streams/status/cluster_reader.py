@@ -41,12 +41,9 @@ from dueflow.ops.control import read_queue_controls
 from dueflow.schemas import codec
 from dueflow.streams.status.record_counter import RecordCounter
 from dueflow.topics import names
+from dueflow.wall_clock import wall_ms
 
 Clock = Callable[[], int]
-
-
-def _wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class ClusterReader:
@@ -58,7 +55,7 @@ class ClusterReader:
         *,
         failures_per_queue: int = 20,
         timeout_s: float = 10.0,
-        clock: Clock = _wall_ms,
+        clock: Clock = wall_ms,
     ) -> None:
         self._settings = settings
         self._names = names(settings)

@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from dueflow.topics import names
+from dueflow.wall_clock import wall_ms
 from tests.chaos.cluster import QUEUE, ChaosCluster, Child
 from tests.chaos.fault_plan import (
     QUIET_KINDS,
@@ -88,10 +89,6 @@ RECOVER_WAIT_S = 90.0
 def log(message: str) -> None:
     sys.stderr.write(f"[chaos {time.strftime('%H:%M:%S')}] {message}\n")
     sys.stderr.flush()
-
-
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class NotNow(Exception):

@@ -8,8 +8,6 @@ from hypothesis import strategies as st
 
 from dueflow.drain import (
     Checkpoint,
-    OpenOffsets,
-    TokenBucket,
     already_handled,
     cascade_ready_ms,
     classify_timer,
@@ -23,6 +21,8 @@ from dueflow.drain import (
     read_ahead_ms,
     skew_tolerance_ms,
 )
+from dueflow.open_offsets import OpenOffsets
+from dueflow.token_bucket import TokenBucket
 from dueflow.wheel import NEAR_LEVEL, WheelGeometry, WheelLevel, place_timer
 
 GEO = WheelGeometry().validate()
@@ -309,15 +309,17 @@ def test_open_offsets_commit_point_follows_the_lowest_unfinished() -> None:
 
 
 def test_token_bucket() -> None:
-    b = TokenBucket(rate_per_s=1_000, burst=10, now_ms=0)
+    b = TokenBucket(1.0, capacity=10, now=0)  # 1 000 a second, time in ms
     assert b.available(0) == 10
     b.take(10)
     assert b.available(0) == 0
-    assert b.wait_ms(0) == 2
+    assert b.wait(0) == 2
     assert b.available(5) == 5
-    assert b.available(1_000) == 10  # capped at the burst
-    with pytest.raises(ValueError, match="rate_per_s"):
-        TokenBucket(rate_per_s=0, burst=1, now_ms=0)
+    assert b.available(1_000) == 10  # capped at the capacity
+    with pytest.raises(ValueError, match="rate must be >= 0"):
+        TokenBucket(-1.0, capacity=1, now=0)
+    with pytest.raises(ValueError, match="capacity must be >= 1"):
+        TokenBucket(1.0, capacity=0.5, now=0)
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dueflow.consumers.offsets import OffsetTracker
-from dueflow.consumers.ratelimit import TokenBucket, share_of
+from dueflow.consumers.ratelimit import rate_bucket, share_of
 
 
 def test_commit_position_is_the_lowest_unfinished_offset() -> None:
@@ -59,7 +59,7 @@ def test_never_commits_past_an_unfinished_offset(gaps: list[int], rnd: random.Ra
 
 
 def test_token_bucket_rate_and_waits() -> None:
-    b = TokenBucket(10.0, now=0.0)  # capacity 1 (burst of 0.1 s)
+    b = rate_bucket(10.0, now=0.0)  # capacity 1 (burst of 0.1 s)
     assert b.try_take(0.0) == 0.0
     assert b.try_take(0.0) == pytest.approx(0.1)
     assert b.try_take(0.05) == pytest.approx(0.05)
@@ -76,12 +76,12 @@ def test_token_bucket_rate_and_waits() -> None:
 
 
 def test_token_bucket_rate_change_and_zero_rate() -> None:
-    b = TokenBucket(100.0, now=0.0)  # capacity 10
+    b = rate_bucket(100.0, now=0.0)  # capacity 10
     for _ in range(10):
         assert b.try_take(0.0) == 0.0
-    b.set_rate(0.0, now=0.0)
+    b.set_rate(0.0, capacity=1.0, now=0.0)
     assert b.try_take(5.0) == 1.0  # no partitions: nothing to give, check again later
-    b.set_rate(50.0, now=5.0)
+    b.set_rate(50.0, capacity=5.0, now=5.0)
     assert b.try_take(5.0) > 0.0
     assert b.try_take(5.1) == 0.0
 

@@ -3,14 +3,16 @@ and replay headers, and what may be redriven."""
 
 from __future__ import annotations
 
+import gc
 import threading
+import weakref
 from typing import Any
 
 import orjson
 import pytest
 
 from dueflow import headers as hdr
-from dueflow.blocking import ClientWedged, DaemonThreadExecutor, call_with_deadline
+from dueflow.blocking import ClientWedged, DaemonThreadExecutor, abandon, call_with_deadline
 from dueflow.control import QueueControl, decode_control, encode_control, paused_queues
 from dueflow.errors import InvalidInput, UndecodableRecord
 from dueflow.ops.bounds import Bound, parse_bound, parse_time
@@ -241,6 +243,18 @@ def test_a_call_that_does_not_return_in_time_is_reported_wedged() -> None:
     assert not executor._thread.is_alive()
     with pytest.raises(RuntimeError, match="shutdown"):
         executor.submit(lambda: None)
+
+
+def test_an_abandoned_client_is_never_destroyed() -> None:
+    class Client:
+        pass
+
+    client = Client()
+    ref = weakref.ref(client)
+    abandon(client)
+    del client
+    gc.collect()
+    assert ref() is not None  # its destructor would block: it is kept referenced
 
 
 def test_control_values_are_json_documents() -> None:
