@@ -134,12 +134,15 @@ class ClusterView:
     failures: tuple[FailureRecord, ...]
     errors: tuple[str, ...] = field(default=())
     paused: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # Shard -> client id of its active emitter (None: nobody drives it).
+    emitter_shards: Mapping[int, str | None] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (the shape of ``/api/cluster`` and ``status --json``)."""
         out = asdict(self)
         out["lag"] = [asdict(r) for r in self.lag]
         out["failures"] = [asdict(f) for f in self.failures]
+        out["emitter_shards"] = {str(k): v for k, v in self.emitter_shards.items()}
         holder = self.active_emitter
         out["active_emitter"] = None
         if holder is not None:
@@ -261,12 +264,26 @@ def ranges_to_count(
     return out
 
 
-def lease_holder(lease_topic: str, members: Sequence[GroupMember]) -> GroupMember | None:
-    """The member assigned partition 0 of the lease topic, if any."""
+def lease_holder(
+    lease_topic: str, members: Sequence[GroupMember], shard: int = 0
+) -> GroupMember | None:
+    """The member assigned partition ``shard`` of the lease topic (the active
+    emitter of that shard), if any."""
     for m in members:
-        if (lease_topic, 0) in m.partitions:
+        if (lease_topic, shard) in m.partitions:
             return m
     return None
+
+
+def shard_holders(
+    lease_topic: str, members: Sequence[GroupMember], shards: int
+) -> dict[int, str | None]:
+    """Shard -> client id of its active emitter (None: no emitter holds it)."""
+    out: dict[int, str | None] = {}
+    for shard in range(shards):
+        holder = lease_holder(lease_topic, members, shard)
+        out[shard] = holder.client_id if holder is not None else None
+    return out
 
 
 def queue_topics(settings: Settings, queue: str) -> list[str]:
@@ -310,6 +327,7 @@ def compute_view(snapshot: ClusterSnapshot, settings: Settings) -> ClusterView:
         dlq_depth=dlq,
         timers_pending=timers,
         active_emitter=lease_holder(n.lease, snapshot.emitter_members),
+        emitter_shards=shard_holders(n.lease, snapshot.emitter_members, settings.wheel.shards),
         emitter_members=len(snapshot.emitter_members),
         emitter_group_state=snapshot.emitter_group_state,
         failures=failures,

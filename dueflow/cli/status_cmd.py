@@ -152,6 +152,7 @@ def status_from_cluster(
         "timers_pending": cluster.get("timers_pending", {}),
         "active_emitter": cluster.get("active_emitter"),
         "emitter_members": cluster.get("emitter_members"),
+        "emitter_shards": cluster.get("emitter_shards", {}),
         "dlq_tail": cluster.get("failures", []),
         "recent_failures": [],
         "errors": cluster.get("errors", []),
@@ -183,6 +184,14 @@ def render_status(doc: dict[str, Any]) -> str:
         )
     else:
         lines.append("active emitter: NONE")
+    shards = doc.get("emitter_shards") or {}
+    if len(shards) > 1:
+        lines.append(
+            "emitter shards: "
+            + ", ".join(
+                f"{k}={v or 'NONE'}" for k, v in sorted(shards.items(), key=lambda kv: int(kv[0]))
+            )
+        )
     if doc["dlq_tail"]:
         lines += ["", "newest dead letters:"]
         lines.append(

@@ -25,7 +25,7 @@ from dueflow.schemas import codec
 from dueflow.timer_record import spread_of
 from dueflow.topic_admin import TopicAdmin
 from dueflow.topics import names, topic_layout
-from dueflow.wheel import WheelGeometry, place_timer
+from dueflow.wheel import WheelGeometry, place_timer, shard_for
 from tests.conftest import KafkaCluster
 from tests.integration.records import headers_of, read_all
 
@@ -70,7 +70,8 @@ def test_the_example_place_timer_is_dueflows() -> None:
     ns = example_namespace()
     assert ns["DEFAULT_WHEEL"] == wheel_dict(WheelGeometry())  # the doc shows the defaults
     small = settings_from_dict({"wheel": WHEEL}).wheel.validate()
-    for geo in (WheelGeometry().validate(), small):
+    sharded = settings_from_dict({"wheel": {**WHEEL, "shards": 3}}).wheel.validate()
+    for geo in (WheelGeometry().validate(), small, sharded):
         now = 1_800_000_000_123
         for delta in [
             -10_000,
@@ -85,11 +86,16 @@ def test_the_example_place_timer_is_dueflows() -> None:
             5_443_199_500,
             400 * 86_400_000,
         ]:
-            key = f"k{delta}".encode()
-            expected = place_timer(
-                due_ms=now + delta, now_ms=now, geometry=geo, spread=spread_of(key)
-            )
-            assert ns["place_timer"](now + delta, now, key, wheel_dict(geo)) == expected.partition
+            for key in (f"k{delta}".encode(), f"other{delta}".encode(), b"x"):
+                spread = spread_of(key)
+                expected = place_timer(
+                    due_ms=now + delta,
+                    now_ms=now,
+                    geometry=geo.of_shard(shard_for(spread, geo.shards)),
+                    spread=spread,
+                )
+                wheel = wheel_dict(geo) | ({"shards": geo.shards} if geo.shards > 1 else {})
+                assert ns["place_timer"](now + delta, now, key, wheel) == expected.partition
 
 
 @pytest.mark.parametrize("delay_ms", [0, 4_000, 30_000, 600_000])

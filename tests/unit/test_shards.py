@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from dueflow.cluster_view import GroupMember, shard_holders
 from dueflow.config import load_settings
 from dueflow.errors import ConfigError
 from dueflow.metrics import Metrics
@@ -192,3 +193,14 @@ def test_pending_timers_of_the_shards_a_process_drives_add_up() -> None:
     assert (gauge("near"), gauge("0")) == (0, 5)
     totals.forget(0)
     assert gauge("near") is None
+
+
+def test_the_status_names_each_shards_active_emitter() -> None:
+    a = GroupMember("m1", "emitter-a", "h", (("p.emitter.lease", 0), ("p.emitter.lease", 2)))
+    b = GroupMember("m2", "emitter-b", "h", (("p.emitter.lease", 1),))
+    assert shard_holders("p.emitter.lease", [a, b], 4) == {
+        0: "emitter-a",
+        1: "emitter-b",
+        2: "emitter-a",
+        3: None,
+    }
