@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import zlib
 from collections import Counter
 from datetime import UTC, datetime
 from itertools import pairwise
@@ -15,6 +16,7 @@ from dueflow.config import Settings
 from dueflow.cron import CronSchedule, MisfirePolicy, fire_time_ms, next_fire, parse_cron, zone
 from dueflow.model import Job
 from dueflow.schemas import codec
+from dueflow.wheel import shard_for
 from tests.conftest import KafkaCluster
 from tests.support.emitters import FAST_EMITTER, SMALL_WHEEL, ensure_topics, threaded_emitter
 from tests.support.schedules import delete_schedule, installed_zones, put_schedule, tzif_v1
@@ -274,3 +276,103 @@ def test_jitter_beyond_the_misfire_grace_drops_no_on_time_run(
                 occurrence = int(r.job_id.rsplit("@", 1)[1])
                 assert r.fired_ms >= fire_time_ms(sch, occurrence), r  # never before its jitter
                 assert r.fired_ms >= r.due_ms
+
+
+def _ids_per_shard(shards: int, count: int) -> list[str]:
+    """``count`` schedule ids kept by each of ``shards`` shards."""
+    out: dict[int, list[str]] = {s: [] for s in range(shards)}
+    i = 0
+    while any(len(v) < count for v in out.values()):
+        sid = f"sh-{i}"
+        owner = shard_for(zlib.crc32(sid.encode()), shards)
+        if len(out[owner]) < count:
+            out[owner].append(sid)
+        i += 1
+    return [sid for ids in out.values() for sid in ids]
+
+
+@pytest.mark.timeout(120)
+def test_each_shard_keeps_its_own_schedules_and_fires_them_once(
+    kafka: KafkaCluster, prefix: str
+) -> None:
+    s = kafka.settings(
+        prefix, queues="default:3", wheel={**SMALL_WHEEL, "shards": 3}, emitter=FAST_EMITTER
+    )
+    ensure_topics(s)
+    producer = timer_producer(s)
+    log = ExecLog(s).start()
+    ids = _ids_per_shard(3, 2)
+    try:
+        with threaded_emitter(s) as em:
+            em.wait_active()
+            for sid in ids:
+                put_schedule(producer, s, _schedule(sid, "*/1 * * * * *", "UTC"))
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not all(
+                len(_occurrences(log.records, sid)) >= 4 for sid in ids
+            ):
+                log.poll(0.05)
+        log.settle(quiet_s=0.5)
+    finally:
+        log.close()
+    assert set(Counter(r.job_id for r in log.records).values()) == {1}
+    for sid in ids:
+        fired = _occurrences(log.records, sid)
+        assert len(fired) >= 4, sid
+        assert all(b - a == 1_000 for a, b in pairwise(fired)), (sid, fired)
+        owner = shard_for(zlib.crc32(sid.encode()), 3)
+        shards = {
+            s.wheel.shard_of(r.timer_partition)
+            for r in log.records
+            if r.job_id.startswith(sid + "@")
+        }
+        assert shards == {owner}, (sid, shards)
+    assert all(r.fired_ms >= r.due_ms for r in log.records)
+
+
+@pytest.mark.timeout(150)
+def test_schedules_move_to_their_shard_without_a_gap_when_shards_are_added(
+    kafka: KafkaCluster, prefix: str
+) -> None:
+    one = kafka.settings(prefix, queues="default:3", wheel=SMALL_WHEEL, emitter=FAST_EMITTER)
+    ensure_topics(one)
+    two = kafka.settings(
+        prefix, queues="default:3", wheel={**SMALL_WHEEL, "shards": 2}, emitter=FAST_EMITTER
+    )
+    ids = _ids_per_shard(2, 2)
+    producer = timer_producer(one)
+    log = ExecLog(one).start()
+    try:
+        with threaded_emitter(one) as em:
+            em.wait_active()
+            for sid in ids:
+                put_schedule(producer, one, _schedule(sid, "*/1 * * * * *", "UTC"))
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not all(
+                len(_occurrences(log.records, sid)) >= 2 for sid in ids
+            ):
+                log.poll(0.05)
+        ensure_topics(two)  # grows the timer and lease topics
+        with threaded_emitter(two) as em:
+            em.wait_active()
+            restarted = now_ms()
+            while now_ms() < restarted + 4_000:
+                log.poll(0.05)
+            moved = em.metric("dueflow_cron_occurrences_total", {"result": "moved"})
+        log.settle(quiet_s=0.5)
+    finally:
+        log.close()
+    assert set(Counter(r.job_id for r in log.records).values()) == {1}
+    assert moved >= 1  # the occurrences of shard 1's schedules placed in shard 0 came over
+    for sid in ids:
+        fired = _occurrences(log.records, sid)
+        # the misfire grace covers the restart: one run a second, none twice, none lost
+        assert all(b - a == 1_000 for a, b in pairwise(fired)), (sid, fired)
+        assert fired[-1] >= restarted + 2_000, sid
+        owner = shard_for(zlib.crc32(sid.encode()), 2)
+        late = [
+            r
+            for r in log.records
+            if r.job_id.startswith(sid + "@") and r.due_ms > restarted + 1_500
+        ]
+        assert {two.wheel.shard_of(r.timer_partition) for r in late} == {owner}, sid
