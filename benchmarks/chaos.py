@@ -142,6 +142,7 @@ def run_chaos(
     min_faults: int = 20,
     min_per_kind: int = 2,
     cluster_nodes: int = 1,
+    shards: int = 1,
     workers: int = 3,
     on_ready: Callable[[ChaosCluster], None] | None = None,
     rules: Rules | None = None,
@@ -157,7 +158,7 @@ def run_chaos(
     duration = minutes * 60.0
     ledger_path = root / "ledger.sqlite"
     ledger = Ledger(ledger_path)
-    cluster = ChaosCluster(root, ledger=ledger_path, nodes=cluster_nodes)
+    cluster = ChaosCluster(root, ledger=ledger_path, nodes=cluster_nodes, shards=shards)
     started = time.monotonic()
     try:
         cluster.start_broker()
@@ -216,6 +217,7 @@ def run_chaos(
                 "minutes": minutes,
                 "seed": seed,
                 "cluster_nodes": cluster_nodes,
+                "shards": shards,
                 "finished_in_time": finished,
                 **driver.report(),
                 "schedule_failures": len(workload.failed),
@@ -341,6 +343,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--cluster", type=int, default=1, metavar="NODES", help="brokers (node faults when > 1)"
     )
+    p.add_argument(
+        "--shards",
+        type=int,
+        default=1,
+        help="emitter shards (wheel.shards); each emitter drives some",
+    )
     p.add_argument("--dir", type=Path, help="keep the run's files (logs, ledger) here")
     p.add_argument(
         "--slack-s",
@@ -368,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
             faults_per_minute=args.faults_per_minute,
             min_per_kind=min_per_kind,
             cluster_nodes=args.cluster,
+            shards=args.shards,
             rules=rules,
         )
     finally:

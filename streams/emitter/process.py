@@ -366,8 +366,10 @@ class EmitterProcess:
         )
 
 
-# Shards whose producers a standby makes ahead (each costs a few idle producers);
-# a shard beyond makes them at its takeover.
-_PREPARED_MAX = 8
+# Shards whose producers a standby makes ahead: each costs about six idle
+# producers (every transactional id, and spares for a quick fence), so a
+# process makes them for the first two shards; a shard beyond makes them at
+# its takeover (a few tens of milliseconds more on a quiet machine).
+_PREPARED_MAX = 2
 # One read of the shared consumer when several shards share the loop.
 _CONSUME_MAX = 1_000

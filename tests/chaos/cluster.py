@@ -53,6 +53,7 @@ levels = "8x250,8x1000,8x5000"
 near_partitions = 2
 near_window_ms = 500
 lookahead_ms = 100
+shards = {shards}
 
 [emitter]
 session_timeout_ms = 3000
@@ -102,13 +103,15 @@ class Child:
 class ChaosCluster:
     """Broker (or ``nodes`` of a cluster), emitters and workers of one run."""
 
-    def __init__(self, root: Path, *, ledger: Path, prefix: str = "chaos", nodes: int = 1) -> None:
+    def __init__(
+        self, root: Path, *, ledger: Path, prefix: str = "chaos", nodes: int = 1, shards: int = 1
+    ) -> None:
         self.root = root
         self.ledger = ledger
         self.prefix = prefix
         self.nodes = nodes
         self.config = root / "dueflow.toml"
-        self.config.write_text(CONFIG.format(queue=QUEUE))
+        self.config.write_text(CONFIG.format(queue=QUEUE, shards=shards))
         self._broker: LocalBroker | None = None
         self.local_cluster: LocalCluster | None = None
         self._probe: GroupProbe | None = None
@@ -329,7 +332,8 @@ class ChaosCluster:
         return gone
 
     def active_emitter(self) -> Child | None:
-        """The emitter holding the lease, by its client id; None when none does (now)."""
+        """The emitter holding the lease (of shard 0, with shards), by its client id;
+        None when none does (now)."""
         n = names(self.settings)
         members = self._group_probe().members(n.emitter_group)
         for member in members or []:
