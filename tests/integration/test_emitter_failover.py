@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -10,67 +9,28 @@ from pathlib import Path
 
 import pytest
 
-from dueflow.config import Settings
 from tests.conftest import KafkaCluster
 from tests.support.emitters import (
     FAST_EMITTER,
     SMALL_WHEEL,
     EmitterSubprocess,
-    ensure_topics,
+    emitter_processes,
     wait_until,
 )
-from tests.support.timers import ExecLog, now_ms, timer_producer, write_timers
+from tests.support.timers import ExecLog, TimerLoad, now_ms, timer_producer, write_timers
 
 
 @pytest.fixture
 def pair(kafka: KafkaCluster, prefix: str, tmp_path: Path) -> Iterator[list[EmitterSubprocess]]:
     s = kafka.settings(prefix, queues="default:3", wheel=SMALL_WHEEL, emitter=FAST_EMITTER)
-    ensure_topics(s)
-    procs = [EmitterSubprocess(s, tmp_path / f"emitter-{i}.log") for i in range(2)]
-    try:
-        for p in procs:
-            p.start()
+    with emitter_processes(s, tmp_path, 2) as procs:
         yield procs
-    finally:
-        for p in procs:
-            p.stop()
 
 
 def _active(procs: list[EmitterSubprocess]) -> EmitterSubprocess:
     wait_until(lambda: any(p.active_count() for p in procs), 60, "an active emitter")
     (active,) = [p for p in procs if p.active_count()]
     return active
-
-
-class _Load:
-    """Writes timers due 0-3 s ahead, across near and level-0/1 slots, at ~rate/s."""
-
-    def __init__(self, settings: Settings, rate: int, seconds: float) -> None:
-        self.settings = settings
-        self.rate = rate
-        self.seconds = seconds
-        self.dues: dict[str, int] = {}
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        producer = timer_producer(self.settings)
-        start = time.monotonic()
-        i = 0
-        while time.monotonic() - start < self.seconds:
-            batch = {}
-            for _ in range(self.rate // 20):
-                batch[f"j{i}"] = now_ms() + (i * 37) % 3_000
-                i += 1
-            write_timers(producer, self.settings, batch.items())
-            self.dues.update(batch)
-            time.sleep(0.05)  # pacing of the load generator, not synchronization
-
-    def __enter__(self) -> _Load:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.thread.join(60)
 
 
 @pytest.mark.timeout(120)
@@ -82,7 +42,7 @@ def test_kill_9_of_the_active_emitter_under_load_loses_and_duplicates_nothing(
     standby = next(p for p in pair if p is not active)
     log = ExecLog(settings).start()
     try:
-        with _Load(settings, rate=400, seconds=6.0) as load:
+        with TimerLoad(settings, rate=400, seconds=6.0) as load:
             wait_until(lambda: log.poll() >= 0 and len(log.records) > 300, 30, "fires under load")
             killed = time.monotonic()
             active.kill()

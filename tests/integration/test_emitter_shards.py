@@ -4,7 +4,6 @@ one shard's owner can die while the others keep firing."""
 from __future__ import annotations
 
 import threading
-import time
 import zlib
 from collections import Counter
 from collections.abc import Iterator
@@ -22,11 +21,12 @@ from tests.support.emitters import (
     FAST_EMITTER,
     SMALL_WHEEL,
     EmitterSubprocess,
+    emitter_processes,
     ensure_topics,
     threaded_emitter,
     wait_until,
 )
-from tests.support.timers import ExecLog, now_ms, timer_producer, write_timers
+from tests.support.timers import ExecLog, TimerLoad, now_ms, timer_producer, write_timers
 
 
 def _sharded(kafka: KafkaCluster, prefix: str, shards: int) -> Settings:
@@ -84,45 +84,8 @@ def test_one_process_drives_every_shard_and_fires_each_timer_once(
 def shard_pair(
     kafka: KafkaCluster, prefix: str, tmp_path: Path
 ) -> Iterator[list[EmitterSubprocess]]:
-    s = _sharded(kafka, prefix, 2)
-    ensure_topics(s)
-    procs = [EmitterSubprocess(s, tmp_path / f"emitter-{i}.log") for i in range(2)]
-    try:
-        for p in procs:
-            p.start()
+    with emitter_processes(_sharded(kafka, prefix, 2), tmp_path, 2) as procs:
         yield procs
-    finally:
-        for p in procs:
-            p.stop()
-
-
-class _Load:
-    """Timers due 0.2-2 s ahead, ~rate a second, noted with the time they were written."""
-
-    def __init__(self, settings: Settings, rate: int, seconds: float) -> None:
-        self.settings, self.rate, self.seconds = settings, rate, seconds
-        self.dues: dict[str, int] = {}
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        producer = timer_producer(self.settings)
-        start = time.monotonic()
-        i = 0
-        while time.monotonic() - start < self.seconds:
-            batch = {}
-            for _ in range(self.rate // 20):
-                batch[f"j{i}"] = now_ms() + 200 + (i * 37) % 1_800
-                i += 1
-            write_timers(producer, self.settings, batch.items())
-            self.dues.update(batch)
-            time.sleep(0.05)  # pacing of the load generator, not synchronization
-
-    def __enter__(self) -> _Load:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.thread.join(60)
 
 
 @pytest.mark.timeout(180)
@@ -146,7 +109,7 @@ def test_the_owner_of_one_shard_dies_and_the_other_shard_keeps_firing(
     )
     reader.start()
     try:
-        with _Load(settings, rate=400, seconds=9.0) as load:
+        with TimerLoad(settings, rate=400, seconds=9.0, min_ahead_ms=200, spread_ms=1_800) as load:
             wait_until(lambda: len(log.records) > 400, 30, "fires under load")
             killed_ms = now_ms()
             victim.kill()
@@ -192,7 +155,7 @@ def test_a_third_emitter_takes_shards_by_handover_without_loss_or_doubles(
     log = ExecLog(settings).start()
     third = EmitterSubprocess(settings, tmp_path / "emitter-2.log")
     try:
-        with _Load(settings, rate=300, seconds=6.0) as load:
+        with TimerLoad(settings, rate=300, seconds=6.0, min_ahead_ms=200, spread_ms=1_800) as load:
             wait_until(lambda: log.poll() >= 0 and len(log.records) > 200, 30, "fires under load")
             shard_pair[0].terminate()  # its shard is handed over at once
             third.start()

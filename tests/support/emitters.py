@@ -209,3 +209,20 @@ def wait_until(predicate: Any, timeout_s: float, what: str, interval_s: float = 
             return time.monotonic()
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+@contextlib.contextmanager
+def emitter_processes(
+    settings: Settings, logs: Path, count: int
+) -> Iterator[list[EmitterSubprocess]]:
+    """``count`` emitter processes on ``settings``' topics (made here), stopped by pid
+    at the end whatever happened; their logs are ``logs/emitter-<i>.log``."""
+    ensure_topics(settings)
+    procs = [EmitterSubprocess(settings, logs / f"emitter-{i}.log") for i in range(count)]
+    try:
+        for p in procs:
+            p.start()
+        yield procs
+    finally:
+        for p in procs:
+            p.stop()

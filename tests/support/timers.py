@@ -8,6 +8,7 @@ topics, as a worker sees them.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 import zlib
@@ -196,3 +197,42 @@ class ExecLog:
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+
+
+class TimerLoad:
+    """Writes timers due ``min_ahead_ms`` to ``min_ahead_ms + spread_ms`` ahead at about
+    ``rate`` a second for ``seconds``, on a thread; ``dues`` is every one written."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        rate: int,
+        seconds: float,
+        *,
+        min_ahead_ms: int = 0,
+        spread_ms: int = 3_000,
+    ) -> None:
+        self.settings, self.rate, self.seconds = settings, rate, seconds
+        self.min_ahead_ms, self.spread_ms = min_ahead_ms, spread_ms
+        self.dues: dict[str, int] = {}
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        producer = timer_producer(self.settings)
+        start = time.monotonic()
+        i = 0
+        while time.monotonic() - start < self.seconds:
+            batch = {}
+            for _ in range(self.rate // 20):
+                batch[f"j{i}"] = now_ms() + self.min_ahead_ms + (i * 37) % self.spread_ms
+                i += 1
+            write_timers(producer, self.settings, batch.items())
+            self.dues.update(batch)
+            time.sleep(0.05)  # pacing of the load generator, not synchronization
+
+    def __enter__(self) -> TimerLoad:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.thread.join(60)
