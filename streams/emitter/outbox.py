@@ -159,6 +159,13 @@ class Outbox:
             txn_id,
             **{
                 "transaction.timeout.ms": em.transaction_timeout_ms,
+                # Records go out while the transaction is open, so the commit's
+                # flush has little left to send. Measured (issue 18, e2e steady at
+                # 5k jobs/s, 2 runs each): linger 100 ms (records sent only by the
+                # commit) halved the broker's requests (2,800-3,100/s to
+                # 1,500-1,900/s) but not its CPU (137-172 against 149-171 us/job),
+                # and made commits longer: start - due p99 267-305 ms against
+                # 163-258 ms.
                 "linger.ms": 2,
                 # A failed delivery fails the transaction (its commit raises): the
                 # per-record delivery reports would only cost time.
