@@ -1,6 +1,6 @@
 # dueflow: the two commands of the README are `make demo` and `make test`.
 # Everything they need is installed here: a virtualenv with the project, and
-# the broker jars (Maven Central, through broker/pom.xml).
+# the broker jars (Maven Central, through broker/dueflow/broker/pom.xml).
 
 PYTHON ?= python3.11
 VENV   ?= .venv
@@ -21,7 +21,7 @@ jars: $(STAMP)
 
 ## the main job: a real pipeline on a local broker
 demo: $(STAMP) jars
-	$(PY) -m dueflow.demo
+	$(PY) -m demo
 
 ## lint gate + every test tier; starts and stops the broker it needs. Two pytest
 ## workers: the chaos runs (one after the other, group "chaos") beside the rest.

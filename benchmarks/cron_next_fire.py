@@ -1,4 +1,4 @@
-"""How fast is ``dueflow.cron.next_fire``?
+"""How fast is ``dueflow.rules.cron.next_fire``?
 
     python -m benchmarks.cron_next_fire [--number N] [--json PATH]
 
@@ -27,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from dueflow.cron import next_fire, parse_cron
+from dueflow.rules.cron import next_fire, parse_cron
 
 CASES = [
     ("0 9 * * MON-FRI", "America/New_York", "2024-11-01T12:00"),

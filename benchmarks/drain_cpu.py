@@ -43,10 +43,10 @@ from benchmarks.emitter import bench_settings, cluster, produce_timers
 from benchmarks.output import show
 from dueflow import headers as hdr
 from dueflow.config import Settings
-from dueflow.metrics import Metrics
+from dueflow.kafka.topics import names
+from dueflow.observability.metrics import Metrics
 from dueflow.streams.emitter.drainer import WheelDrainer
 from dueflow.streams.emitter.wheel_source import WheelSource
-from dueflow.topics import names
 from tests.support.timers import now_ms
 
 CONSUME_MAX = 1_000
@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
         help="cyclic GC thresholds (default: the emitter program's, after gc.freeze()) or off",
     )
     args = parser.parse_args(argv)
-    gc.freeze()  # as the emitter program does (dueflow/cli/emitter_cmd.py)
+    gc.freeze()  # as the emitter program does (dueflow/apps/cli/emitter_cmd.py)
     if args.gc == "off":
         gc.disable()
     else:

@@ -90,13 +90,13 @@ from benchmarks.produce import plan_records
 from benchmarks.spread import broker_state, describe, spread_rows
 from dueflow.broker.local import LocalBroker
 from dueflow.broker.ports import free_port, free_port_pair
-from dueflow.clients import make_admin
 from dueflow.config import Settings, load_settings
 from dueflow.headers import FIRED
-from dueflow.job_request import JobRequest
+from dueflow.kafka.clients import make_admin
+from dueflow.kafka.topic_admin import TopicAdmin
+from dueflow.kafka.topics import TopicSpec, names, topic_layout
 from dueflow.producers import Scheduler
-from dueflow.topic_admin import TopicAdmin
-from dueflow.topics import TopicSpec, names, topic_layout
+from dueflow.records.job_request import JobRequest
 from dueflow.wall_clock import wall_ms
 from tests.support.emitters import EmitterSubprocess, wait_until
 
@@ -111,9 +111,9 @@ TASK = "e2e.noop"
 def worker_main(settings: Settings, out: str) -> None:
     """One worker process: a no-op handler that notes (key, due, start, fired) of
     every run (fired: the emitter's ``df-fired`` header, -1 if absent)."""
-    from dueflow import logs
     from dueflow.consumers import TaskContext, TaskRegistry, task
     from dueflow.consumers.worker import run_worker
+    from dueflow.observability import logs
 
     logs.configure("text", "WARNING")
     runs: list[tuple[str, int, int, int]] = []

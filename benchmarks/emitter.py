@@ -67,9 +67,9 @@ from dueflow import headers as hdr
 from dueflow.broker.local import LocalBroker
 from dueflow.broker.ports import free_port, free_port_pair
 from dueflow.config import Settings, load_settings
-from dueflow.schemas import codec
-from dueflow.topics import names
-from dueflow.wheel import place_timer
+from dueflow.kafka.topics import names
+from dueflow.records import codec
+from dueflow.rules.wheel import place_timer
 from tests.support.emitters import EmitterSubprocess, ensure_topics, wait_until
 from tests.support.timers import ExecLog, job_value, now_ms
 

@@ -37,17 +37,17 @@ from typing import Any, TypeVar
 
 from confluent_kafka import Producer
 
+from dueflow.apps.cli.common import format_table
 from dueflow.broker.local import LocalBroker
 from dueflow.broker.ports import free_port_pair
-from dueflow.cli.common import format_table
-from dueflow.clients import make_admin, make_producer
 from dueflow.config import Settings, load_settings
-from dueflow.job_request import JobRequest
+from dueflow.kafka.clients import make_admin, make_producer
+from dueflow.kafka.topic_admin import TopicAdmin
+from dueflow.kafka.topics import TopicSpec, names, topic_layout
 from dueflow.producers.core import JobIds, PlannedTimer, TimerPlanner
 from dueflow.producers.recent import RecentJobs
 from dueflow.producers.scheduler import BULK_PRODUCER, Scheduler
-from dueflow.topic_admin import TopicAdmin
-from dueflow.topics import TopicSpec, names, topic_layout
+from dueflow.records.job_request import JobRequest
 from dueflow.wall_clock import wall_ms
 
 Record = tuple[bytes, bytes, int, list[tuple[str, bytes]]]

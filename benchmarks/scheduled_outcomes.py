@@ -36,12 +36,12 @@ from typing import Any
 
 from benchmarks.output import show
 from benchmarks.produce import broker, plan_records, produce_raw, requests, timed
-from dueflow.cli.common import format_table
-from dueflow.clients import make_admin, make_producer
+from dueflow.apps.cli.common import format_table
 from dueflow.config import load_settings
+from dueflow.kafka.clients import make_admin, make_producer
+from dueflow.kafka.topic_admin import TopicAdmin
+from dueflow.kafka.topics import TopicSpec, names, topic_layout
 from dueflow.producers.scheduler import BULK_PRODUCER, Scheduler
-from dueflow.topic_admin import TopicAdmin
-from dueflow.topics import TopicSpec, names, topic_layout
 
 
 def run(bootstrap: str, jobs: int, rounds: int, single: int) -> dict[str, Any]:

@@ -72,10 +72,10 @@ from dueflow import headers as hdr
 from dueflow.broker.local import LocalBroker
 from dueflow.broker.ports import free_port_pair
 from dueflow.config import Settings, load_settings
-from dueflow.schemas import codec
-from dueflow.timer_record import TimerPlacer
-from dueflow.topics import names
-from dueflow.wheel import MAX_SHARDS, shard_for
+from dueflow.kafka.topics import names
+from dueflow.records import codec
+from dueflow.records.timer_record import TimerPlacer
+from dueflow.rules.wheel import MAX_SHARDS, shard_for
 from tests.support.emitters import EmitterSubprocess, ensure_topics, wait_until
 from tests.support.timers import ExecLog, Fired, job_value, now_ms
 

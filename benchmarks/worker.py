@@ -39,12 +39,12 @@ from confluent_kafka.admin import AdminClient
 
 from benchmarks.arrivals import take_arrived
 from benchmarks.output import show
-from dueflow.clients import make_admin
 from dueflow.config import Settings, load_settings
 from dueflow.consumers.testing import exec_headers, make_job
-from dueflow.schemas import codec
-from dueflow.topic_admin import TopicAdmin
-from dueflow.topics import names, topic_layout
+from dueflow.kafka.clients import make_admin
+from dueflow.kafka.topic_admin import TopicAdmin
+from dueflow.kafka.topics import names, topic_layout
+from dueflow.records import codec
 
 QUEUE = "bench"
 
@@ -132,9 +132,9 @@ def raw_consume(settings: Settings, jobs: int) -> float:
 
 def child(settings: Settings, handler: str, out: str) -> None:
     """One worker process: a no-op handler that remembers the keys it ran."""
-    from dueflow import logs
     from dueflow.consumers import TaskContext, TaskRegistry, task
     from dueflow.consumers.worker import run_worker
+    from dueflow.observability import logs
 
     obs = settings.observability
     # Log lines go to a file (what a deployment pays), not to the terminal.

@@ -6,9 +6,16 @@ and has no side effects.
 
 from __future__ import annotations
 
+from pkgutil import extend_path
 from typing import TYPE_CHECKING
 
 from dueflow.lazy_exports import lazy_exports
+
+# The components (dueflow.consumers, .producers, .streams, .broker) and the
+# schemas are source roots of their own in a checkout (consumers/dueflow/...):
+# every ``dueflow/`` folder on sys.path is part of this package. An installed
+# wheel holds them all in one folder.
+__path__ = extend_path(__path__, __name__)
 
 __version__ = "0.1.0"
 
@@ -24,8 +31,6 @@ if TYPE_CHECKING:  # what type checkers see of the lazy names below ("X as X": e
     from dueflow.consumers import on_shutdown as on_shutdown
     from dueflow.consumers import on_startup as on_startup
     from dueflow.consumers import task as task
-    from dueflow.cron import CronSchedule as CronSchedule
-    from dueflow.cron import MisfirePolicy as MisfirePolicy
     from dueflow.errors import ConflictError as ConflictError
     from dueflow.errors import DueflowError as DueflowError
     from dueflow.errors import InvalidInput as InvalidInput
@@ -35,15 +40,17 @@ if TYPE_CHECKING:  # what type checkers see of the lazy names below ("X as X": e
     from dueflow.producers import AsyncScheduler as AsyncScheduler
     from dueflow.producers import JobRequest as JobRequest
     from dueflow.producers import Scheduler as Scheduler
-    from dueflow.wheel import WheelGeometry as WheelGeometry
-    from dueflow.wheel import WheelLevel as WheelLevel
+    from dueflow.rules.cron import CronSchedule as CronSchedule
+    from dueflow.rules.cron import MisfirePolicy as MisfirePolicy
+    from dueflow.rules.wheel import WheelGeometry as WheelGeometry
+    from dueflow.rules.wheel import WheelLevel as WheelLevel
 
 _EXPORTS = {
     "Settings": "dueflow.config",
     "QueueSpec": "dueflow.config",
     "load_settings": "dueflow.config",
-    "WheelGeometry": "dueflow.wheel",
-    "WheelLevel": "dueflow.wheel",
+    "WheelGeometry": "dueflow.rules.wheel",
+    "WheelLevel": "dueflow.rules.wheel",
     "DueflowError": "dueflow.errors",
     "InvalidInput": "dueflow.errors",
     "ConflictError": "dueflow.errors",
@@ -60,8 +67,8 @@ _EXPORTS = {
     "FollowUp": "dueflow.consumers",
     "TaskContext": "dueflow.consumers",
     "TaskRegistry": "dueflow.consumers",
-    "CronSchedule": "dueflow.cron",
-    "MisfirePolicy": "dueflow.cron",
+    "CronSchedule": "dueflow.rules.cron",
+    "MisfirePolicy": "dueflow.rules.cron",
     "Backoff": "dueflow.model",
 }
 

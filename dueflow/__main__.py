@@ -1,5 +1,5 @@
 import sys
 
-from dueflow.cli.main import main
+from dueflow.apps.cli.main import main
 
 sys.exit(main())

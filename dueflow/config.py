@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dueflow.errors import ConfigError
-from dueflow.kafka_settings import KafkaSettings
-from dueflow.wheel import DEFAULT_LEVELS, WheelGeometry, WheelLevel
+from dueflow.kafka.kafka_settings import KafkaSettings
+from dueflow.rules.wheel import DEFAULT_LEVELS, WheelGeometry, WheelLevel
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
@@ -132,7 +132,9 @@ class WorkerSettings:
     store_dir: str = ".dueflow/keys"
     isolated_processes: int = 2
     max_orphaned_threads: int = 256
-    hook_timeout_s: float = 60.0  # a lifecycle hook call (consumers/hooks.py) at most
+    hook_timeout_s: float = (
+        60.0  # a lifecycle hook call (consumers/dueflow/consumers/hooks.py) at most
+    )
 
     @property
     def heartbeat_ms(self) -> int:
@@ -192,7 +194,7 @@ class Settings:
     outcomes_partitions: int = 6
     # librdkafka settings for every client; may hold passwords: the repr hides them.
     kafka: Mapping[str, str] = field(default_factory=KafkaSettings)
-    # Task name or glob -> queue, in the order given (see dueflow.routing).
+    # Task name or glob -> queue, in the order given (see dueflow.rules.routing).
     routes: tuple[tuple[str, str], ...] = ()
     # Modules whose @task declarations tell the SDK a task's queue.
     app: tuple[str, ...] = ()

@@ -32,7 +32,7 @@ header                    meaning
 ``df-overlap`` cron       the schedule's overlap policy when not ``allow``
 ``traceparent``           W3C trace context (``tracestate`` too)
 ``df-trace-link``         W3C ``traceparent`` of the job's previous step, when
-                          that step is not the parent (see dueflow.tracing)
+                          that step is not the parent (see dueflow.observability.tracing)
 ========================  =====================================================
 
 The record key is the job's idempotency key; it becomes the exec record's

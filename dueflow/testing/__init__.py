@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING
 from dueflow.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:  # what type checkers see of the lazy names below ("X as X": exported)
+    from dueflow.apps.ops.dlq import DeadLetterEntry as DeadLetterEntry
     from dueflow.consumers.context import TaskContext as TaskContext
     from dueflow.consumers.failures import Failure as Failure
     from dueflow.consumers.failures import JobTimeout as JobTimeout
-    from dueflow.ops.dlq import DeadLetterEntry as DeadLetterEntry
     from dueflow.testing.clock import FakeClock as FakeClock
     from dueflow.testing.context import make_context as make_context
     from dueflow.testing.emitter import Quarantined as Quarantined
@@ -58,7 +58,7 @@ if TYPE_CHECKING:  # what type checkers see of the lazy names below ("X as X": e
 # Imported on first use: the pytest plugin (a submodule) loads this package, and a
 # test run that never asks for a fixture should not pay for the pipeline's imports.
 _EXPORTS = {
-    "DeadLetterEntry": "dueflow.ops.dlq",
+    "DeadLetterEntry": "dueflow.apps.ops.dlq",
     "FakeClock": "dueflow.testing.clock",
     "Failure": "dueflow.consumers.failures",
     "HookError": "dueflow.testing.hooks",

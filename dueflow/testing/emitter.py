@@ -1,7 +1,7 @@
 """The emitter over the in-memory log: due timers into exec topics, cron occurrences.
 
 What the active emitter does with a timer record, minus the wheel (memory
-has no partitions to page through): :func:`~dueflow.drain.classify_timer`
+has no partitions to page through): :func:`~dueflow.rules.drain.classify_timer`
 reads its headers (a malformed one is quarantined with the reason), it
 fires once due, never before, with ``df-fired`` and ``df-src``, its value
 bytes unchanged, keyed into the exec topic of its queue. Cron schedules go
@@ -20,15 +20,15 @@ from typing import Any
 
 from dueflow import headers as hdr
 from dueflow.config import Settings
-from dueflow.cron_occurrence import CronState
-from dueflow.drain import classify_timer
-from dueflow.metrics import Metrics
+from dueflow.kafka.topics import names
+from dueflow.observability.metrics import Metrics
+from dueflow.records.cron_occurrence import CronState
+from dueflow.rules.drain import classify_timer
 from dueflow.streams.emitter.cron_keeper import CronKeeper
 from dueflow.streams.emitter.drainer import Emit
 from dueflow.streams.emitter.quarantine import quarantine_record
 from dueflow.streams.emitter.schedules import ScheduleTable
 from dueflow.testing.log import MemoryLog, MemoryRecord, as_message, as_messages
-from dueflow.topics import names
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ from dueflow.consumers.hooks import (
     run_now,
 )
 from dueflow.errors import WorkerStartupFailed
-from dueflow.metrics import Metrics
+from dueflow.observability.metrics import Metrics
 
 
 @dataclass(frozen=True, slots=True)

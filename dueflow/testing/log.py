@@ -18,8 +18,8 @@ from typing import Any, cast
 from confluent_kafka import Message
 
 from dueflow.config import Settings
-from dueflow.partitioning import partition_for_key
-from dueflow.topics import topic_layout
+from dueflow.kafka.topics import topic_layout
+from dueflow.rules.partitioning import partition_for_key
 
 Headers = list[tuple[str, bytes]]
 TIMESTAMP_CREATE_TIME = 1

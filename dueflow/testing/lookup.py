@@ -1,7 +1,7 @@
 """How the in-memory client finds a job: every outcome record in the log, and its
 timer record.
 
-The same fold as on a cluster (:func:`dueflow.job_status.job_status`), over
+The same fold as on a cluster (:func:`dueflow.rules.job_status.job_status`), over
 every record of the outcomes topic (memory has no scan window); the timer is
 the newest record of the job in the timer (else exec) topic.
 """
@@ -11,11 +11,11 @@ from __future__ import annotations
 from dueflow import headers as hdr
 from dueflow.config import Settings
 from dueflow.errors import UndecodableRecord
-from dueflow.job_status import JobStatus, job_status
+from dueflow.kafka.topics import names
 from dueflow.producers.timer_finder import FoundTimer
-from dueflow.schemas import codec
+from dueflow.records import codec
+from dueflow.rules.job_status import JobStatus, job_status
 from dueflow.testing.log import MemoryLog
-from dueflow.topics import names
 
 
 class MemoryLookup:

@@ -40,14 +40,15 @@ from types import TracebackType
 from typing import Any
 
 from dueflow import headers as hdr
+from dueflow.apps.ops.dlq import DeadLetterEntry, decode_entry
 from dueflow.config import QueueSpec, Settings
 from dueflow.consumers.hooks import WorkerInfo, hook_kind
 from dueflow.consumers.registry import TaskRegistry, spec_of
 from dueflow.errors import DueflowError
-from dueflow.metrics import Metrics
-from dueflow.ops.dlq import DeadLetterEntry, decode_entry
-from dueflow.schemas import codec
-from dueflow.streams.status.state import JobView, apply_outcome
+from dueflow.kafka.topics import names
+from dueflow.observability.metrics import Metrics
+from dueflow.records import codec
+from dueflow.rules.job_state import JobView, apply_outcome
 from dueflow.testing.clock import FakeClock, _instant_ms
 from dueflow.testing.emitter import MemoryEmitter, PendingTimer, Quarantined
 from dueflow.testing.hooks import HookError
@@ -55,7 +56,6 @@ from dueflow.testing.log import MemoryLog, MemoryRecord
 from dueflow.testing.scheduler import InMemoryScheduler
 from dueflow.testing.views import JobRun, JobState, PendingJob
 from dueflow.testing.worker import WORKER_ID, InMemoryWorker
-from dueflow.topics import names
 
 Handler = Callable[..., Any]
 

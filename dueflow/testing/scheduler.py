@@ -18,16 +18,16 @@ from typing import Any, cast
 from confluent_kafka import Producer
 
 from dueflow.config import Settings
-from dueflow.job_request import Duration, Instant, JobRequest, JobRules
+from dueflow.kafka.topics import names
+from dueflow.observability.tracing import JobTracer
 from dueflow.producers.core import DEFAULT_MAX_MESSAGE_BYTES, JobIds, TimerPlanner
 from dueflow.producers.recent import DEFAULT_CAPACITY, RecentJobs
 from dueflow.producers.results import BulkResult, Cancelled, Rescheduled, Scheduled
 from dueflow.producers.scheduler import App, Scheduler, declared_queues
 from dueflow.producers.schedules import ScheduleStore, StoredSchedule
+from dueflow.records.job_request import Duration, Instant, JobRequest, JobRules
 from dueflow.testing.log import MemoryLog, MemoryProducer, MemoryRecord
 from dueflow.testing.lookup import MemoryLookup, MemoryTimerFinder
-from dueflow.topics import names
-from dueflow.tracing import JobTracer
 
 
 class MemoryScheduleStore(ScheduleStore):

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from dueflow.apps.ops.dlq import DeadLetterEntry
 from dueflow.consumers.failures import Failure
-from dueflow.follow_up import FollowUp
-from dueflow.ops.dlq import DeadLetterEntry
+from dueflow.records.follow_up import FollowUp
 from dueflow.timeutil import format_utc, from_utc_ms
 
 Outcome = Literal["succeeded", "retrying", "dead", "duplicate", "cancelled"]

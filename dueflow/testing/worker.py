@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from dueflow import headers as hdr
-from dueflow import reschedule
 from dueflow.config import QueueSpec, Settings
 from dueflow.consumers.context import TaskContext
 from dueflow.consumers.failures import Failure
@@ -50,13 +49,12 @@ from dueflow.consumers.recorder import BatchRecorder
 from dueflow.consumers.registry import TaskRegistry
 from dueflow.consumers.store import MemoryKeyStore, is_final, skips, state_of
 from dueflow.consumers.worker import select_queues
-from dueflow.cron_overlap import Admission
-from dueflow.deadline import expired
 from dueflow.errors import UndecodableRecord
-from dueflow.follow_up import FollowUp
-from dueflow.metrics import Metrics
-from dueflow.schemas import codec
-from dueflow.schemas.fast import (
+from dueflow.kafka.topics import names, tier_label
+from dueflow.observability.metrics import Metrics
+from dueflow.observability.tracing import JobTracer
+from dueflow.records import codec, reschedule
+from dueflow.records.fast import (
     F_DUE_MS,
     F_JOB_ID,
     F_KEY,
@@ -65,12 +63,13 @@ from dueflow.schemas.fast import (
     decode_key_record,
     decode_key_state,
 )
+from dueflow.records.follow_up import FollowUp
+from dueflow.rules.cron_overlap import Admission
+from dueflow.rules.deadline import expired
 from dueflow.testing.attempts import HandlerLoop, run_attempt
 from dueflow.testing.hooks import MemoryHooks
 from dueflow.testing.log import MemoryLog, MemoryRecord, as_message
 from dueflow.testing.views import JobRun, PendingJob
-from dueflow.topics import names, tier_label
-from dueflow.tracing import JobTracer
 
 WORKER_ID = "in-memory"
 

@@ -30,11 +30,11 @@ from pathlib import Path
 from dueflow.broker.cluster import LocalCluster
 from dueflow.broker.local import LocalBroker
 from dueflow.broker.ports import free_port_pair, free_port_run
-from dueflow.clients import make_admin
 from dueflow.config import Settings, load_settings
 from dueflow.errors import BrokerError
-from dueflow.topic_admin import TopicAdmin
-from dueflow.topics import names, topic_layout
+from dueflow.kafka.clients import make_admin
+from dueflow.kafka.topic_admin import TopicAdmin
+from dueflow.kafka.topics import names, topic_layout
 from tests.chaos.group_probe import GroupProbe
 from tests.chaos.skew import ClockSkewer
 
@@ -338,7 +338,8 @@ class ChaosCluster:
         members = self._group_probe().members(n.emitter_group)
         for member in members or []:
             if (n.lease, 0) in member.assignment:
-                # The lease client's id ends with its process id (streams/emitter/lease.py).
+                # The lease client's id ends with its process id
+                # (streams/dueflow/streams/emitter/lease.py).
                 for child in self.emitters:
                     if member.client_id.endswith(f"-{child.pid}"):
                         return child

@@ -32,15 +32,15 @@ import orjson
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
 
 from dueflow import headers as hdr
-from dueflow.backoff import compute_backoff
+from dueflow.apps.ops.dlq import read_dead_letters as read_dlq_entries
 from dueflow.config import Settings
 from dueflow.consumers.registry import spec_of
 from dueflow.errors import UndecodableRecord
-from dueflow.ops.dlq import read_dead_letters as read_dlq_entries
-from dueflow.ops.reading import Span, ops_consumer, partitions_of, read_spans, watermarks
-from dueflow.schemas import codec
+from dueflow.kafka.reading import Span, ops_consumer, partitions_of, read_spans, watermarks
+from dueflow.kafka.topics import names
+from dueflow.records import codec
+from dueflow.rules.backoff import compute_backoff
 from dueflow.timeutil import to_utc_ms
-from dueflow.topics import names
 from tests.chaos import handlers
 from tests.chaos.facts import DeadLetter, Dropped, Evidence, Fault, Fire, Outcome, RetryPlan
 from tests.chaos.ledger import Ledger
@@ -138,7 +138,8 @@ def read_fires(settings: Settings, queue: str) -> list[Fire]:
     return found
 
 
-# Worker log events after which its uncommitted work is forgotten (consumers/runtime.py).
+# Worker log events after which its uncommitted work is forgotten
+# (consumers/dueflow/consumers/runtime.py).
 DROP_EVENTS = ("worker restarting queue", "partitions lost")
 
 

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dueflow.topics import names
+from dueflow.kafka.topics import names
 from dueflow.wall_clock import wall_ms
 from tests.chaos.cluster import QUEUE, ChaosCluster, Child
 from tests.chaos.fault_plan import (

@@ -5,7 +5,7 @@ matters at that moment: the leader of a partition the emitter or the workers
 use, the transaction coordinator of the active emitter's transactional id, or
 the group coordinator of a worker group. The cluster itself is reached through
 :class:`NodeControl`, a small protocol; :class:`ClusterNodes` adapts the local
-cluster (``dueflow/broker/cluster.py``) that ``ChaosCluster(nodes=3)`` starts.
+cluster (``broker/dueflow/broker/cluster.py``) that ``ChaosCluster(nodes=3)`` starts.
 """
 
 from __future__ import annotations

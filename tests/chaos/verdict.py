@@ -88,7 +88,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from dueflow.cron import occurrences, parse_cron
+from dueflow.rules.cron import occurrences, parse_cron
 from tests.chaos.facts import (
     ATTEMPT_ENDS,
     TERMINAL,

@@ -17,7 +17,7 @@ from typing import Any
 from dueflow.config import load_settings
 from dueflow.consumers import TaskContext, WorkerInfo, on_failure, on_shutdown, on_startup, task
 from dueflow.consumers.failures import Failure
-from dueflow.topics import names
+from dueflow.kafka.topics import names
 from tests.integration.worker_support import Ledger, outcomes_of, read_topic
 
 QUEUE = "jobs"

@@ -25,10 +25,10 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from dueflow.clients import make_admin
 from dueflow.config import Settings, load_settings
-from dueflow.topic_admin import TopicAdmin
-from dueflow.topics import topic_layout
+from dueflow.kafka.clients import make_admin
+from dueflow.kafka.topic_admin import TopicAdmin
+from dueflow.kafka.topics import topic_layout
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.integration.pipeline_app"

@@ -8,8 +8,8 @@ from collections.abc import Iterable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from dueflow.clients import make_consumer
 from dueflow.config import Settings
+from dueflow.kafka.clients import make_consumer
 
 
 def _consumer(settings: Settings) -> Consumer:

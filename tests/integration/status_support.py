@@ -18,11 +18,11 @@ from typing import Any
 from confluent_kafka import Producer
 
 from dueflow import headers as hdr
-from dueflow.clients import make_admin, make_producer
 from dueflow.config import Settings
-from dueflow.schemas import codec
-from dueflow.topic_admin import TopicAdmin
-from dueflow.topics import names, topic_layout
+from dueflow.kafka.clients import make_admin, make_producer
+from dueflow.kafka.topic_admin import TopicAdmin
+from dueflow.kafka.topics import names, topic_layout
+from dueflow.records import codec
 
 
 def ensure_topics(settings: Settings) -> None:

@@ -8,15 +8,15 @@ from typing import Any
 import pytest
 
 from dueflow import headers as hdr
-from dueflow.clients import make_admin
 from dueflow.config import Settings
 from dueflow.errors import ConflictError, DueflowError, InvalidInput
-from dueflow.job_request import JobRequest
+from dueflow.kafka.clients import make_admin
+from dueflow.kafka.topic_admin import TopicAdmin
+from dueflow.kafka.topics import names, topic_layout
 from dueflow.producers.aio import AsyncScheduler
-from dueflow.reschedule import reschedule_key
-from dueflow.schemas.fast import decode_key_state
-from dueflow.topic_admin import TopicAdmin
-from dueflow.topics import names, topic_layout
+from dueflow.records.fast import decode_key_state
+from dueflow.records.job_request import JobRequest
+from dueflow.records.reschedule import reschedule_key
 from tests.conftest import KafkaCluster
 from tests.integration.records import headers_of, read_all
 from tests.integration.test_scheduler import check_edge_result, edge_jobs

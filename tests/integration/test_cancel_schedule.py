@@ -8,10 +8,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from dueflow.cli.main import main
+from dueflow.apps.cli.main import main
 from dueflow.consumers import TaskContext, TaskRegistry, task
+from dueflow.kafka.topics import names
 from dueflow.producers.scheduler import Scheduler
-from dueflow.topics import names
 from tests.conftest import KafkaCluster
 from tests.integration.worker_support import (
     Ledger,

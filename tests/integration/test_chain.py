@@ -38,10 +38,10 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from dueflow import headers as hdr
-from dueflow.cli.main import main
+from dueflow.apps.cli.main import main
 from dueflow.consumers import TaskRegistry, task
+from dueflow.kafka.topics import names
 from dueflow.producers import Scheduler
-from dueflow.topics import names
 from tests.conftest import KafkaCluster
 from tests.integration.pipeline_support import Pipeline, Proc, wait_for
 from tests.integration.worker_support import Ledger, Record, WorkerThread, outcomes_of, read_topic

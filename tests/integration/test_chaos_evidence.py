@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 
 from dueflow import headers as hdr
-from dueflow.clients import make_transactional_producer
 from dueflow.config import Settings
 from dueflow.consumers.registry import TaskRegistry
 from dueflow.consumers.testing import ExecWriter, exec_headers, make_job
-from dueflow.schemas import codec
-from dueflow.schemas.fast import OUTCOME_V1, encode_outcome
-from dueflow.topics import names
+from dueflow.kafka.clients import make_transactional_producer
+from dueflow.kafka.topics import names
+from dueflow.records import codec
+from dueflow.records.fast import OUTCOME_V1, encode_outcome
 from tests.chaos import evidence, handlers
 from tests.chaos.facts import DeadLetter, Fire, Outcome
 from tests.chaos.ledger import Ledger

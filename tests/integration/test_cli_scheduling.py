@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from dueflow import headers as hdr
-from dueflow.cli.main import main
-from dueflow.clients import make_admin
+from dueflow.apps.cli.main import main
 from dueflow.config import Settings, load_settings
-from dueflow.schemas import codec
-from dueflow.topic_admin import TopicAdmin
-from dueflow.topics import names, topic_layout
+from dueflow.kafka.clients import make_admin
+from dueflow.kafka.topic_admin import TopicAdmin
+from dueflow.kafka.topics import names, topic_layout
+from dueflow.records import codec
 from tests.conftest import KafkaCluster
 from tests.integration.records import headers_of, high_watermarks, read_all
 

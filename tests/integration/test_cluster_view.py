@@ -11,14 +11,14 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from dueflow import headers as hdr
-from dueflow.cli.main import main
-from dueflow.clients import make_consumer, make_producer
-from dueflow.cluster_view import compute_view
+from dueflow.apps.cli.main import main
 from dueflow.config import Settings
-from dueflow.partitioning import partition_for_key
-from dueflow.schemas import codec
+from dueflow.kafka.clients import make_consumer, make_producer
+from dueflow.kafka.cluster_view import compute_view
+from dueflow.kafka.topics import names
+from dueflow.records import codec
+from dueflow.rules.partitioning import partition_for_key
 from dueflow.streams.status.cluster_reader import ClusterReader
-from dueflow.topics import names
 from tests.conftest import KafkaCluster
 from tests.integration.status_support import ensure_topics, outcome, write_outcomes
 

@@ -45,7 +45,7 @@ def test_the_short_demo_loses_and_duplicates_nothing_and_stops_everything(
         [
             sys.executable,
             "-m",
-            "dueflow.demo",
+            "demo",
             "--short",
             "--json",
             str(out),
@@ -92,7 +92,7 @@ def test_ctrl_c_stops_everything_the_demo_started(tmp_path: Path) -> None:
     workdir = tmp_path / "demo"
     log = (tmp_path / "demo.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dueflow.demo", "--short", "--workdir", str(workdir)],
+        [sys.executable, "-m", "demo", "--short", "--workdir", str(workdir)],
         cwd=ROOT,
         env=_env(),
         stdout=log,

@@ -19,12 +19,12 @@ import orjson
 import pytest
 
 from dueflow import headers as hdr
-from dueflow.cli.main import main
+from dueflow.apps.cli.main import main
 from dueflow.config import Settings
 from dueflow.consumers import TaskContext, TaskRegistry, task
 from dueflow.consumers.testing import ExecWriter, make_job
 from dueflow.errors import PermanentJobError
-from dueflow.topics import names
+from dueflow.kafka.topics import names
 from tests.conftest import KafkaCluster
 from tests.integration.worker_support import (
     Ledger,

@@ -11,9 +11,9 @@ from confluent_kafka import Consumer, TopicPartition
 
 from dueflow import headers as hdr
 from dueflow.config import Settings
-from dueflow.schemas import codec
-from dueflow.topics import names
-from dueflow.wheel import NEAR_LEVEL, place_timer
+from dueflow.kafka.topics import names
+from dueflow.records import codec
+from dueflow.rules.wheel import NEAR_LEVEL, place_timer
 from tests.conftest import KafkaCluster
 from tests.support.emitters import FAST_EMITTER, SMALL_WHEEL, ensure_topics, threaded_emitter
 from tests.support.timers import ExecLog, now_ms, timer_producer, write_timers

@@ -13,10 +13,17 @@ from typing import Any
 import pytest
 
 from dueflow.config import Settings
-from dueflow.cron import CronSchedule, MisfirePolicy, fire_time_ms, next_fire, parse_cron, zone
 from dueflow.model import Job
-from dueflow.schemas import codec
-from dueflow.wheel import shard_for
+from dueflow.records import codec
+from dueflow.rules.cron import (
+    CronSchedule,
+    MisfirePolicy,
+    fire_time_ms,
+    next_fire,
+    parse_cron,
+    zone,
+)
+from dueflow.rules.wheel import shard_for
 from tests.conftest import KafkaCluster
 from tests.support.emitters import FAST_EMITTER, SMALL_WHEEL, ensure_topics, threaded_emitter
 from tests.support.schedules import delete_schedule, installed_zones, put_schedule, tzif_v1

@@ -12,9 +12,9 @@ from confluent_kafka import Consumer, TopicPartition
 
 from dueflow.config import Settings
 from dueflow.errors import FencedError
+from dueflow.kafka.topics import names
 from dueflow.streams.emitter.outbox import Outbox
 from dueflow.streams.emitter.wheel_source import WheelSource
-from dueflow.topics import names
 from tests.conftest import KafkaCluster
 from tests.support.emitters import FAST_EMITTER, SMALL_WHEEL, ensure_topics
 

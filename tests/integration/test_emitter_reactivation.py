@@ -14,8 +14,8 @@ import time
 
 from confluent_kafka import Message
 
+from dueflow.kafka.topics import names
 from dueflow.streams.emitter.wheel_source import WheelSource
-from dueflow.topics import names
 from tests.conftest import KafkaCluster
 from tests.support.emitters import SMALL_WHEEL, ensure_topics
 from tests.support.timers import job_value, now_ms, timer_producer

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from dueflow.clients import make_admin
 from dueflow.config import Settings
-from dueflow.topic_admin import TopicAdmin
-from dueflow.topics import topic_layout
-from dueflow.wheel import shard_for
+from dueflow.kafka.clients import make_admin
+from dueflow.kafka.topic_admin import TopicAdmin
+from dueflow.kafka.topics import topic_layout
+from dueflow.rules.wheel import shard_for
 from tests.conftest import KafkaCluster
 from tests.support.emitters import (
     FAST_EMITTER,

@@ -15,12 +15,12 @@ import pytest
 
 from dueflow import InvalidInput, task
 from dueflow import headers as hdr
-from dueflow.cli.main import main
+from dueflow.apps.cli.main import main
 from dueflow.config import Settings
 from dueflow.consumers import TaskContext, TaskRegistry
+from dueflow.kafka.topics import names
 from dueflow.producers import Scheduler
-from dueflow.schemas import codec
-from dueflow.topics import names
+from dueflow.records import codec
 from tests.conftest import KafkaCluster
 from tests.integration.pipeline_support import wait_for
 from tests.integration.worker_support import WorkerThread, read_topic

@@ -35,7 +35,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, Resourc
 
 from dueflow.broker.cluster import OFFSETS_TOPIC, TRANSACTION_TOPIC, LocalCluster
 from dueflow.broker.ports import free_port_run
-from dueflow.topics import topic_layout
+from dueflow.kafka.topics import topic_layout
 from tests.conftest import KafkaCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

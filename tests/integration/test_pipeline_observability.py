@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from dueflow import logs
 from dueflow.broker.ports import free_port
+from dueflow.kafka.topics import names
+from dueflow.observability import logs
+from dueflow.observability.tracing import DEAD_LETTER, EXECUTE, FIRE, SCHEDULE, JobTracer
 from dueflow.producers.scheduler import Scheduler
-from dueflow.schemas import codec
-from dueflow.topics import names
-from dueflow.tracing import DEAD_LETTER, EXECUTE, FIRE, SCHEDULE, JobTracer
+from dueflow.records import codec
 from tests.conftest import KafkaCluster
 from tests.integration.pipeline_support import QUEUE, Pipeline, Samples, scrape, wait_for
 from tests.integration.test_worker_processes import group_assignment

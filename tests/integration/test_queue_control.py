@@ -13,12 +13,12 @@ import orjson
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from dueflow.cli.main import main
-from dueflow.cluster_view import compute_view
+from dueflow.apps.cli.main import main
 from dueflow.consumers import TaskContext, TaskRegistry, task
 from dueflow.consumers.testing import ExecWriter, make_job
+from dueflow.kafka.cluster_view import compute_view
+from dueflow.kafka.topics import names
 from dueflow.streams.status.cluster_reader import ClusterReader
-from dueflow.topics import names
 from tests.conftest import KafkaCluster
 from tests.integration.worker_support import Ledger, WorkerThread, ensure_topics, wait_for
 

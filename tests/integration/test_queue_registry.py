@@ -16,13 +16,13 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic
 
-from dueflow.cli.main import main
-from dueflow.clients import make_admin
+from dueflow.apps.cli.main import main
 from dueflow.config import QueueSpec
-from dueflow.queue_reader import read_registry
-from dueflow.queue_registry import encode_queue
-from dueflow.topic_admin import TopicAdmin
-from dueflow.topics import topic_layout
+from dueflow.kafka.clients import make_admin
+from dueflow.kafka.queue_reader import read_registry
+from dueflow.kafka.topic_admin import TopicAdmin
+from dueflow.kafka.topics import topic_layout
+from dueflow.records.queue_registry import encode_queue
 from tests.conftest import KafkaCluster
 
 

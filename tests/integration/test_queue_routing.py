@@ -27,16 +27,16 @@ import pytest
 from confluent_kafka import Producer
 
 from dueflow import headers as hdr
-from dueflow.cli.main import main
+from dueflow.apps.cli.main import main
+from dueflow.apps.ops.queues import topics_of
 from dueflow.config import QueueSpec, Settings
 from dueflow.consumers import TaskContext, TaskRegistry, task
 from dueflow.errors import UnknownQueue
-from dueflow.ops.queues import topics_of
+from dueflow.kafka.topics import names
 from dueflow.producers import AsyncScheduler
 from dueflow.producers.scheduler import Scheduler
-from dueflow.queue_registry import QueueConflict, encode_queue
-from dueflow.schemas import codec
-from dueflow.topics import names
+from dueflow.records import codec
+from dueflow.records.queue_registry import QueueConflict, encode_queue
 from tests.conftest import KafkaCluster
 from tests.integration.worker_support import Ledger, WorkerThread, read_topic, wait_for
 from tests.support.emitters import (
@@ -201,8 +201,8 @@ def test_a_queue_created_while_everything_runs_gets_the_jobs_routed_to_it_by_tas
 def _garbage_then(settings: Settings, spec: QueueSpec) -> None:
     """What any Kafka client may write: a malformed registry record, then a valid one
     (after the queue's topics, as the registry's contract asks)."""
-    from dueflow.clients import make_admin
-    from dueflow.topic_admin import TopicAdmin
+    from dueflow.kafka.clients import make_admin
+    from dueflow.kafka.topic_admin import TopicAdmin
 
     admin = TopicAdmin(make_admin(settings), replication_factor=1)
     assert admin.ensure(topics_of(settings, spec)).ok

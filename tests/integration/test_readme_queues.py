@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from dueflow.cli.main import main
+from dueflow.apps.cli.main import main
 from dueflow.config import load_settings
 from dueflow.consumers import TaskRegistry
-from dueflow.routing import Router
+from dueflow.rules.routing import Router
 from tests.conftest import KafkaCluster
 from tests.integration.worker_support import WorkerThread, wait_for
 from tests.support.emitters import FAST_EMITTER, threaded_emitter

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from dueflow.clients import make_admin
 from dueflow.config import load_settings
+from dueflow.kafka.clients import make_admin
+from dueflow.kafka.topic_admin import TopicAdmin
+from dueflow.kafka.topics import names, topic_layout
 from dueflow.producers import Scheduler
-from dueflow.topic_admin import TopicAdmin
-from dueflow.topics import names, topic_layout
 from tests.conftest import KafkaCluster
 from tests.integration.records import high_watermarks
 

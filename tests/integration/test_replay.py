@@ -20,14 +20,14 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from dueflow import headers as hdr
-from dueflow.cli.main import main
-from dueflow.clients import make_producer
+from dueflow.apps.cli.main import main
 from dueflow.config import Settings
 from dueflow.consumers import TaskContext, TaskRegistry, task
 from dueflow.consumers.testing import ExecWriter, exec_headers, make_job
-from dueflow.schemas import codec
+from dueflow.kafka.clients import make_producer
+from dueflow.kafka.topics import names
+from dueflow.records import codec
 from dueflow.timeutil import format_utc
-from dueflow.topics import names
 from tests.conftest import KafkaCluster
 from tests.integration.worker_support import (
     Ledger,

@@ -20,11 +20,11 @@ from dueflow import headers as hdr
 from dueflow.config import Settings
 from dueflow.consumers import TaskContext, TaskRegistry, task
 from dueflow.consumers.testing import ExecWriter, exec_headers, make_job
-from dueflow.metrics import Metrics
+from dueflow.kafka.topics import names
 from dueflow.model import Backoff, BackoffKind, Job
-from dueflow.partitioning import partition_for_key
-from dueflow.schemas import codec
-from dueflow.topics import names
+from dueflow.observability.metrics import Metrics
+from dueflow.records import codec
+from dueflow.rules.partitioning import partition_for_key
 from tests.conftest import KafkaCluster
 from tests.integration.worker_support import Ledger, WorkerThread, read_topic, wait_for
 from tests.support.emitters import FAST_EMITTER, SMALL_WHEEL, ensure_topics, threaded_emitter

@@ -26,8 +26,8 @@ import pytest
 from dueflow.broker.local import LocalBroker
 from dueflow.broker.ports import free_port, free_port_pair
 from dueflow.broker.security import env_name, read_secrets
+from dueflow.kafka.topics import names
 from dueflow.producers.scheduler import Scheduler
-from dueflow.topics import names
 from tests.integration.pipeline_support import APP, QUEUE, ROOT, Pipeline, scrape, wait_for
 from tests.integration.status_support import ViewProcess, start_view
 from tests.integration.worker_support import outcomes_of, read_topic

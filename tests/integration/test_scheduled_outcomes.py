@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from dueflow.clients import make_admin
 from dueflow.config import Settings
+from dueflow.kafka.clients import make_admin
+from dueflow.kafka.topic_admin import TopicAdmin
+from dueflow.kafka.topics import names, topic_layout
 from dueflow.producers.aio import AsyncScheduler
 from dueflow.producers.scheduler import Scheduler
-from dueflow.schemas import codec
-from dueflow.topic_admin import TopicAdmin
-from dueflow.topics import names, topic_layout
+from dueflow.records import codec
 from tests.conftest import KafkaCluster
 from tests.integration.records import read_all
 

@@ -13,18 +13,18 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from dueflow import headers as hdr
-from dueflow.clients import make_admin, producer_config
 from dueflow.config import Settings
 from dueflow.errors import ConflictError, InvalidInput, KafkaOperationError
-from dueflow.job_request import JobRequest
-from dueflow.metrics import Metrics
+from dueflow.kafka.clients import make_admin, producer_config
+from dueflow.kafka.topic_admin import TopicAdmin
+from dueflow.kafka.topics import names, topic_layout
+from dueflow.observability.metrics import Metrics
 from dueflow.producers.scheduler import Scheduler
-from dueflow.schemas import codec
-from dueflow.timer_record import spread_of
+from dueflow.records import codec
+from dueflow.records.job_request import JobRequest
+from dueflow.records.timer_record import spread_of
+from dueflow.rules.wheel import place_timer
 from dueflow.timeutil import from_utc_ms
-from dueflow.topic_admin import TopicAdmin
-from dueflow.topics import names, topic_layout
-from dueflow.wheel import place_timer
 from tests.conftest import KafkaCluster
 from tests.integration.records import headers_of, high_watermarks, read_all
 
@@ -441,7 +441,7 @@ def test_trace_context_travels_in_headers_and_value(settings: Settings, clock: F
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from dueflow import tracing
+    from dueflow.observability import tracing
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

@@ -8,15 +8,15 @@ from typing import Any
 import pytest
 
 from dueflow import headers as hdr
-from dueflow.clients import make_admin
 from dueflow.config import Settings
-from dueflow.cron import MisfirePolicy
 from dueflow.errors import ConflictError, InvalidInput
+from dueflow.kafka.clients import make_admin
+from dueflow.kafka.topic_admin import TopicAdmin
+from dueflow.kafka.topics import names, topic_layout
 from dueflow.model import Backoff, BackoffKind
 from dueflow.producers.scheduler import Scheduler
-from dueflow.schemas import codec
-from dueflow.topic_admin import TopicAdmin
-from dueflow.topics import names, topic_layout
+from dueflow.records import codec
+from dueflow.rules.cron import MisfirePolicy
 from tests.conftest import KafkaCluster
 from tests.integration.records import headers_of, high_watermarks, read_all
 

@@ -11,12 +11,12 @@ import pytest
 from confluent_kafka import Producer, TopicPartition
 
 from dueflow import headers as hdr
+from dueflow.apps.cli.main import main
 from dueflow.broker.ports import free_port
-from dueflow.cli.main import main
-from dueflow.clients import make_admin, make_consumer
 from dueflow.config import Settings
-from dueflow.schemas import codec
-from dueflow.topics import names
+from dueflow.kafka.clients import make_admin, make_consumer
+from dueflow.kafka.topics import names
+from dueflow.records import codec
 from tests.conftest import KafkaCluster
 from tests.integration.status_support import (
     ViewProcess,

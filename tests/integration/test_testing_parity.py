@@ -17,11 +17,11 @@ from typing import Any
 from dueflow import PermanentJobError, task
 from dueflow.config import Settings
 from dueflow.consumers import TaskContext, TaskRegistry
+from dueflow.kafka.topics import names
 from dueflow.model import Backoff, BackoffKind
 from dueflow.producers import Scheduler
-from dueflow.schemas import codec
+from dueflow.records import codec
 from dueflow.testing import InMemoryPipeline
-from dueflow.topics import names
 from tests.conftest import KafkaCluster
 from tests.integration.worker_support import WorkerThread, read_topic, wait_for
 from tests.support.emitters import FAST_EMITTER, SMALL_WHEEL, ensure_topics, threaded_emitter

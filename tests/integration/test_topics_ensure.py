@@ -6,9 +6,9 @@ import sys
 
 from confluent_kafka.admin import NewTopic
 
-from dueflow.clients import make_admin
-from dueflow.topic_admin import TopicAdmin
-from dueflow.topics import topic_layout
+from dueflow.kafka.clients import make_admin
+from dueflow.kafka.topic_admin import TopicAdmin
+from dueflow.kafka.topics import topic_layout
 from tests.conftest import KafkaCluster
 
 

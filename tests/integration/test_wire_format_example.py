@@ -1,7 +1,7 @@
 """The "any service" path: the example of docs/wire-format.md, run as written.
 
 The code block of the doc uses only confluent_kafka, fastavro and
-schemas/job.avsc. It is executed here against the real broker, and what it
+schemas/dueflow/schemas/job.avsc. It is executed here against the real broker, and what it
 wrote is checked with dueflow's own reader: the value decodes, the headers
 agree with it, and the partition is the one dueflow's placement chooses.
 """
@@ -18,14 +18,14 @@ import pytest
 from confluent_kafka import Producer
 
 from dueflow import headers as hdr
-from dueflow.clients import make_admin
 from dueflow.config import Settings, settings_from_dict
-from dueflow.job_request import JobRequest, JobRules, prepare_job
-from dueflow.schemas import codec
-from dueflow.timer_record import spread_of
-from dueflow.topic_admin import TopicAdmin
-from dueflow.topics import names, topic_layout
-from dueflow.wheel import WheelGeometry, place_timer, shard_for
+from dueflow.kafka.clients import make_admin
+from dueflow.kafka.topic_admin import TopicAdmin
+from dueflow.kafka.topics import names, topic_layout
+from dueflow.records import codec
+from dueflow.records.job_request import JobRequest, JobRules, prepare_job
+from dueflow.records.timer_record import spread_of
+from dueflow.rules.wheel import WheelGeometry, place_timer, shard_for
 from tests.conftest import KafkaCluster
 from tests.integration.records import headers_of, read_all
 
@@ -103,7 +103,7 @@ def test_a_job_scheduled_without_the_sdk_is_a_valid_dueflow_timer(
     settings: Settings, delay_ms: int
 ) -> None:
     ns = example_namespace()
-    with (ROOT / "schemas" / "job.avsc").open() as f:
+    with (ROOT / "schemas" / "dueflow" / "schemas" / "job.avsc").open() as f:
         schema = fastavro.parse_schema(json.load(f))
     producer = Producer(
         {"bootstrap.servers": settings.bootstrap, "acks": "all", "enable.idempotence": True}

@@ -27,19 +27,19 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from dueflow import headers as hdr
+from dueflow.apps.ops.dlq import read_dead_letters
 from dueflow.broker.ports import free_port
 from dueflow.config import Settings
-from dueflow.control import decode_control
 from dueflow.errors import DueflowError, UndecodableRecord
+from dueflow.kafka.reading import ops_consumer
+from dueflow.kafka.topics import names
 from dueflow.model import Job
-from dueflow.ops.dlq import read_dead_letters
-from dueflow.ops.reading import ops_consumer
 from dueflow.producers.scheduler import Scheduler
-from dueflow.queue_registry import decode_queue
 from dueflow.reasons import DEAD_LETTER_REASONS, QUARANTINE_REASONS, reason_label
-from dueflow.schemas import codec
-from dueflow.schemas.fast import decode_key_state
-from dueflow.topics import names
+from dueflow.records import codec
+from dueflow.records.fast import decode_key_state
+from dueflow.records.pause_command import decode_control
+from dueflow.records.queue_registry import decode_queue
 from tests.chaos.ledger import Ledger
 from tests.conftest import KafkaCluster
 from tests.integration.status_support import start_view

@@ -17,15 +17,15 @@ from typing import Any
 import pytest
 
 from dueflow import headers as hdr
-from dueflow.clients import make_producer
 from dueflow.config import Settings
 from dueflow.consumers import TaskContext, TaskRegistry, task
 from dueflow.consumers.testing import ExecWriter, exec_headers, make_job
 from dueflow.errors import PermanentJobError
-from dueflow.metrics import Metrics
-from dueflow.schemas import codec
-from dueflow.schemas.fast import decode_key_state
-from dueflow.topics import names
+from dueflow.kafka.clients import make_producer
+from dueflow.kafka.topics import names
+from dueflow.observability.metrics import Metrics
+from dueflow.records import codec
+from dueflow.records.fast import decode_key_state
 from tests.conftest import KafkaCluster
 from tests.integration import worker_app
 from tests.integration.worker_support import (
@@ -570,7 +570,7 @@ def test_attempts_and_the_dead_letter_are_spans_of_the_job_trace(
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from dueflow.tracing import JobTracer
+    from dueflow.observability.tracing import JobTracer
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

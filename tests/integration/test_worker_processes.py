@@ -22,9 +22,9 @@ from confluent_kafka.admin import AdminClient
 from dueflow import headers as hdr
 from dueflow.config import Settings, load_settings
 from dueflow.consumers.testing import ExecWriter, make_job
+from dueflow.kafka.topics import names
 from dueflow.model import Backoff, BackoffKind
-from dueflow.schemas.fast import decode_key_state
-from dueflow.topics import names
+from dueflow.records.fast import decode_key_state
 from tests.conftest import KafkaCluster
 from tests.integration.worker_support import (
     Ledger,

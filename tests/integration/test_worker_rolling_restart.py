@@ -16,7 +16,7 @@ from collections import Counter
 import pytest
 
 from dueflow.consumers.testing import ExecWriter, make_job
-from dueflow.topics import names
+from dueflow.kafka.topics import names
 from tests.integration.test_worker_processes import (
     QUEUE,
     Processes,

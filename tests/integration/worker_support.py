@@ -14,14 +14,14 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from dueflow.clients import make_admin
 from dueflow.config import Settings
 from dueflow.consumers.registry import TaskRegistry
 from dueflow.consumers.worker import Worker
-from dueflow.metrics import Metrics
-from dueflow.topic_admin import TopicAdmin
-from dueflow.topics import topic_layout
-from dueflow.tracing import JobTracer
+from dueflow.kafka.clients import make_admin
+from dueflow.kafka.topic_admin import TopicAdmin
+from dueflow.kafka.topics import topic_layout
+from dueflow.observability.metrics import Metrics
+from dueflow.observability.tracing import JobTracer
 
 # What a worker reads and writes. Not the timer topic: its hundreds of wheel
 # partitions cost the test broker file handles that no worker test uses.
@@ -238,6 +238,6 @@ def _caught_up(consumer: Consumer, topic: str, partition: int) -> bool:
 
 
 def outcomes_of(records: list[Record]) -> list[dict[str, Any]]:
-    from dueflow.schemas import codec
+    from dueflow.records import codec
 
     return [codec.decode("outcome", r.value) for r in records if r.value is not None]

@@ -16,12 +16,12 @@ from typing import Any
 
 import orjson
 
-from dueflow.clients import make_admin
 from dueflow.config import Settings
-from dueflow.metrics import Metrics
+from dueflow.kafka.clients import make_admin
+from dueflow.kafka.topic_admin import TopicAdmin
+from dueflow.kafka.topics import topic_layout
+from dueflow.observability.metrics import Metrics
 from dueflow.streams.emitter.process import EmitterProcess
-from dueflow.topic_admin import TopicAdmin
-from dueflow.topics import topic_layout
 
 # A wheel that turns in seconds: levels of 0.8 s, 4 s and 12 s per rotation.
 SMALL_WHEEL: dict[str, Any] = {

@@ -11,12 +11,12 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from dueflow import cron_time
 from dueflow import headers as hdr
 from dueflow.config import Settings
-from dueflow.cron import CronSchedule
-from dueflow.schemas import codec
-from dueflow.topics import names
+from dueflow.kafka.topics import names
+from dueflow.records import codec
+from dueflow.rules import cron_time
+from dueflow.rules.cron import CronSchedule
 
 
 def put_schedule(producer: Producer, settings: Settings, schedule: CronSchedule) -> None:

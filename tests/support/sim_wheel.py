@@ -18,12 +18,12 @@ from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, KafkaError, Message, Topi
 
 from dueflow import headers as hdr
 from dueflow.config import Settings
-from dueflow.drain import Checkpoint
-from dueflow.metrics import Metrics
+from dueflow.kafka.topics import names
+from dueflow.observability.metrics import Metrics
+from dueflow.rules.drain import Checkpoint
+from dueflow.rules.wheel import place_timer
 from dueflow.streams.emitter.drainer import WheelDrainer
 from dueflow.streams.emitter.queues import QueueTopics
-from dueflow.topics import names
-from dueflow.wheel import place_timer
 
 
 @dataclass

@@ -19,10 +19,10 @@ from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from dueflow import headers as hdr
 from dueflow.config import Settings
+from dueflow.kafka.topics import names
 from dueflow.model import Job
-from dueflow.schemas import codec
-from dueflow.topics import names
-from dueflow.wheel import place_timer, shard_for
+from dueflow.records import codec
+from dueflow.rules.wheel import place_timer, shard_for
 
 
 def now_ms() -> int:

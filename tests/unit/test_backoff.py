@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dueflow.backoff import WHEEL, choose_tier, compute_backoff, retry_route
 from dueflow.errors import InvalidInput
 from dueflow.model import Backoff, BackoffKind
+from dueflow.rules.backoff import WHEEL, choose_tier, compute_backoff, retry_route
 
 TIERS = (1_000, 10_000, 60_000)
 EXP = Backoff(BackoffKind.EXPONENTIAL, base_ms=1_000, max_ms=30_000, multiplier=2.0, jitter=False)

@@ -27,9 +27,9 @@ from dueflow.broker.security import (
     scram_jaas_config,
     write_private,
 )
-from dueflow.clients import security_hint
 from dueflow.config import load_settings
 from dueflow.errors import BrokerError
+from dueflow.kafka.clients import security_hint
 
 STORE, BROKER, CLIENT = "store-Pw-1111", "broker-Pw-2222", "client-Pw-3333"
 FILES = SecurityFiles(Path("/state/security"))

@@ -18,13 +18,13 @@ from hypothesis import strategies as st
 
 from dueflow.errors import ConflictError, DueflowError, InvalidInput
 from dueflow.ids import uuid7_hex, uuid7_time_ms
-from dueflow.job_request import JobRequest
 from dueflow.producers.bulk import BulkRun
 from dueflow.producers.bulk_plan import BulkPlanner
 from dueflow.producers.core import JobIds, PlannedTimer, TimerPlanner
 from dueflow.producers.recent import RecentJobs
 from dueflow.producers.results import Scheduled
-from dueflow.schemas.codec import decode
+from dueflow.records.codec import decode
+from dueflow.records.job_request import JobRequest
 from tests.unit.test_planner import NOW, PLAIN, SETTINGS
 
 
@@ -110,7 +110,7 @@ def test_value_reads_back_with_fastavro() -> None:
     bulk = BulkPlanner(planner())
     plan = bulk.plan(JobRequest("send_email", {"to": "a@b"}, delay=30, max_attempts=2), NOW)
     assert not isinstance(plan, Scheduled)
-    job = decode("job", plan[7])  # fastavro with schemas/job.avsc
+    job = decode("job", plan[7])  # fastavro with schemas/dueflow/schemas/job.avsc
     assert job["job_id"] == plan[0]
     assert (job["task"], job["payload"], job["due_ms"]) == (
         "send_email",

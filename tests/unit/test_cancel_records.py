@@ -4,9 +4,9 @@ import pytest
 
 from dueflow import headers as hdr
 from dueflow.errors import InvalidInput
+from dueflow.kafka.topics import TopicNames
 from dueflow.producers.cancel import cancel_records
-from dueflow.schemas import codec
-from dueflow.topics import TopicNames
+from dueflow.records import codec
 
 
 def test_cancel_writes_idempotency_state_and_outcome() -> None:
@@ -54,7 +54,7 @@ def test_cancel_rejects_empty_ids(job_id: str, key: str, field: str) -> None:
 
 
 def test_with_the_partition_count_an_occurrence_goes_to_its_schedules_partition_too() -> None:
-    from dueflow.partitioning import partition_for_key
+    from dueflow.rules.partitioning import partition_for_key
 
     plain = cancel_records(
         names=TopicNames("df"), job_id="j", queue="q", idempotency_key="k", at_ms=0, partitions=8

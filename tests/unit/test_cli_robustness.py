@@ -12,10 +12,9 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 import dueflow
-from dueflow.cli import main as cli
-from dueflow.cli import schedule_cmd
-from dueflow.cli.common import bootstrap_source
-from dueflow.clients import ClientLog, client_scope, log_line_key, make_producer
+from dueflow.apps.cli import main as cli
+from dueflow.apps.cli import schedule_cmd
+from dueflow.apps.cli.common import bootstrap_source
 from dueflow.config import load_settings
 from dueflow.errors import (
     ConflictError,
@@ -24,6 +23,7 @@ from dueflow.errors import (
     KafkaOperationError,
     WorkerStartupFailed,
 )
+from dueflow.kafka.clients import ClientLog, client_scope, log_line_key, make_producer
 
 UNREACHABLE = "127.0.0.1:1"
 
@@ -262,7 +262,7 @@ def test_clients_in_a_scope_print_no_librdkafka_lines(capfd: pytest.CaptureFixtu
 
 def test_no_scope_no_change() -> None:
     """Library use and long-running processes: clients get no logger of dueflow's."""
-    from dueflow.clients import _scoped
+    from dueflow.kafka.clients import _scoped
 
     settings = load_settings(env={}, overrides={"bootstrap": UNREACHABLE})
     assert "logger" not in _scoped(settings, {"bootstrap.servers": UNREACHABLE})

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from dueflow.cli.main import EXIT_UNREACHABLE, build_parser, main
+from dueflow.apps.cli.main import EXIT_UNREACHABLE, build_parser, main
 
 UNREACHABLE = "127.0.0.1:1"
 LIMIT_S = 5.0
@@ -31,7 +31,7 @@ SAMPLE = {
     "schedule_id": "s1",
     "cron": "0 3 * * *",
     "tz": "UTC",
-    "app": "dueflow.demo.tasks",
+    "app": "demo.tasks",
     "queue": "default",
     "ref": "0:0",
     "topic": "dueflow.exec.default",
@@ -181,9 +181,9 @@ def test_verbose_shows_the_client_lines_and_the_traceback(
 
 def test_a_service_waits_for_a_cluster_that_comes_up() -> None:
     # A worker started beside a broker that is restarting waits for it, saying so once.
-    from dueflow.clients import wait_for_cluster
     from dueflow.config import load_settings
     from dueflow.errors import ClusterUnreachable
+    from dueflow.kafka.clients import wait_for_cluster
 
     answers = iter([False, False, False, True])
     said: list[str] = []
@@ -203,9 +203,9 @@ def test_a_service_waits_for_a_cluster_that_comes_up() -> None:
 
 def test_a_service_does_not_wait_for_a_cluster_that_refuses_it() -> None:
     # A wrong password stays wrong: the SASL refusal ends the wait at once.
-    from dueflow.clients import wait_for_cluster
     from dueflow.config import load_settings
     from dueflow.errors import ClusterUnreachable
+    from dueflow.kafka.clients import wait_for_cluster
 
     calls: list[int] = []
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dueflow.cluster_view import (
+from dueflow.config import QueueSpec, Settings
+from dueflow.kafka.cluster_view import (
     ClusterSnapshot,
     GroupMember,
     RecordCount,
@@ -13,9 +14,8 @@ from dueflow.cluster_view import (
     pending_timers,
     ranges_to_count,
 )
-from dueflow.config import QueueSpec, Settings
-from dueflow.partitioning import murmur2, partition_for_key
-from dueflow.wheel import NEAR_LEVEL, WheelGeometry, WheelLevel
+from dueflow.rules.partitioning import murmur2, partition_for_key
+from dueflow.rules.wheel import NEAR_LEVEL, WheelGeometry, WheelLevel
 
 GEO = WheelGeometry(
     levels=(WheelLevel(8, 1000), WheelLevel(4, 4000)),

@@ -6,7 +6,7 @@ import pytest
 
 from dueflow.config import QueueSpec, Settings, load_settings
 from dueflow.errors import ConfigError
-from dueflow.wheel import WheelLevel
+from dueflow.rules.wheel import WheelLevel
 
 
 def test_defaults_are_valid() -> None:

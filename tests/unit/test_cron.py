@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from dueflow.cron import CronExpr, next_fire, occurrences, parse_cron, zone
-from dueflow.cron_time import zone_suggestions
 from dueflow.errors import InvalidInput
+from dueflow.rules.cron import CronExpr, next_fire, occurrences, parse_cron, zone
+from dueflow.rules.cron_time import zone_suggestions
 
 
 def utc(text: str) -> int:

@@ -10,8 +10,10 @@ from confluent_kafka import Message
 
 from dueflow import headers as hdr
 from dueflow.config import load_settings
-from dueflow.cron import CronSchedule, MisfirePolicy, OverlapPolicy, occurrence_jitter_ms
-from dueflow.cron_occurrence import (
+from dueflow.model import Job
+from dueflow.observability.metrics import Metrics
+from dueflow.records import codec
+from dueflow.records.cron_occurrence import (
     CronState,
     Verdict,
     occurrence_id,
@@ -20,11 +22,9 @@ from dueflow.cron_occurrence import (
     occurrence_verdict,
     placement_needed,
 )
-from dueflow.metrics import Metrics
-from dueflow.model import Job
-from dueflow.schemas import codec
+from dueflow.rules.cron import CronSchedule, MisfirePolicy, OverlapPolicy, occurrence_jitter_ms
+from dueflow.rules.wheel import WheelGeometry
 from dueflow.streams.emitter.cron_keeper import CronKeeper
-from dueflow.wheel import WheelGeometry
 
 NOW = 1_800_000_000_000  # 2027-01-15T08:00:00Z
 GEO = WheelGeometry().validate()
@@ -228,7 +228,7 @@ def test_occurrences_of_a_schedule_with_an_overlap_policy_go_to_its_partition(
 ) -> None:
     """Every occurrence (missed ones too) on the partition of the schedule id, with the
     policy in its headers: one worker sees them all."""
-    from dueflow.partitioning import partition_for_key
+    from dueflow.rules.partitioning import partition_for_key
 
     sch = _schedule(cron="*/10 * * * *", timezone="UTC", misfire=MisfirePolicy.FIRE_ALL)
     sch = replace(sch, overlap=policy)

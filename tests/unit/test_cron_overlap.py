@@ -11,9 +11,9 @@ from dueflow.consumers.feeds import Delivery, PartitionFeed
 from dueflow.consumers.lifecycle import FeedState
 from dueflow.consumers.overlap import OverlapGuard
 from dueflow.consumers.store import MemoryKeyStore
-from dueflow.cron_overlap import Admission, OverlapPolicy, admit_occurrence, exec_partition
-from dueflow.partitioning import partition_for_key
-from dueflow.schemas.fast import F_SCHEDULE_ID
+from dueflow.records.fast import F_SCHEDULE_ID
+from dueflow.rules.cron_overlap import Admission, OverlapPolicy, admit_occurrence, exec_partition
+from dueflow.rules.partitioning import partition_for_key
 
 
 @pytest.mark.parametrize(

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from dueflow.cron import CronSchedule, MisfirePolicy, first_occurrence, next_occurrence
 from dueflow.errors import InvalidInput
 from dueflow.model import Backoff, BackoffKind
-from dueflow.schemas import codec
+from dueflow.records import codec
+from dueflow.rules.cron import CronSchedule, MisfirePolicy, first_occurrence, next_occurrence
 
 
 def utc(text: str) -> int:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dueflow.deadline import expired, job_deadline, moved_deadline
 from dueflow.errors import InvalidInput
+from dueflow.rules.deadline import expired, job_deadline, moved_deadline
 
 DUE = 1_900_000_000_000
 

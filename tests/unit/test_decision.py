@@ -17,7 +17,7 @@ from dueflow.consumers.feeds import Delivery, PartitionFeed
 from dueflow.consumers.overlap import OverlapGuard
 from dueflow.consumers.store import CANCELLED, DEAD, DONE, MemoryKeyStore, retried, skips
 from dueflow.reasons import UNDECODABLE
-from dueflow.schemas.fast import F_DUE_MS, F_SCHEDULE_ID
+from dueflow.records.fast import F_DUE_MS, F_SCHEDULE_ID
 
 KEY = b"order-7"
 NOW = 1_000_000

@@ -12,13 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from dueflow.config import load_settings
-from dueflow.cron import first_occurrence
-from dueflow.cron_schedule import CronSchedule
-from dueflow.demo.ledger import Attempt, LedgerReader, LedgerView, LedgerWriter
-from dueflow.demo.observer import Tally
-from dueflow.demo.summary import Failover, percentiles, summarize
-from dueflow.demo.workload import (
+from demo.ledger import Attempt, LedgerReader, LedgerView, LedgerWriter
+from demo.observer import Tally
+from demo.summary import Failover, percentiles, summarize
+from demo.workload import (
     CRON_PLANS,
     POISON_ID,
     SHORT,
@@ -28,8 +25,11 @@ from dueflow.demo.workload import (
     job_ids,
     plan_waves,
 )
+from dueflow.config import load_settings
 from dueflow.errors import InvalidInput
-from dueflow.job_request import JobRules, prepare_job
+from dueflow.records.job_request import JobRules, prepare_job
+from dueflow.rules.cron import first_occurrence
+from dueflow.rules.cron_schedule import CronSchedule
 
 SETTINGS = load_settings(env={}, overrides={"queues": "emails:6,reports:3"})
 
@@ -138,7 +138,7 @@ def test_the_ledger_counts_effects_per_key_across_process_files(tmp_path: Path) 
     a.record(key="k2", task="t", attempt=1, due_ms=20, started_ms=22, ok=True)
     # Another process (a file of its own) applies k2 again: a duplicate effect.
     code = (
-        "from pathlib import Path; from dueflow.demo.ledger import LedgerWriter; "
+        "from pathlib import Path; from demo.ledger import LedgerWriter; "
         f"LedgerWriter(Path({str(tmp_path)!r})).record("
         "key='k2', task='t', attempt=1, due_ms=20, started_ms=30, ok=True)"
     )

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dueflow.metrics import MetricFamily, Metrics
+from dueflow.observability.metrics import MetricFamily, Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dueflow.drain import (
+from dueflow.rules.drain import (
     Checkpoint,
     already_handled,
     cascade_ready_ms,
@@ -21,9 +21,9 @@ from dueflow.drain import (
     read_ahead_ms,
     skew_tolerance_ms,
 )
-from dueflow.open_offsets import OpenOffsets
-from dueflow.token_bucket import TokenBucket
-from dueflow.wheel import NEAR_LEVEL, WheelGeometry, WheelLevel, place_timer
+from dueflow.rules.open_offsets import OpenOffsets
+from dueflow.rules.token_bucket import TokenBucket
+from dueflow.rules.wheel import NEAR_LEVEL, WheelGeometry, WheelLevel, place_timer
 
 GEO = WheelGeometry().validate()
 SMALL = WheelGeometry(

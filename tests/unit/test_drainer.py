@@ -15,11 +15,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from dueflow import headers as hdr
 from dueflow.config import load_settings
-from dueflow.metrics import Metrics
+from dueflow.kafka.topics import names
+from dueflow.observability.metrics import Metrics
+from dueflow.observability.tracing import JobTracer
+from dueflow.rules.wheel import NEAR_LEVEL
 from dueflow.streams.emitter.drainer import WheelDrainer
-from dueflow.topics import names
-from dueflow.tracing import JobTracer
-from dueflow.wheel import NEAR_LEVEL
 from tests.support.sim_wheel import SimWheel, Stored
 
 SETTINGS = load_settings(

@@ -7,7 +7,7 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dueflow.due_queue import DueQueue
+from dueflow.rules.due_queue import DueQueue
 
 
 @given(

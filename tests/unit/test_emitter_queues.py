@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from dueflow.config import QueueSpec, load_settings
-from dueflow.queue_registry import encode_queue
+from dueflow.records.queue_registry import encode_queue
 from dueflow.streams.emitter.queues import EmitterQueues, QueueTopics
 from tests.support.sim_wheel import SimWheel
 

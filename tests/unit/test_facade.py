@@ -77,7 +77,7 @@ def test_mypy_sees_the_real_classes_not_any(tmp_path: Path) -> None:
     )
     lines = out.splitlines()
     assert f'{use}:4: note: Revealed type is "dueflow.producers.scheduler.Scheduler"' in lines
-    assert f'{use}:5: note: Revealed type is "dueflow.job_request.JobRequest"' in lines
+    assert f'{use}:5: note: Revealed type is "dueflow.records.job_request.JobRequest"' in lines
     assert f'{use}:6: note: Revealed type is "dueflow.testing.pipeline.InMemoryPipeline"' in lines
     assert any(
         line.startswith(f"{use}:7: note: Revealed type is") and "Overload(" in line

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from dueflow.errors import UndecodableRecord
 from dueflow.model import Backoff, BackoffKind, Job
-from dueflow.schemas import codec, fast
+from dueflow.records import codec, fast
 
 texts = st.text(max_size=40)
 longs = st.integers(min_value=-(2**63), max_value=2**63 - 1)

@@ -22,14 +22,14 @@ from dueflow.config import load_settings
 from dueflow.consumers.context import TaskContext
 from dueflow.consumers.follow_ups import Attempt, FollowUpPlanner, KnownQueues, attempt_open
 from dueflow.errors import DueflowError, InvalidInput
-from dueflow.follow_up import follow_up_key, place_follow_up, plan_follow_up
-from dueflow.job_request import MAX_DUE_MS, MAX_NAME_CHARS, JobRequest, JobRules
+from dueflow.kafka.topics import names
 from dueflow.producers.core import JobIds, PlannedTimer, TimerPlanner
 from dueflow.producers.recent import RecentJobs
-from dueflow.schemas import codec
-from dueflow.timer_record import TimerPlacer, spread_of
-from dueflow.topics import names
-from dueflow.wheel import place_timer
+from dueflow.records import codec
+from dueflow.records.follow_up import follow_up_key, place_follow_up, plan_follow_up
+from dueflow.records.job_request import MAX_DUE_MS, MAX_NAME_CHARS, JobRequest, JobRules
+from dueflow.records.timer_record import TimerPlacer, spread_of
+from dueflow.rules.wheel import place_timer
 
 SETTINGS = load_settings(env={}, overrides={"queues": "default,billing"})
 RULES = JobRules.from_settings(SETTINGS)
@@ -384,7 +384,7 @@ def test_a_traced_attempts_follow_up_is_a_child_of_the_attempts_span() -> None:
 
     from dueflow.consumers.follow_ups import Attempt, FollowUpPlanner
     from dueflow.consumers.spans import start_attempt
-    from dueflow.tracing import JobTracer
+    from dueflow.observability.tracing import JobTracer
 
     parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     tracer = JobTracer(TracerProvider())

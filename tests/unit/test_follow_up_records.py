@@ -25,14 +25,14 @@ from dueflow.consumers.follow_ups import FollowUpPlanner
 from dueflow.consumers.recorder import BatchRecorder
 from dueflow.consumers.store import MemoryKeyStore
 from dueflow.consumers.testing import exec_headers, make_job
-from dueflow.drain import classify_timer
 from dueflow.errors import DueflowError
-from dueflow.metrics import Metrics
-from dueflow.schemas import codec
-from dueflow.timer_record import spread_of
-from dueflow.topics import names
-from dueflow.tracing import JobTracer
-from dueflow.wheel import place_timer
+from dueflow.kafka.topics import names
+from dueflow.observability.metrics import Metrics
+from dueflow.observability.tracing import JobTracer
+from dueflow.records import codec
+from dueflow.records.timer_record import spread_of
+from dueflow.rules.drain import classify_timer
+from dueflow.rules.wheel import place_timer
 
 SETTINGS = load_settings(
     env={}, overrides={"queues": [{"name": "jobs", "partitions": 6, "retry_tiers_ms": [200, 500]}]}

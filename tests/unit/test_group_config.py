@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer
 
-from dueflow.clients import consumer_config
 from dueflow.config import Settings, WorkerSettings
-from dueflow.group_config import incremental, worker_consumer_config, worker_group_configs
+from dueflow.kafka.clients import consumer_config
+from dueflow.kafka.group_config import incremental, worker_consumer_config, worker_group_configs
 
 
 def test_the_default_is_kip848_with_the_brokers_co_partitioning_range_assignor() -> None:

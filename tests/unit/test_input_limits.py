@@ -19,16 +19,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dueflow.cli.main import main
+from dueflow.apps.cli.main import main
 from dueflow.consumers.registry import TaskSpec
 from dueflow.errors import InvalidInput
-from dueflow.job_request import MAX_DUE_MS, MAX_INT32, MAX_LONG, JobRequest
 from dueflow.producers.bulk import BulkRun
 from dueflow.producers.bulk_plan import BulkPlanner
 from dueflow.producers.core import PlannedTimer
 from dueflow.producers.results import Scheduled
 from dueflow.producers.schedules import schedule_fields
-from dueflow.schemas.codec import decode
+from dueflow.records.codec import decode
+from dueflow.records.job_request import MAX_DUE_MS, MAX_INT32, MAX_LONG, JobRequest
 from dueflow.task_name import is_task_name
 from tests.unit.test_bulk_plan import FakeProducer, counting_bytes, planner
 from tests.unit.test_planner import NOW, SETTINGS

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dueflow.errors import InvalidInput
-from dueflow.jitter import MAX_WINDOW_MS, deterministic_jitter_ms, occurrence_jitter_ms
+from dueflow.rules.jitter import MAX_WINDOW_MS, deterministic_jitter_ms, occurrence_jitter_ms
 
 GOLDEN = [
     ("a", 1_000, 619),
@@ -39,7 +39,7 @@ def test_golden_values_never_change(seed: str, window: int, expected: int) -> No
 
 def test_stable_across_processes_with_different_hash_seeds() -> None:
     code = (
-        "from dueflow.jitter import deterministic_jitter_ms as j;"
+        "from dueflow.rules.jitter import deterministic_jitter_ms as j;"
         "print(j('nightly-report@1714557600000', 30000), hash('x'))"
     )
     outputs = [

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dueflow.job_request import JobRequest, JobRules, prepare_job
 from dueflow.model import Backoff, BackoffKind, Job
-from dueflow.schemas import codec
-from dueflow.schemas.job_binary import encode_job, encode_plain_job, job_values
-from dueflow.schemas.varint import varint
+from dueflow.records import codec
+from dueflow.records.job_binary import encode_job, encode_plain_job, job_values
+from dueflow.records.job_request import JobRequest, JobRules, prepare_job
+from dueflow.records.varint import varint
 
 LONG = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 INT = st.integers(min_value=-(2**31), max_value=2**31 - 1)

@@ -13,8 +13,8 @@ from dueflow.consumers import TaskContext, TaskRegistry, task
 from dueflow.consumers.execution import HandlerThreads, JobExecutor
 from dueflow.consumers.failures import Failure
 from dueflow.errors import PermanentJobError
-from dueflow.metrics import Metrics
 from dueflow.model import Job
+from dueflow.observability.metrics import Metrics
 
 JOB = Job("j", "q", "t", b"null", 0, "k", 0)
 FIELDS = tuple(getattr(JOB, f) for f in Job.__slots__)

@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dueflow.errors import InvalidInput
-from dueflow.jitter import deterministic_jitter_ms
-from dueflow.job_request import (
+from dueflow.model import Backoff, BackoffKind
+from dueflow.records.job_request import (
     JobRequest,
     JobRules,
     PreparedJob,
@@ -20,7 +20,7 @@ from dueflow.job_request import (
     parse_backoff,
     prepare_job,
 )
-from dueflow.model import Backoff, BackoffKind
+from dueflow.rules.jitter import deterministic_jitter_ms
 
 NOW = 1_800_000_000_000
 RULES = JobRules(frozenset({"default", "billing"}), default_max_attempts=5)

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from dueflow.cli.status_cmd import UNKNOWN, render_job
-from dueflow.job_status import JobStatus, job_status
+from dueflow.apps.cli.status_cmd import UNKNOWN, render_job
+from dueflow.rules.job_status import JobStatus, job_status
 
 T = 1_900_000_000_000
 

@@ -7,7 +7,7 @@ import pickle
 import pytest
 
 from dueflow.config import Settings, load_settings
-from dueflow.kafka_settings import REDACTED, KafkaSettings, is_secret, redacted
+from dueflow.kafka.kafka_settings import REDACTED, KafkaSettings, is_secret, redacted
 
 PASSWORD = "hunter2-Very-Secret-9f3a"
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-from dueflow import logs
+from dueflow.observability import logs
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from dueflow.metrics import Metrics, observe_ages, render, serve
+from dueflow.observability.metrics import Metrics, observe_ages, render, serve
 
 _NAME = re.compile(r"^dueflow_[a-z0-9_]+$")
 
@@ -66,7 +66,7 @@ def test_serve_exposes_the_registry() -> None:
 _MULTI = textwrap.dedent(
     """
     import multiprocessing, sys, urllib.request
-    from dueflow.metrics import Metrics, enable_multiprocess, process_exited, serve
+    from dueflow.observability.metrics import Metrics, enable_multiprocess, process_exited, serve
 
     def child(n):
         m = Metrics()

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dueflow.cron import (
+from dueflow.errors import InvalidInput
+from dueflow.rules.cron import (
     CronSchedule,
     MisfirePolicy,
     fire_time_ms,
@@ -17,7 +18,6 @@ from dueflow.cron import (
     next_occurrence,
     occurrences,
 )
-from dueflow.errors import InvalidInput
 
 H = 3_600_000
 S = 1_000

@@ -12,13 +12,18 @@ import orjson
 import pytest
 
 from dueflow import headers as hdr
-from dueflow.blocking import ClientWedged, DaemonThreadExecutor, abandon, call_with_deadline
-from dueflow.control import QueueControl, decode_control, encode_control, paused_queues
+from dueflow.apps.ops.bounds import Bound, parse_bound, parse_time
+from dueflow.apps.ops.dlq import DeadLetterEntry, DlqFilter, latest_per_key, parse_ref
+from dueflow.apps.ops.redrive import redrive_headers, redrive_verdict
+from dueflow.apps.ops.replay import replay_headers
 from dueflow.errors import InvalidInput, UndecodableRecord
-from dueflow.ops.bounds import Bound, parse_bound, parse_time
-from dueflow.ops.dlq import DeadLetterEntry, DlqFilter, latest_per_key, parse_ref
-from dueflow.ops.redrive import redrive_headers, redrive_verdict
-from dueflow.ops.replay import replay_headers
+from dueflow.kafka.blocking import ClientWedged, DaemonThreadExecutor, abandon, call_with_deadline
+from dueflow.records.pause_command import (
+    QueueControl,
+    decode_control,
+    encode_control,
+    paused_queues,
+)
 
 NOW = 1_700_000_000_000
 

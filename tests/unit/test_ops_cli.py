@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dueflow.cli.main import build_parser, main
+from dueflow.apps.cli.main import build_parser, main
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 OPS_DOC = Path(__file__).resolve().parents[2] / "docs" / "operations.md"

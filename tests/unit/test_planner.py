@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 
 from dueflow.config import load_settings
 from dueflow.errors import ConflictError, DueflowError
-from dueflow.job_request import JobRequest
 from dueflow.producers.core import JobIds, PlannedTimer, TimerPlanner
 from dueflow.producers.recent import RecentJobs
 from dueflow.producers.results import Scheduled
+from dueflow.records.job_request import JobRequest
 
 # Routes: a job without a queue goes by its task (to a queue that exists, or not).
 SETTINGS = load_settings(

@@ -9,14 +9,14 @@ import pytest
 from dueflow import headers as hdr
 from dueflow.config import QueueSpec
 from dueflow.errors import UndecodableRecord, UnknownQueue
-from dueflow.queue_registry import (
+from dueflow.records import codec
+from dueflow.records.queue_registry import (
     QueueCatalog,
     QueueConflict,
     decode_queue,
     encode_queue,
     merge_queues,
 )
-from dueflow.schemas import codec
 
 NOW = 1_800_000_000_000
 SCHEMA = [(hdr.SCHEMA, b"dueflow.Queue/1")]

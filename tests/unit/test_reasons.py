@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dueflow import reasons
-from dueflow.drain import classify_timer
+from dueflow.rules.drain import classify_timer
 
 ROOT = Path(__file__).resolve().parents[2]
 WIRE_FORMAT = ROOT / "docs" / "wire-format.md"
@@ -38,7 +38,7 @@ def _package_files() -> list[Path]:
 
 def test_the_documented_dead_letter_reasons_are_the_code_s_and_the_schema_s() -> None:
     assert _documented("Dead letters.") == list(reasons.DEAD_LETTER_REASONS)
-    schema = json.loads((ROOT / "schemas" / "dead_letter.avsc").read_text())
+    schema = json.loads((ROOT / "schemas" / "dueflow" / "schemas" / "dead_letter.avsc").read_text())
     (field,) = [f for f in schema["fields"] if f["name"] == "reason"]
     assert field["type"]["symbols"] == list(reasons.DEAD_LETTER_REASONS)
 

@@ -9,15 +9,15 @@ from typing import Any
 import pytest
 
 from dueflow import headers as hdr
+from dueflow.kafka.topics import TopicNames
 from dueflow.model import Job
 from dueflow.producers.rescheduling import moved_timer, refusal, reschedule_records
 from dueflow.producers.targets import Target
-from dueflow.reschedule import MARK, key_of, reschedule_key, superseded
-from dueflow.schemas import codec
-from dueflow.schemas.fast import decode_job, decode_key_record
-from dueflow.timer_record import TimerPlacer, timer_record
-from dueflow.topics import TopicNames
-from dueflow.wheel import WheelGeometry
+from dueflow.records import codec
+from dueflow.records.fast import decode_job, decode_key_record
+from dueflow.records.reschedule import MARK, key_of, reschedule_key, superseded
+from dueflow.records.timer_record import TimerPlacer, timer_record
+from dueflow.rules.wheel import WheelGeometry
 
 T = 1_900_000_000_000
 TARGET = Target(
@@ -76,7 +76,7 @@ def test_the_rule_for_a_delivery(run_only: int | None, job_due: int, skipped: bo
 
 
 def test_the_reschedule_record_has_a_key_of_its_own_on_the_keys_partition() -> None:
-    from dueflow.partitioning import partition_for_key
+    from dueflow.rules.partitioning import partition_for_key
 
     record, outcome = reschedule_records(
         TopicNames("df"), TARGET, due_ms=T + 1_800_000, at_ms=T, partitions=6

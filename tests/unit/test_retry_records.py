@@ -31,14 +31,14 @@ from dueflow.consumers.store import (
     state_of,
 )
 from dueflow.consumers.testing import exec_headers, make_job
-from dueflow.drain import classify_timer
-from dueflow.metrics import Metrics
+from dueflow.kafka.topics import names
 from dueflow.model import Backoff, BackoffKind
-from dueflow.schemas import codec, fast
-from dueflow.timer_record import TimerPlacer, retry_timer
-from dueflow.topics import names
-from dueflow.tracing import JobTracer
-from dueflow.wheel import place_timer
+from dueflow.observability.metrics import Metrics
+from dueflow.observability.tracing import JobTracer
+from dueflow.records import codec, fast
+from dueflow.records.timer_record import TimerPlacer, retry_timer
+from dueflow.rules.drain import classify_timer
+from dueflow.rules.wheel import place_timer
 
 SETTINGS = load_settings(
     env={}, overrides={"queues": [{"name": "jobs", "partitions": 6, "retry_tiers_ms": [200, 500]}]}

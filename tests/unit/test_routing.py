@@ -11,10 +11,10 @@ from dueflow.config import load_settings
 from dueflow.consumers import TaskRegistry, task
 from dueflow.consumers.worker import select_queues
 from dueflow.errors import ConfigError, UnknownQueue
-from dueflow.job_request import JobRequest, JobRules
 from dueflow.producers.core import JobIds, PlannedTimer, TimerPlanner
 from dueflow.producers.recent import RecentJobs
-from dueflow.routing import Route, Router, served_queues
+from dueflow.records.job_request import JobRequest, JobRules
+from dueflow.rules.routing import Route, Router, served_queues
 
 ROUTES = (
     ("billing.*", "billing"),

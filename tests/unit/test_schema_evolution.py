@@ -15,7 +15,7 @@ from typing import Any
 import fastavro
 import pytest
 
-from dueflow.schemas import codec
+from dueflow.records import codec
 
 NOW = 1_800_000_000_000
 BACKOFF = {
@@ -139,7 +139,7 @@ RECORDS: dict[str, dict[str, Any]] = {
 def test_every_schema_has_a_first_release_and_a_record_here() -> None:
     root = resources.files("dueflow.schemas")
     for name, (_full, filename, _version) in codec.SCHEMAS.items():
-        assert (root / "v1" / filename).is_file(), f"schemas/v1/{filename} is missing"
+        assert (root / "v1" / filename).is_file(), f"v1/{filename} is missing"
         assert name in RECORDS, f"add a realistic {name} record to this test"
 
 
@@ -216,7 +216,7 @@ def test_a_reader_of_version_1_reads_the_new_outcome_states_as_unknown(state: st
 def test_records_that_need_nothing_new_are_written_as_version_1() -> None:
     """A reader resolves only the versions it knows: what version 1 can hold is written
     as version 1, byte for byte the hand-written encoders' (what workers write)."""
-    from dueflow.schemas import fast
+    from dueflow.records import fast
 
     key = {k: v for k, v in RECORDS["idempotency"].items() if k != "run_only_due_ms"}
     assert codec.encode("idempotency", key, version=1) == fast.encode_key_state(**key)

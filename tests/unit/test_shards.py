@@ -10,16 +10,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dueflow.cluster_view import GroupMember, shard_holders
 from dueflow.config import load_settings
 from dueflow.errors import ConfigError
-from dueflow.metrics import Metrics
+from dueflow.kafka.cluster_view import GroupMember, shard_holders
+from dueflow.kafka.topics import TopicNames, TopicSpec, topic_layout
+from dueflow.observability.metrics import Metrics
+from dueflow.records.timer_record import TimerPlacer
+from dueflow.rules.timer_search import timer_partitions
+from dueflow.rules.wheel import NEAR_LEVEL, WheelGeometry, WheelLevel, place_timer, shard_for
 from dueflow.streams.emitter.housekeeping import PendingTotals
 from dueflow.streams.emitter.shape import shape_problem
-from dueflow.timer_record import TimerPlacer
-from dueflow.timer_search import timer_partitions
-from dueflow.topics import TopicNames, TopicSpec, topic_layout
-from dueflow.wheel import NEAR_LEVEL, WheelGeometry, WheelLevel, place_timer, shard_for
 
 SMALL = WheelGeometry(
     levels=(WheelLevel(8, 100), WheelLevel(8, 500)),

@@ -1,4 +1,4 @@
-"""Who may call the status view: each check of ``streams/status/access.py`` over HTTP
+"""Who may call the status view: each check of :mod:`dueflow.streams.status.access` over HTTP
 (a real aiohttp server on 127.0.0.1), the pure checks as tables, the refusal to bind
 beyond loopback without a token, and no secret in any message."""
 
@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from dueflow.config import ObservabilitySettings, Settings, load_settings
 from dueflow.errors import ConfigError
-from dueflow.metrics import Metrics
+from dueflow.observability.metrics import Metrics
 from dueflow.streams.status.access import (
     StatusAccess,
     check_host,

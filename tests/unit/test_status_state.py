@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from dueflow.streams.status import state
+from dueflow.rules import job_state as state
 
 
 def o(state_: str, at: int, attempt: int = 0, **extra: Any) -> dict[str, Any]:

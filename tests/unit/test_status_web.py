@@ -10,10 +10,10 @@ import faust
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from dueflow.cli.status_cmd import render_job, render_status, status_from_cluster
+from dueflow.apps.cli.status_cmd import render_job, render_status, status_from_cluster
 from dueflow.config import Settings, load_settings
 from dueflow.errors import ConfigError
-from dueflow.metrics import Metrics
+from dueflow.observability.metrics import Metrics
 from dueflow.streams.status.access import StatusAccess
 from dueflow.streams.status.credentials import credentials, faust_broker_options
 from dueflow.streams.status.web import build_web_app

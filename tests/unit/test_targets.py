@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from dueflow.errors import InvalidInput
-from dueflow.job_status import JobStatus
 from dueflow.producers.results import Scheduled
 from dueflow.producers.targets import beyond_retention, resolve_target
+from dueflow.rules.job_status import JobStatus
 
 QUEUES = ("default", "billing", "reports")
 STATUS = JobStatus(

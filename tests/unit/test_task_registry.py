@@ -13,8 +13,8 @@ from dueflow.consumers import TaskContext, TaskRegistry, task
 from dueflow.consumers.registry import TaskSpec, spec_of
 from dueflow.errors import InvalidInput
 from dueflow.model import Backoff, Job
-from dueflow.schemas import codec
-from dueflow.schemas.fast import decode_job_fields
+from dueflow.records import codec
+from dueflow.records.fast import decode_job_fields
 
 
 @task("send-invoice", queue="billing", timeout=30, max_attempts=5, rate_limit=10)

@@ -17,8 +17,8 @@ from dueflow import headers as hdr
 from dueflow.consumers import TaskContext, WorkerInfo, on_failure, on_shutdown, on_startup, task
 from dueflow.consumers.failures import Failure
 from dueflow.errors import DueflowError, WorkerStartupFailed
+from dueflow.kafka.topics import names
 from dueflow.testing import InMemoryPipeline
-from dueflow.topics import names
 
 SEEN: list[tuple[int, str, str | None]] = []
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from dueflow import ConflictError, InvalidInput, task
-from dueflow.cron import occurrence_jitter_ms
+from dueflow.rules.cron import occurrence_jitter_ms
 from dueflow.testing import InMemoryPipeline
 from dueflow.timeutil import format_utc, to_utc_ms
 

@@ -281,7 +281,7 @@ def test_a_rescheduled_job_keeps_its_window() -> None:
 def test_a_schedule_with_an_overlap_policy_fires_on_its_schedules_partition() -> None:
     """In memory one delivery runs at a time, so no occurrence is running when the next
     comes: each runs (a cluster's worker skips or buffers them: tests/integration)."""
-    from dueflow.partitioning import partition_for_key
+    from dueflow.rules.partitioning import partition_for_key
 
     calls: list[Any] = []
     with InMemoryPipeline([recording("t", calls)]) as p:

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from dueflow import PermanentJobError, task
-from dueflow.backoff import compute_backoff
 from dueflow.config import QueueSpec, Settings
 from dueflow.model import Backoff, BackoffKind
+from dueflow.rules.backoff import compute_backoff
 from dueflow.testing import FakeClock, InMemoryPipeline, JobTimeout
 
 T0 = FakeClock().now_ms()

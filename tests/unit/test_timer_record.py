@@ -8,11 +8,11 @@ from hypothesis import strategies as st
 
 from dueflow import headers as hdr
 from dueflow.errors import ConfigError
-from dueflow.job_request import JobRequest, JobRules, prepare_job
 from dueflow.model import Job
-from dueflow.schemas import codec
-from dueflow.timer_record import TimerPlacer, record_size, spread_of, timer_record
-from dueflow.wheel import WheelGeometry, WheelLevel, place_timer
+from dueflow.records import codec
+from dueflow.records.job_request import JobRequest, JobRules, prepare_job
+from dueflow.records.timer_record import TimerPlacer, record_size, spread_of, timer_record
+from dueflow.rules.wheel import WheelGeometry, WheelLevel, place_timer
 
 GEO = WheelGeometry().validate()
 SMALL = WheelGeometry(

@@ -7,8 +7,8 @@ import zlib
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dueflow.timer_search import timer_partitions
-from dueflow.wheel import WheelGeometry, WheelLevel, place_timer
+from dueflow.rules.timer_search import timer_partitions
+from dueflow.rules.wheel import WheelGeometry, WheelLevel, place_timer
 
 GEOMETRIES = [
     WheelGeometry(),

@@ -11,8 +11,8 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import ConfigResource
 
 from dueflow.errors import DueflowError
-from dueflow.topic_admin import TopicAdmin
-from dueflow.topics import TopicSpec
+from dueflow.kafka.topic_admin import TopicAdmin
+from dueflow.kafka.topics import TopicSpec
 
 
 class Entry:

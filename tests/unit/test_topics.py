@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 from dueflow.config import load_settings
-from dueflow.topic_admin import TopicState, compare
-from dueflow.topics import tier_label, topic_layout
+from dueflow.kafka.topic_admin import TopicState, compare
+from dueflow.kafka.topics import tier_label, topic_layout
 
 
 def _by_name(specs: list) -> dict:  # type: ignore[type-arg]

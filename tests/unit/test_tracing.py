@@ -12,9 +12,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from dueflow import headers as hdr
-from dueflow import tracing
 from dueflow.errors import ConfigError
-from dueflow.tracing import JobTracer
+from dueflow.observability import tracing
+from dueflow.observability.tracing import JobTracer
 
 
 @pytest.fixture

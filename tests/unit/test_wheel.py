@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dueflow.errors import ConfigError
-from dueflow.wheel import NEAR_LEVEL, Placement, WheelGeometry, WheelLevel, place_timer
+from dueflow.rules.wheel import NEAR_LEVEL, Placement, WheelGeometry, WheelLevel, place_timer
 
 GEO = WheelGeometry().validate()
 SMALL = WheelGeometry(

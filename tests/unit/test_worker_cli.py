@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from dueflow.cli.main import build_parser
-from dueflow.cli.worker_cmd import worker_settings
+from dueflow.apps.cli.main import build_parser
+from dueflow.apps.cli.worker_cmd import worker_settings
 from dueflow.errors import InvalidInput
 
 

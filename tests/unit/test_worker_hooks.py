@@ -31,7 +31,7 @@ from dueflow.consumers.hooks import (
 )
 from dueflow.consumers.worker import Worker
 from dueflow.errors import InvalidInput, WorkerStartupFailed
-from dueflow.metrics import Metrics
+from dueflow.observability.metrics import Metrics
 from tests.unit import hooks_app
 
 INFO = WorkerInfo("w-1", ("default",), ("hooked",))

@@ -1,0 +1,7 @@
+"""``python -m demo``."""
+
+import sys
+
+from demo.run import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""dueflow's applications: the command line (cli) and the operator tools (ops) it drives."""

@@ -1,0 +1,1 @@
+"""Observability of every dueflow process: Prometheus metrics, OpenTelemetry tracing, JSON logs."""
