@@ -54,7 +54,10 @@ first schedule to the last commit, idle polling included;
 ``raw_cpu_us_per_record`` the same for the baseline's producer and consumer;
 ``watcher_cpu_us_per_job`` the measuring consumer's (not in the total).
 ``broker_jit_cpu_s`` is the part of the local broker's CPU its JIT compiler
-threads took during the measured run.
+threads took during the measured run; ``host_cpu`` the busy and steal shares
+of the whole host's CPU meanwhile (near 1.0 busy: the run measured queueing
+for a core). ``--per-second``: each run's lateness by second of due time
+(``per_run[].per_second``), to tell episodes from a tail everywhere.
 Experiments: ``--emitter``/``--worker KEY=VALUE`` (settings),
 ``--broker KEY=VALUE`` (server properties of the local broker),
 ``--broker-jvm=OPTION`` (its JVM); all are recorded in the result.
@@ -84,7 +87,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from benchmarks.arrivals import take_arrived
-from benchmarks.e2e_result import Measured, combine, run_figures
+from benchmarks.e2e_result import Measured, combine, host_cpu_share, per_second, run_figures
 from benchmarks.output import show
 from benchmarks.produce import plan_records
 from benchmarks.spread import broker_state, describe, spread_rows
@@ -488,6 +491,11 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _host_cpu() -> list[int]:
+    """The host's CPU time so far: the ``cpu`` line of ``/proc/stat`` (clock ticks)."""
+    return [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+
+
 def _jit_cpu_s(pid: int) -> float:
     """CPU seconds of the JVM's JIT compiler threads (``C1/C2 CompilerThread<n>``)."""
     total = 0
@@ -630,6 +638,7 @@ def measure(
         if broker_pid:
             pids["broker"] = broker_pid
         cpu0 = {k: _cpu_s(pid) for k, pid in pids.items()}
+        host0 = _host_cpu()
         jit0 = _jit_cpu_s(broker_pid) if broker_pid else 0.0
         own0 = time.process_time()
         with Scheduler(settings) as scheduler:
@@ -649,6 +658,7 @@ def measure(
         # this process: the load producer (schedule_many) and the commit polling
         cpu: dict[str, float | None] = {"load_producer": time.process_time() - own0}
         cpu.update({k: _cpu_s(pid) - cpu0[k] for k, pid in pids.items()})
+        host = host_cpu_share(host0, _host_cpu())
         if not broker_pid:
             cpu["broker"] = None
         watcher_cpu = watcher.cpu_s()
@@ -681,6 +691,10 @@ def measure(
         emitter_commit_ms=commit_ms,
         broker_state=broker_state,
         broker_load_before_s=broker_load_before_s,
+        extra={
+            "host_cpu": host,
+            **({"per_second": per_second(runs)} if args.per_second else {}),
+        },
     )
     return measured, record_bytes
 
@@ -779,6 +793,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="OPTION",
         help="a JVM option of the local broker, e.g. --broker-jvm=-XX:TieredStopAtLevel=1",
     )
+    p.add_argument(
+        "--per-second",
+        action="store_true",
+        help="each run's lateness per second of due time (p50/p99/max, and the p99 of "
+        "stamp - due and start - stamp) in per_run[].per_second",
+    )
     p.add_argument("--json", type=Path, help="write the result here")
     p.add_argument(
         "--runs-out",
@@ -790,6 +810,17 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--runs: {args.runs}; give 1 or more")
     result = run(args)
     show(result, args.json, hide=("lateness_cdf_ms", "per_run"))
+    if args.per_second:
+        for n, run_ in enumerate(result["per_run"], 1):
+            print(f"\nrun {n}: per second of due time (ms)")
+            print("second   jobs   p50   p99   max  stamp-due p99  start-stamp p99")
+            for row in run_["per_second"]:
+                print(
+                    f"{row['second']:>6} {row['jobs']:>6} {row['lateness_p50_ms']:>5.0f} "
+                    f"{row['lateness_p99_ms']:>5.0f} {row['lateness_max_ms']:>5.0f} "
+                    f"{row['fired_lateness_p99_ms'] or 0:>14.0f} "
+                    f"{row['fired_to_start_p99_ms'] or 0:>16.0f}"
+                )
     print()
     show(spread_rows(result["per_run"]), None)
     return 0

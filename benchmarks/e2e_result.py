@@ -99,6 +99,55 @@ def _lateness(m: Measured) -> _Lateness:
     )
 
 
+def per_second(runs: Sequence[Run]) -> list[dict[str, Any]]:
+    """Each job's first run grouped by the second of its due time (``second``:
+    seconds after the earliest due time): jobs, start - due p50 / p99 / max,
+    and the p99 of the emitter's stamp - due and of start - stamp. Says whether
+    the tail comes in episodes or everywhere, and which half of the path holds it
+    (``--per-second``)."""
+    first = list(first_runs(runs))
+    if not first:
+        return []
+    t0 = min(d for _, d, _, _ in first) // 1000
+    by_second: dict[int, list[Run]] = {}
+    for r in first:
+        by_second.setdefault(r[1] // 1000 - t0, []).append(r)
+    rows: list[dict[str, Any]] = []
+    for second in sorted(by_second):
+        group = by_second[second]
+        late = percentiles(float(s - d) for _, d, s, _ in group)
+        rows.append(
+            {
+                "second": second,
+                "jobs": len(group),
+                "lateness_p50_ms": late["p50"],
+                "lateness_p99_ms": late["p99"],
+                "lateness_max_ms": late["max"],
+                "fired_lateness_p99_ms": percentiles(
+                    float(f - d) for _, d, _, f in group if f >= 0
+                )["p99"],
+                "fired_to_start_p99_ms": percentiles(
+                    float(s - f) for _, _, s, f in group if f >= 0
+                )["p99"],
+            }
+        )
+    return rows
+
+
+def host_cpu_share(before: Sequence[int], after: Sequence[int]) -> dict[str, float | None]:
+    """Busy and steal shares of the host's CPU time between two readings of the
+    ``cpu`` line of ``/proc/stat`` (user nice system idle iowait irq softirq steal;
+    busy includes steal, time the hypervisor gave to other guests):
+    a run whose host was busy near 1.0 measured queueing for a core, not the
+    pipeline's own delays. None when no time passed."""
+    delta = [b - a for a, b in zip(before[:8], after[:8], strict=True)]
+    total = sum(delta)
+    if total <= 0:
+        return {"busy": None, "steal": None}
+    idle = delta[3] + delta[4]
+    return {"busy": round(1 - idle / total, 3), "steal": round(delta[7] / total, 3)}
+
+
 def _sum_by_key(dicts: Sequence[Mapping[str, float | None]]) -> dict[str, float | None]:
     """Per key, the sum over ``dicts`` (None if any of them has None there)."""
     out: dict[str, float | None] = {}

@@ -8,7 +8,14 @@ from typing import Any
 
 import pytest
 
-from benchmarks.e2e_result import Measured, Run, combine, run_figures
+from benchmarks.e2e_result import (
+    Measured,
+    Run,
+    combine,
+    host_cpu_share,
+    per_second,
+    run_figures,
+)
 from benchmarks.emitter import SteadyRun, combine_steady, first_sightings
 
 START_S = 1_000.0
@@ -110,6 +117,38 @@ def test_a_burst_reports_throughput_against_the_raw_roundtrip() -> None:
     assert out["raw_roundtrip_msgs_per_s"] == 200  # 100 records in 0.5 s
     assert out["ratio"] == 0.25
     assert "lateness_settled_ms" not in out
+
+
+def test_per_second_groups_first_runs_by_their_due_second_and_splits_the_path() -> None:
+    # second 0: two jobs on time; second 2: one job 300 ms late, 250 of it after
+    # the emitter's stamp; a re-run of a job counts once (its first run)
+    runs: list[Run] = [
+        ("a", START_MS + 10, START_MS + 15, START_MS + 11),
+        ("b", START_MS + 900, START_MS + 910, START_MS + 902),
+        ("c", START_MS + 2_100, START_MS + 2_400, START_MS + 2_150),
+        ("c", START_MS + 2_100, START_MS + 9_000, START_MS + 2_150),
+    ]
+    rows = per_second(runs)
+    assert [(r["second"], r["jobs"]) for r in rows] == [(0, 2), (2, 1)]
+    assert rows[0]["lateness_p99_ms"] == 10.0
+    assert rows[1]["lateness_p99_ms"] == 300.0
+    assert rows[1]["fired_lateness_p99_ms"] == 50.0
+    assert rows[1]["fired_to_start_p99_ms"] == 250.0
+    assert per_second([]) == []
+
+
+def test_per_second_of_runs_without_a_stamp_has_no_stamp_figures() -> None:
+    rows = per_second([("a", START_MS, START_MS + 7, -1)])
+    assert rows[0]["lateness_p99_ms"] == 7.0
+    assert rows[0]["fired_lateness_p99_ms"] is None
+    assert rows[0]["fired_to_start_p99_ms"] is None
+
+
+def test_host_cpu_share_counts_idle_and_iowait_as_not_busy_and_steal_apart() -> None:
+    before = [100, 0, 50, 800, 50, 0, 0, 0]
+    after = [400, 0, 150, 900, 50, 0, 0, 100]  # 400 busy, 100 idle, 100 of it stolen
+    assert host_cpu_share(before, after) == {"busy": 0.833, "steal": 0.167}
+    assert host_cpu_share(before, before) == {"busy": None, "steal": None}
 
 
 def test_no_runs_is_refused() -> None:
