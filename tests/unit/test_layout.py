@@ -121,15 +121,29 @@ def test_no_symlink_is_tracked() -> None:
     assert links == []
 
 
+# What a portion's dueflow/__init__.py may hold: the pkgutil-style namespace
+# declaration and nothing else (the package is dueflow/__init__.py; the wheel
+# holds none of these files). Tools that read files rather than run them
+# (pyright, IDEs) need it to see past the core's regular package.
+PORTION = ["from pkgutil import extend_path", "__path__ = extend_path(__path__, __name__)"]
+
+
 @pytest.mark.parametrize("component", [*COMPONENTS, "schemas"])
 def test_a_component_folder_is_a_source_root_not_a_package(component: str) -> None:
-    # No __init__.py above dueflow/<component>/: the folder cannot be imported
-    # as a package of its own, and dueflow/ under it is a portion of the namespace.
     folder = ROOT / component
-    assert not (folder / "__init__.py").exists()
-    assert not (folder / "dueflow" / "__init__.py").exists()
-    assert (folder / "dueflow" / component / "__init__.py").is_file()
+    assert not (folder / "__init__.py").exists(), "the folder itself is not importable"
     assert sorted(p.name for p in folder.iterdir() if p.suffix == ".py") == []
+    portion = ast.parse((folder / "dueflow" / "__init__.py").read_text())
+    assert [ast.unparse(node) for node in portion.body] == PORTION
+    assert sorted(p.name for p in (folder / "dueflow").iterdir()) == ["__init__.py", component]
+    assert (folder / "dueflow" / component / "__init__.py").is_file()
+
+
+def test_the_core_s_init_declares_the_namespace_too() -> None:
+    # Without it the components would be reachable only through an installed
+    # finder: extend_path lets every dueflow/ folder on sys.path take part.
+    init = ast.parse((ROOT / "dueflow" / "__init__.py").read_text())
+    assert PORTION[1] in [ast.unparse(node) for node in init.body]
 
 
 def test_every_module_has_one_path() -> None:
