@@ -68,10 +68,7 @@ def test_cancel_by_schedule_pauses_it_and_cancels_the_occurrence_in_the_wheel(
                 "--schedule",
                 "every5",
                 "--json",
-                "--bootstrap",
-                kafka.bootstrap,
-                "--topic-prefix",
-                prefix,
+                *kafka.cli_options(prefix),
                 "--queues",
                 f"{QUEUE}:2",
             ]

@@ -74,10 +74,7 @@ def cli(kafka: KafkaCluster, prefix: str, capsys: pytest.CaptureFixture[str], *a
             "--queue",
             QUEUE,
             "--json",
-            "--bootstrap",
-            kafka.bootstrap,
-            "--topic-prefix",
-            prefix,
+            *kafka.cli_options(prefix),
             "--queues",
             f"{QUEUE}:3",
         ]

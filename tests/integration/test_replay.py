@@ -71,10 +71,7 @@ def _replay(
             "replay",
             *args,
             "--json",
-            "--bootstrap",
-            kafka.bootstrap,
-            "--topic-prefix",
-            prefix,
+            *kafka.cli_options(prefix),
             "--queues",
             f"{QUEUE}:3",
         ]
