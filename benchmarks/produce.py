@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from confluent_kafka import Producer
 
@@ -115,7 +115,16 @@ def timed(fn: Callable[[], T]) -> tuple[T, float, float]:
     return out, time.perf_counter() - w, time.process_time() - c
 
 
-def run(bootstrap: str, jobs: int, rounds: int) -> dict[str, Any]:
+class BenchTopics(NamedTuple):
+    settings: Settings
+    raw_topic: str  # beside the timer topic, for the raw producer
+    timer_partitions: int
+
+
+def bench_topics(bootstrap: str) -> BenchTopics:
+    """Settings of a fresh topic prefix with every topic created, and a ``rawbench``
+    topic of the timer topic's partitions and config: the raw producer's baseline
+    writes the same records to it as ``schedule_many`` writes to the timers."""
     settings = load_settings(
         env=os.environ,
         overrides={"bootstrap": bootstrap, "topic_prefix": f"bench{uuid.uuid4().hex[:8]}"},
@@ -130,6 +139,11 @@ def run(bootstrap: str, jobs: int, rounds: int) -> dict[str, Any]:
     ).ensure([*layout, raw_spec])
     if not report.ok:
         raise RuntimeError(f"topics: {report.differences}")
+    return BenchTopics(settings, raw_topic, timer_spec.partitions)
+
+
+def run(bootstrap: str, jobs: int, rounds: int) -> dict[str, Any]:
+    settings, raw_topic, timer_partitions = bench_topics(bootstrap)
 
     reqs = requests(jobs)
     warm = requests(min(jobs, 20_000), start=jobs)
@@ -164,7 +178,7 @@ def run(bootstrap: str, jobs: int, rounds: int) -> dict[str, Any]:
         "sdk_cpu_us_per_job": round(statistics.median(r["cpu_us_per_job"] for r in sdk_rounds), 2),
         "raw_cpu_us_per_job": round(statistics.median(r["cpu_us_per_job"] for r in raw_rounds), 2),
         "record_bytes": round(record_bytes, 1),
-        "timer_partitions": timer_spec.partitions,
+        "timer_partitions": timer_partitions,
         "sdk_rounds_per_s": [round(r["per_s"]) for r in sdk_rounds],
         "raw_rounds_per_s": [round(r["per_s"]) for r in raw_rounds],
         "cpus": os.cpu_count(),

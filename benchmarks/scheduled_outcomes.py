@@ -29,36 +29,26 @@ import functools
 import os
 import statistics
 import time
-import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from benchmarks.output import show
-from benchmarks.produce import broker, plan_records, produce_raw, requests, timed
+from benchmarks.produce import (
+    bench_topics,
+    broker,
+    plan_records,
+    produce_raw,
+    requests,
+    timed,
+)
 from dueflow.apps.cli.common import format_table
-from dueflow.config import load_settings
-from dueflow.kafka.clients import make_admin, make_producer
-from dueflow.kafka.topic_admin import TopicAdmin
-from dueflow.kafka.topics import TopicSpec, names, topic_layout
+from dueflow.kafka.clients import make_producer
 from dueflow.producers.scheduler import BULK_PRODUCER, Scheduler
 
 
 def run(bootstrap: str, jobs: int, rounds: int, single: int) -> dict[str, Any]:
-    settings = load_settings(
-        env=os.environ,
-        overrides={"bootstrap": bootstrap, "topic_prefix": f"bench{uuid.uuid4().hex[:8]}"},
-    )
-    timers = names(settings).timers
-    raw_topic = f"{settings.topic_prefix}.rawbench"
-    layout = topic_layout(settings)
-    timer_spec = next(s for s in layout if s.name == timers)
-    raw_spec = TopicSpec(raw_topic, "bench", timer_spec.partitions, timer_spec.config)
-    report = TopicAdmin(
-        make_admin(settings), replication_factor=settings.replication_factor
-    ).ensure([*layout, raw_spec])
-    if not report.ok:
-        raise RuntimeError(f"topics: {report.differences}")
+    settings, raw_topic, _ = bench_topics(bootstrap)
 
     reqs = requests(jobs)
     warm = requests(min(jobs, 20_000), start=jobs)

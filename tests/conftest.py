@@ -45,6 +45,10 @@ class KafkaCluster:
         data.update(overrides)
         return load_settings(env={}, overrides=data)
 
+    def cli_options(self, prefix: str) -> list[str]:
+        """The flags that point a ``dueflow`` command at this cluster and a test's topics."""
+        return ["--bootstrap", self.bootstrap, "--topic-prefix", prefix]
+
 
 @pytest.fixture(scope="session")
 def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:

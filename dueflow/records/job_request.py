@@ -502,6 +502,13 @@ def due_of(
         if required:
             raise InvalidInput("run_at", None, "the new due time: run_at= or delay=")
         return now_ms
+    return due_after(delay, now_ms=now_ms)
+
+
+def due_after(delay: Duration, *, now_ms: int) -> int:
+    """The due time ``now + delay`` (whole seconds as an int, the fast case);
+    :class:`InvalidInput` names ``delay`` when it is no duration or lands after
+    :data:`MAX_DUE_MS`."""
     if type(delay) is int and delay >= 0:
         due_ms = now_ms + delay * 1000
     else:

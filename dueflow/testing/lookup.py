@@ -12,7 +12,7 @@ from dueflow import headers as hdr
 from dueflow.config import Settings
 from dueflow.errors import UndecodableRecord
 from dueflow.kafka.topics import names
-from dueflow.producers.timer_finder import FoundTimer
+from dueflow.producers.timer_finder import FoundTimer, WantedTimer
 from dueflow.records import codec
 from dueflow.rules.job_status import JobStatus, job_status
 from dueflow.testing.log import MemoryLog
@@ -55,31 +55,14 @@ class MemoryTimerFinder:
         self._names = names(settings)
         self._log = log
 
-    def find(
-        self,
-        *,
-        job_id: str,
-        key: str,
-        queue: str,
-        due_ms: int,
-        now_ms: int,
-        hint: int | None = None,
-    ) -> FoundTimer | None:
-        wanted, job = key.encode(), job_id.encode()
-        for topic in (self._names.timers, self._names.exec(queue)):
+    def find(self, wanted: WantedTimer, *, now_ms: int) -> FoundTimer | None:
+        key, job = wanted.key.encode(), wanted.job_id.encode()
+        for topic in (self._names.timers, self._names.exec(wanted.queue)):
             found = [
                 r
                 for r in self._log.records(topic)
-                if r.key() == wanted and hdr.header(r.headers(), hdr.JOB_ID) == job
+                if r.key() == key and hdr.header(r.headers(), hdr.JOB_ID) == job
             ]
             if found:
-                r = found[-1]
-                return FoundTimer(
-                    topic=topic,
-                    partition=r.partition(),
-                    offset=r.offset(),
-                    value=r.value() or b"",
-                    headers=r.headers(),
-                    fired=topic != self._names.timers,
-                )
+                return FoundTimer.of_record(found[-1], fired=topic != self._names.timers)
         return None

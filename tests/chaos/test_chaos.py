@@ -15,13 +15,13 @@ A missing libfaketime fails the run (``make faketime-deps`` installs it).
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pytest
 
-from benchmarks.chaos import run_chaos
+from tests.chaos.ci_run import ci_chaos_report, summary_of
+from tests.chaos.verdict import MUST_BE_ZERO
 
 MINUTES = float(os.environ.get("DUEFLOW_CHAOS_MINUTES", "3"))
 MIN_PER_KIND = int(os.environ.get("DUEFLOW_CHAOS_MIN_PER_KIND", "1"))
@@ -30,36 +30,8 @@ MIN_PER_KIND = int(os.environ.get("DUEFLOW_CHAOS_MIN_PER_KIND", "1"))
 @pytest.mark.chaos
 @pytest.mark.timeout(int(MINUTES * 60) + 900)
 def test_no_job_is_lost_doubled_or_early_under_faults(tmp_path: Path) -> None:
-    report = run_chaos(
-        minutes=MINUTES,
-        root=tmp_path,
-        seed=int.from_bytes(os.urandom(4), "big"),
-        min_per_kind=MIN_PER_KIND,
-    )
-    (tmp_path / "report.json").write_text(json.dumps(report, indent=2))
-    summary = {
-        k: report[k]
-        for k in (
-            "seed",
-            "jobs",
-            "faults",
-            "faults_by_kind",
-            "lost",
-            "lost_by_stage",
-            "unexcused",
-            "early",
-            "duplicates",
-            "double_fires",
-            "dlq_unexpected",
-            "dlq_expected",
-            "dlq_expected_of",
-            "flaky_ok",
-            "flaky_jobs",
-            "retry_early",
-            "reexecutions",
-            "excused_by_kind",
-        )
-    }
+    report = ci_chaos_report(tmp_path, minutes=MINUTES, min_per_kind=MIN_PER_KIND)
+    summary = summary_of(report, "lost_by_stage", *MUST_BE_ZERO)
     # every kind at least MIN_PER_KIND times (12 kinds): the fault count follows
     assert report["faults"] >= 12 * MIN_PER_KIND, summary
     assert not report["kinds_short"], (summary, report["kinds_short"])

@@ -491,19 +491,22 @@ def unfinished(ev: Evidence, rules: Rules | None = None) -> list[str]:
     return [j.key for j in jobs if j.key not in done]
 
 
+# The counts of a report that must be 0, each with the key of its evidence.
+MUST_BE_ZERO = {
+    "lost": "lost_keys",
+    "unexcused": "unexcused_runs",
+    "early": "early_runs",
+    "duplicates": "duplicate_keys",
+    "double_fires": "double_fire_keys",
+    "dlq_unexpected": "dlq_unexpected_keys",
+    "retry_early": "retry_early_runs",
+    "flaky_wrong_attempt": "flaky_wrong",
+}
+
+
 def broken(report: dict[str, Any]) -> list[str]:
     """The guarantees a report shows broken (empty: the run passed)."""
-    zero = (
-        "lost",
-        "unexcused",
-        "early",
-        "duplicates",
-        "double_fires",
-        "dlq_unexpected",
-        "retry_early",
-        "flaky_wrong_attempt",
-    )
-    out = [f"{k} = {report[k]}" for k in zero if report[k]]
+    out = [f"{k} = {report[k]}" for k in MUST_BE_ZERO if report[k]]
     if report["flaky_ok"] != report["flaky_jobs"]:
         out.append(f"flaky jobs right {report['flaky_ok']} of {report['flaky_jobs']}")
     if report["dlq_expected"] != report["dlq_expected_of"]:

@@ -10,29 +10,21 @@ import pytest
 from dueflow import headers as hdr
 from dueflow.config import Settings
 from dueflow.errors import ConflictError, DueflowError, InvalidInput
-from dueflow.kafka.clients import make_admin
-from dueflow.kafka.topic_admin import TopicAdmin
-from dueflow.kafka.topics import names, topic_layout
+from dueflow.kafka.topics import names
 from dueflow.producers.aio import AsyncScheduler
 from dueflow.records.fast import decode_key_state
 from dueflow.records.job_request import JobRequest
 from dueflow.records.reschedule import reschedule_key
 from tests.conftest import KafkaCluster
 from tests.integration.records import headers_of, read_all
-from tests.integration.test_scheduler import check_edge_result, edge_jobs
-
-WHEEL = {
-    "levels": "10x1000,10x5000",
-    "near_partitions": 2,
-    "near_window_ms": 1500,
-    "lookahead_ms": 200,
-}
+from tests.integration.test_scheduler import WHEEL, check_edge_result, edge_jobs
+from tests.support.emitters import ensure_topics
 
 
 @pytest.fixture
 def settings(kafka: KafkaCluster, prefix: str) -> Settings:
     s = kafka.settings(prefix, wheel=WHEEL, queues="default:3")
-    assert TopicAdmin(make_admin(s), replication_factor=1).ensure(topic_layout(s)).ok
+    ensure_topics(s)
     return s
 
 

@@ -9,13 +9,14 @@ import orjson
 import pytest
 
 from dueflow.apps.cli.main import main
-from dueflow.consumers import TaskContext, TaskRegistry, task
 from dueflow.kafka.topics import names
 from dueflow.producers.scheduler import Scheduler
 from tests.conftest import KafkaCluster
 from tests.integration.worker_support import (
+    FAST_WORKER,
     Ledger,
     WorkerThread,
+    ledger_registry,
     outcomes_of,
     read_topic,
     wait_for,
@@ -23,15 +24,6 @@ from tests.integration.worker_support import (
 from tests.support.emitters import FAST_EMITTER, SMALL_WHEEL, ensure_topics, threaded_emitter
 
 QUEUE = "default"
-
-
-def _registry(ledger: Ledger) -> TaskRegistry:
-    @task("tick", queue=QUEUE)
-    def tick(_payload: object, ctx: TaskContext) -> None:
-        ledger.run(ctx.idempotency_key, ctx.attempt)
-        ledger.effect(ctx.idempotency_key)
-
-    return TaskRegistry([tick])
 
 
 @pytest.mark.timeout(180)
@@ -43,7 +35,7 @@ def test_cancel_by_schedule_pauses_it_and_cancels_the_occurrence_in_the_wheel(
         queues=f"{QUEUE}:2",
         wheel=SMALL_WHEEL,
         emitter=FAST_EMITTER,
-        worker={"session_timeout_ms": 3000, "commit_interval_ms": 50},
+        worker=FAST_WORKER,
     )
     ensure_topics(s)
     ledger = Ledger(tmp_path / "ledger.db")
@@ -51,7 +43,10 @@ def test_cancel_by_schedule_pauses_it_and_cancels_the_occurrence_in_the_wheel(
     def ran() -> list[int]:
         return sorted(int(k.rsplit("@", 1)[1]) for k in ledger.effects())
 
-    with threaded_emitter(s) as em, WorkerThread(s, _registry(ledger), queues=[QUEUE]):
+    with (
+        threaded_emitter(s) as em,
+        WorkerThread(s, ledger_registry(ledger, name="tick", queue=QUEUE), queues=[QUEUE]),
+    ):
         em.wait_active()
         with Scheduler(s) as scheduler:
             scheduler.add_schedule("every5", cron="*/5 * * * * *", timezone="UTC", task="tick")
@@ -73,10 +68,7 @@ def test_cancel_by_schedule_pauses_it_and_cancels_the_occurrence_in_the_wheel(
                 "--schedule",
                 "every5",
                 "--json",
-                "--bootstrap",
-                kafka.bootstrap,
-                "--topic-prefix",
-                prefix,
+                *kafka.cli_options(prefix),
                 "--queues",
                 f"{QUEUE}:2",
             ]

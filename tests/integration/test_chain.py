@@ -44,7 +44,14 @@ from dueflow.kafka.topics import names
 from dueflow.producers import Scheduler
 from tests.conftest import KafkaCluster
 from tests.integration.pipeline_support import Pipeline, Proc, wait_for
-from tests.integration.worker_support import Ledger, Record, WorkerThread, outcomes_of, read_topic
+from tests.integration.worker_support import (
+    FAST_WORKER,
+    Ledger,
+    Record,
+    WorkerThread,
+    outcomes_of,
+    read_topic,
+)
 from tests.support.emitters import FAST_EMITTER, SMALL_WHEEL, ensure_topics, threaded_emitter
 
 APP = "tests.integration.chain_app"
@@ -309,7 +316,7 @@ def test_a_follow_up_is_routed_by_its_task_to_a_queue_created_while_the_worker_r
         queues="default:1",
         wheel=SMALL_WHEEL,
         emitter=FAST_EMITTER,
-        worker={"session_timeout_ms": 3000, "commit_interval_ms": 50},
+        worker=FAST_WORKER,
     )
     ensure_topics(settings)
     ran: list[tuple[str, str, str | None]] = []

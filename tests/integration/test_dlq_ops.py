@@ -29,10 +29,10 @@ from tests.conftest import KafkaCluster
 from tests.integration.worker_support import (
     Ledger,
     WorkerThread,
-    ensure_topics,
     outcomes_of,
     read_topic,
     wait_for,
+    worker_settings,
 )
 
 QUEUE = "jobs"
@@ -60,13 +60,9 @@ class Fragile:
 
 
 def settings_for(kafka: KafkaCluster, prefix: str) -> Settings:
-    settings = kafka.settings(
-        prefix,
-        queues=[{"name": QUEUE, "partitions": 3, "retry_tiers_ms": [200]}],
-        worker={"session_timeout_ms": 3000, "commit_interval_ms": 50},
+    return worker_settings(
+        kafka, prefix, queues=[{"name": QUEUE, "partitions": 3, "retry_tiers_ms": [200]}]
     )
-    ensure_topics(settings)
-    return settings
 
 
 def cli(kafka: KafkaCluster, prefix: str, capsys: pytest.CaptureFixture[str], *args: str) -> Any:
@@ -78,10 +74,7 @@ def cli(kafka: KafkaCluster, prefix: str, capsys: pytest.CaptureFixture[str], *a
             "--queue",
             QUEUE,
             "--json",
-            "--bootstrap",
-            kafka.bootstrap,
-            "--topic-prefix",
-            prefix,
+            *kafka.cli_options(prefix),
             "--queues",
             f"{QUEUE}:3",
         ]

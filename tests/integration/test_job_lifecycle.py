@@ -23,7 +23,7 @@ from dueflow.producers import Scheduler
 from dueflow.records import codec
 from tests.conftest import KafkaCluster
 from tests.integration.pipeline_support import wait_for
-from tests.integration.worker_support import WorkerThread, read_topic
+from tests.integration.worker_support import FAST_WORKER, WorkerThread, read_topic
 from tests.support.emitters import FAST_EMITTER, SMALL_WHEEL, ensure_topics, threaded_emitter
 
 QUEUE = "jobs"
@@ -63,7 +63,7 @@ def settings(kafka: KafkaCluster, prefix: str) -> Settings:
         ],
         wheel=SMALL_WHEEL,
         emitter=FAST_EMITTER,
-        worker={"session_timeout_ms": 3000, "commit_interval_ms": 50},
+        worker=FAST_WORKER,
     )
     ensure_topics(s)
     return s

@@ -14,13 +14,19 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from dueflow.apps.cli.main import main
-from dueflow.consumers import TaskContext, TaskRegistry, task
+from dueflow.consumers import TaskRegistry
 from dueflow.consumers.testing import ExecWriter, make_job
 from dueflow.kafka.cluster_view import compute_view
 from dueflow.kafka.topics import names
 from dueflow.streams.status.cluster_reader import ClusterReader
 from tests.conftest import KafkaCluster
-from tests.integration.worker_support import Ledger, WorkerThread, ensure_topics, wait_for
+from tests.integration.worker_support import (
+    Ledger,
+    WorkerThread,
+    ledger_registry,
+    wait_for,
+    worker_settings,
+)
 
 QUEUE = "jobs"
 # How long "nothing happens" is watched: a paused worker would have run the
@@ -29,12 +35,7 @@ QUIET_S = 3.0
 
 
 def _registry(ledger: Ledger) -> TaskRegistry:
-    @task("note", queue=QUEUE)
-    def note(_payload: object, ctx: TaskContext) -> None:
-        ledger.run(ctx.idempotency_key, ctx.attempt)
-        ledger.effect(ctx.idempotency_key)
-
-    return TaskRegistry([note])
+    return ledger_registry(ledger, name="note", queue=QUEUE)
 
 
 def _cli(kafka: KafkaCluster, prefix: str, *args: str, capsys: pytest.CaptureFixture[str]) -> str:
@@ -58,12 +59,7 @@ def _members(kafka: KafkaCluster, prefix: str) -> int:
 def test_a_paused_queue_runs_nothing_until_resumed_and_its_worker_stays_in_the_group(
     kafka: KafkaCluster, prefix: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    settings = kafka.settings(
-        prefix,
-        queues=[{"name": QUEUE, "partitions": 3}],
-        worker={"session_timeout_ms": 3000, "commit_interval_ms": 50},
-    )
-    ensure_topics(settings)
+    settings = worker_settings(kafka, prefix, queues=[{"name": QUEUE, "partitions": 3}])
     ledger = Ledger(tmp_path / "ledger.db")
     # Paused before the worker starts: it must not start a single job.
     out = _cli(kafka, prefix, "queue", "pause", QUEUE, "--reason", "maintenance", capsys=capsys)

@@ -38,7 +38,13 @@ from dueflow.producers.scheduler import Scheduler
 from dueflow.records import codec
 from dueflow.records.queue_registry import QueueConflict, encode_queue
 from tests.conftest import KafkaCluster
-from tests.integration.worker_support import Ledger, WorkerThread, read_topic, wait_for
+from tests.integration.worker_support import (
+    FAST_WORKER,
+    Ledger,
+    WorkerThread,
+    read_topic,
+    wait_for,
+)
 from tests.support.emitters import (
     FAST_EMITTER,
     SMALL_WHEEL,
@@ -50,7 +56,6 @@ from tests.support.emitters import (
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.integration.routing_app"
-FAST_WORKER = {"session_timeout_ms": 3000, "commit_interval_ms": 50}
 
 
 def _settings(kafka: KafkaCluster, prefix: str, **overrides: Any) -> Settings:

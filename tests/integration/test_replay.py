@@ -22,7 +22,7 @@ from confluent_kafka import Consumer, TopicPartition
 from dueflow import headers as hdr
 from dueflow.apps.cli.main import main
 from dueflow.config import Settings
-from dueflow.consumers import TaskContext, TaskRegistry, task
+from dueflow.consumers import TaskRegistry
 from dueflow.consumers.testing import ExecWriter, exec_headers, make_job
 from dueflow.kafka.clients import make_producer
 from dueflow.kafka.topics import names
@@ -32,22 +32,18 @@ from tests.conftest import KafkaCluster
 from tests.integration.worker_support import (
     Ledger,
     WorkerThread,
-    ensure_topics,
+    ledger_registry,
     outcomes_of,
     read_topic,
     wait_for,
+    worker_settings,
 )
 
 QUEUE = "jobs"
 
 
 def _registry(ledger: Ledger) -> TaskRegistry:
-    @task("note", queue=QUEUE)
-    def note(_payload: object, ctx: TaskContext) -> None:
-        ledger.run(ctx.idempotency_key, ctx.attempt)
-        ledger.effect(ctx.idempotency_key)
-
-    return TaskRegistry([note])
+    return ledger_registry(ledger, name="note", queue=QUEUE)
 
 
 def _skip_to_end(settings: Settings) -> None:
@@ -75,10 +71,7 @@ def _replay(
             "replay",
             *args,
             "--json",
-            "--bootstrap",
-            kafka.bootstrap,
-            "--topic-prefix",
-            prefix,
+            *kafka.cli_options(prefix),
             "--queues",
             f"{QUEUE}:3",
         ]
@@ -91,12 +84,7 @@ def _replay(
 def test_replay_runs_what_never_ran_and_skips_what_is_done(
     kafka: KafkaCluster, prefix: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    settings = kafka.settings(
-        prefix,
-        queues=[{"name": QUEUE, "partitions": 3}],
-        worker={"session_timeout_ms": 3000, "commit_interval_ms": 50},
-    )
-    ensure_topics(settings)
+    settings = worker_settings(kafka, prefix, queues=[{"name": QUEUE, "partitions": 3}])
     n = names(settings)
     ledger = Ledger(tmp_path / "ledger.db")
     started = time.time_ns() // 1_000_000
@@ -146,12 +134,7 @@ def test_replay_runs_what_never_ran_and_skips_what_is_done(
 def test_a_replayed_retry_record_keeps_its_due_time(
     kafka: KafkaCluster, prefix: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    settings = kafka.settings(
-        prefix,
-        queues=[{"name": QUEUE, "partitions": 1}],
-        worker={"session_timeout_ms": 3000, "commit_interval_ms": 50},
-    )
-    ensure_topics(settings)
+    settings = worker_settings(kafka, prefix, queues=[{"name": QUEUE, "partitions": 1}])
     n = names(settings)
     ledger = Ledger(tmp_path / "ledger.db")
     key = f"retry-{uuid.uuid4().hex[:6]}"

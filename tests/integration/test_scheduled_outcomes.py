@@ -8,14 +8,13 @@ from typing import Any
 import pytest
 
 from dueflow.config import Settings
-from dueflow.kafka.clients import make_admin
-from dueflow.kafka.topic_admin import TopicAdmin
-from dueflow.kafka.topics import names, topic_layout
+from dueflow.kafka.topics import names
 from dueflow.producers.aio import AsyncScheduler
 from dueflow.producers.scheduler import Scheduler
 from dueflow.records import codec
 from tests.conftest import KafkaCluster
 from tests.integration.records import read_all
+from tests.support.emitters import ensure_topics
 
 WHEEL = {"levels": "10x1000,10x5000", "near_partitions": 2, "near_window_ms": 1500}
 
@@ -23,8 +22,7 @@ WHEEL = {"levels": "10x1000,10x5000", "near_partitions": 2, "near_window_ms": 15
 @pytest.fixture
 def settings(kafka: KafkaCluster, prefix: str) -> Settings:
     s = kafka.settings(prefix, wheel=WHEEL, queues="default:3")
-    report = TopicAdmin(make_admin(s), replication_factor=1).ensure(topic_layout(s))
-    assert report.ok
+    ensure_topics(s)
     return s
 
 

@@ -16,8 +16,7 @@ from dueflow import headers as hdr
 from dueflow.config import Settings
 from dueflow.errors import ConflictError, InvalidInput, KafkaOperationError
 from dueflow.kafka.clients import make_admin, producer_config
-from dueflow.kafka.topic_admin import TopicAdmin
-from dueflow.kafka.topics import names, topic_layout
+from dueflow.kafka.topics import names
 from dueflow.observability.metrics import Metrics
 from dueflow.producers.scheduler import Scheduler
 from dueflow.records import codec
@@ -27,6 +26,7 @@ from dueflow.rules.wheel import place_timer
 from dueflow.timeutil import from_utc_ms
 from tests.conftest import KafkaCluster
 from tests.integration.records import headers_of, high_watermarks, read_all
+from tests.support.emitters import ensure_topics
 
 # A small wheel: 2 near partitions and 2 levels of 10 slots (22 partitions).
 WHEEL = {
@@ -40,8 +40,7 @@ WHEEL = {
 @pytest.fixture
 def settings(kafka: KafkaCluster, prefix: str) -> Settings:
     s = kafka.settings(prefix, wheel=WHEEL, queues="default:3,billing:2")
-    report = TopicAdmin(make_admin(s), replication_factor=1).ensure(topic_layout(s))
-    assert report.ok
+    ensure_topics(s)
     return s
 
 

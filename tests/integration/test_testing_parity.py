@@ -23,7 +23,7 @@ from dueflow.producers import Scheduler
 from dueflow.records import codec
 from dueflow.testing import InMemoryPipeline
 from tests.conftest import KafkaCluster
-from tests.integration.worker_support import WorkerThread, read_topic, wait_for
+from tests.integration.worker_support import FAST_WORKER, WorkerThread, read_topic, wait_for
 from tests.support.emitters import FAST_EMITTER, SMALL_WHEEL, ensure_topics, threaded_emitter
 
 QUEUE = "jobs"
@@ -87,7 +87,7 @@ def test_the_in_memory_pipeline_decides_as_the_broker_does(
         queues=[{"name": QUEUE, "partitions": 3, "retry_tiers_ms": [200, 500]}],
         wheel=SMALL_WHEEL,
         emitter=FAST_EMITTER,
-        worker={"session_timeout_ms": 3000, "commit_interval_ms": 50},
+        worker=FAST_WORKER,
     )
     ensure_topics(settings)
     n = names(settings)

@@ -15,6 +15,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from dueflow.config import Settings
+from dueflow.consumers import TaskContext, task
 from dueflow.consumers.registry import TaskRegistry
 from dueflow.consumers.worker import Worker
 from dueflow.kafka.clients import make_admin
@@ -22,6 +23,7 @@ from dueflow.kafka.topic_admin import TopicAdmin
 from dueflow.kafka.topics import topic_layout
 from dueflow.observability.metrics import Metrics
 from dueflow.observability.tracing import JobTracer
+from tests.conftest import KafkaCluster
 
 # What a worker reads and writes. Not the timer topic: its hundreds of wheel
 # partitions cost the test broker file handles that no worker test uses.
@@ -42,6 +44,19 @@ def ensure_topics(settings: Settings) -> None:
     specs = [t for t in topic_layout(settings) if t.role in WORKER_ROLES]
     report = TopicAdmin(make_admin(settings), replication_factor=1).ensure(specs)
     assert report.ok, report.differences
+
+
+# A worker that notices a group change within seconds and commits every 50 ms,
+# so tests that wait on it wait little.
+FAST_WORKER = {"session_timeout_ms": 3000, "commit_interval_ms": 50}
+
+
+def worker_settings(kafka: KafkaCluster, prefix: str, **overrides: object) -> Settings:
+    """Settings of this test's topics with a :data:`FAST_WORKER` (``overrides`` on
+    top, ``queues=`` among them), and the worker's topics created."""
+    settings = kafka.settings(prefix, worker=FAST_WORKER, **overrides)
+    ensure_topics(settings)
+    return settings
 
 
 def wait_for(what: str, predicate: Callable[[], bool], timeout: float = 60.0) -> None:
@@ -104,6 +119,17 @@ class Ledger:
                     "SELECT key, attempt, at, pid FROM runs WHERE key = ? ORDER BY at", (key,)
                 ).fetchall()
         return [(str(k), int(a), float(t), int(p)) for k, a, t, p in rows]
+
+
+def ledger_registry(ledger: Ledger, *, name: str, queue: str) -> TaskRegistry:
+    """One task, ``name`` on ``queue``, whose every run and effect go to ``ledger``."""
+
+    @task(name, queue=queue)
+    def record(_payload: object, ctx: TaskContext) -> None:
+        ledger.run(ctx.idempotency_key, ctx.attempt)
+        ledger.effect(ctx.idempotency_key)
+
+    return TaskRegistry([record])
 
 
 class WorkerThread:

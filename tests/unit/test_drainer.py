@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from dueflow import headers as hdr
-from dueflow.config import load_settings
+from dueflow.config import Settings, load_settings
 from dueflow.kafka.topics import names
 from dueflow.observability.metrics import Metrics
 from dueflow.observability.tracing import JobTracer
@@ -22,18 +22,20 @@ from dueflow.rules.wheel import NEAR_LEVEL
 from dueflow.streams.emitter.drainer import WheelDrainer
 from tests.support.sim_wheel import SimWheel, Stored
 
-SETTINGS = load_settings(
-    env={},
-    overrides={
-        "wheel": {
-            "levels": "12x250,10x2000,6x16000",
-            "near_partitions": 2,
-            "near_window_ms": 500,
-            "lookahead_ms": 100,
-        },
-        "emitter": {"catchup_max_rate_per_s": 1_000_000},
-    },
-)
+
+def wheel_settings(**emitter: object) -> Settings:
+    """The wheel these tests drain (levels of 3 s, 20 s and 96 s), with ``emitter``
+    options."""
+    wheel = {
+        "levels": "12x250,10x2000,6x16000",
+        "near_partitions": 2,
+        "near_window_ms": 500,
+        "lookahead_ms": 100,
+    }
+    return load_settings(env={}, overrides={"wheel": wheel, "emitter": emitter})
+
+
+SETTINGS = wheel_settings(catchup_max_rate_per_s=1_000_000)
 GEO = SETTINGS.wheel
 
 
@@ -50,6 +52,57 @@ def _run(
             d = sim.drainer(t)  # uncommitted work is gone; a new emitter takes over
             crash_at = None
         t += step
+
+
+def random_timers(
+    rng: random.Random, count: int, *, written: tuple[int, int], offsets: list[int]
+) -> list[tuple[int, str, int]]:
+    """``count`` timers ``(written_ms, key, due_ms)`` in write order: written in the
+    ``written`` range, due one of ``offsets`` after (plus up to 99 ms)."""
+    timers = []
+    for i in range(count):
+        at = rng.randint(*written)
+        due = at + rng.choice(offsets)
+        timers.append((at, f"j{i}", due + rng.randint(0, 99)))
+    timers.sort()
+    return timers
+
+
+def run_with_takeovers(
+    sim: SimWheel,
+    rng: random.Random,
+    timers: list[tuple[int, str, int]],
+    crashes: list[int],
+    *,
+    until: int,
+) -> tuple[WheelDrainer, int]:
+    """From 10 s to ``until`` in random steps: each timer scheduled when written, a
+    random number of records per step, a commit now and then, and at each crash
+    time a new drainer (a takeover; it also lands in the middle of re-reading
+    after a crash). The last drainer and the time it stopped at."""
+    crash_points = sorted(crashes)
+    d = sim.drainer(10_000)
+    t = 10_000
+    pending = list(timers)
+    while t <= until:
+        while pending and pending[0][0] <= t:
+            _, key, due = pending.pop(0)
+            sim.schedule(key, due, t)
+        sim.step(d, t, max_messages=rng.randint(1, 30))
+        if d.touched and rng.random() < 0.5:
+            sim.commit(d, t)
+        if crash_points and t >= crash_points[0]:
+            crash_points.pop(0)
+            d = sim.drainer(t)
+        t += rng.randint(1, 40)
+    return d, t
+
+
+def assert_each_fired_once_not_early(sim: SimWheel, timers: list[tuple[int, str, int]]) -> None:
+    counts = Counter(f.key.decode() for f in sim.fired)
+    assert set(counts) == {key for _, key, _ in timers}, "a timer was lost"
+    assert set(counts.values()) == {1}, f"duplicates: {[k for k, c in counts.items() if c > 1]}"
+    assert all(f.fired_ms >= f.due_ms for f in sim.fired), "fired early"
 
 
 def test_near_timers_fire_in_due_order_and_never_early() -> None:
@@ -219,18 +272,7 @@ def test_fired_records_forward_value_key_and_headers_and_add_fired_and_source() 
 
 
 def test_overdue_backlog_fires_once_within_the_rate_limit() -> None:
-    slow = load_settings(
-        env={},
-        overrides={
-            "wheel": {
-                "levels": "12x250,10x2000,6x16000",
-                "near_partitions": 2,
-                "near_window_ms": 500,
-                "lookahead_ms": 100,
-            },
-            "emitter": {"catchup_max_rate_per_s": 1_000},
-        },
-    )
+    slow = wheel_settings(catchup_max_rate_per_s=1_000)
     sim = SimWheel(slow, per_partition=100)
     for i in range(3_000):  # written over 30 s, all due during a 40 s outage
         sim.schedule(f"j{i}", 10_000 + i * 10 + 400, 10_000 + i * 10)
@@ -259,31 +301,10 @@ def test_every_timer_fires_exactly_once_across_takeovers(
 ) -> None:
     rng = random.Random(seed)
     sim = SimWheel(SETTINGS, rng=random.Random(seed + 1))
-    timers = []
-    for i in range(count):
-        written = rng.randint(10_000, 30_000)
-        due = written + rng.choice([-2_000, 0, 300, 900, 3_000, 15_000, 40_000])
-        timers.append((written, f"j{i}", due + rng.randint(0, 99)))
-    timers.sort()
-    crash_points = sorted(crashes)
-    d = sim.drainer(10_000)
-    t = 10_000
-    pending = list(timers)
-    while t <= 80_000:
-        while pending and pending[0][0] <= t:
-            _, key, due = pending.pop(0)
-            sim.schedule(key, due, t)
-        sim.step(d, t, max_messages=rng.randint(1, 30))
-        if d.touched and rng.random() < 0.5:
-            sim.commit(d, t)
-        if crash_points and t >= crash_points[0]:
-            crash_points.pop(0)
-            d = sim.drainer(t)  # also lands in the middle of re-reading after a crash
-        t += rng.randint(1, 40)
-    counts = Counter(f.key.decode() for f in sim.fired)
-    assert set(counts) == {key for _, key, _ in timers}, "a timer was lost"
-    assert set(counts.values()) == {1}, f"duplicates: {[k for k, c in counts.items() if c > 1]}"
-    assert all(f.fired_ms >= f.due_ms for f in sim.fired), "fired early"
+    offsets = [-2_000, 0, 300, 900, 3_000, 15_000, 40_000]
+    timers = random_timers(rng, count, written=(10_000, 30_000), offsets=offsets)
+    run_with_takeovers(sim, rng, timers, crashes, until=80_000)
+    assert_each_fired_once_not_early(sim, timers)
 
 
 def test_fires_are_traced_as_children_of_the_schedule_span() -> None:
@@ -317,20 +338,9 @@ def test_fires_are_traced_as_children_of_the_schedule_span() -> None:
     assert fire.parent.span_id == schedule.context.span_id
 
 
-TIGHT = load_settings(
-    env={},
-    overrides={
-        "wheel": {
-            "levels": "12x250,10x2000,6x16000",
-            "near_partitions": 2,
-            "near_window_ms": 500,
-            "lookahead_ms": 100,
-        },
-        # A heap of a few timers and a rate limit that runs dry: every pause,
-        # kept record, resume and token shortage happens all the time.
-        "emitter": {"catchup_max_rate_per_s": 100, "heap_budget": 3},
-    },
-)
+# A heap of a few timers and a rate limit that runs dry: every pause, kept record,
+# resume and token shortage happens all the time.
+TIGHT = wheel_settings(catchup_max_rate_per_s=100, heap_budget=3)
 
 
 @settings(max_examples=60, deadline=None)
@@ -345,33 +355,12 @@ def test_exactly_once_with_a_tiny_heap_and_a_dry_rate_limit(
 ) -> None:
     rng = random.Random(seed)
     sim = SimWheel(TIGHT, rng=random.Random(seed + 1), per_partition=rng.randint(1, 8))
-    timers = []
-    for i in range(count):
-        written = rng.randint(10_000, 10_000 + span)
-        due = written + rng.choice([-3_000, -500, 0, 100, 300, 450, 900, 3_000])
-        timers.append((written, f"j{i}", due + rng.randint(0, 99)))
-    timers.sort()
-    crash_points = sorted(crashes)
-    d = sim.drainer(10_000)
-    t = 10_000
-    pending = list(timers)
-    while t <= 40_000:
-        while pending and pending[0][0] <= t:
-            _, key, due = pending.pop(0)
-            sim.schedule(key, due, t)
-        sim.step(d, t, max_messages=rng.randint(1, 30))
-        if d.touched and rng.random() < 0.5:
-            sim.commit(d, t)
-        if crash_points and t >= crash_points[0]:
-            crash_points.pop(0)
-            d = sim.drainer(t)
-        t += rng.randint(1, 40)
+    offsets = [-3_000, -500, 0, 100, 300, 450, 900, 3_000]
+    timers = random_timers(rng, count, written=(10_000, 10_000 + span), offsets=offsets)
+    d, t = run_with_takeovers(sim, rng, timers, crashes, until=40_000)
     sim.step(d, t)
     sim.commit(d, t)
-    counts = Counter(f.key.decode() for f in sim.fired)
-    assert set(counts) == {key for _, key, _ in timers}, "a timer was lost"
-    assert set(counts.values()) == {1}, f"duplicates: {[k for k, c in counts.items() if c > 1]}"
-    assert all(f.fired_ms >= f.due_ms for f in sim.fired), "fired early"
+    assert_each_fired_once_not_early(sim, timers)
 
 
 def test_a_kept_record_due_before_the_timer_that_resumed_its_feeder_survives_a_takeover() -> None:
@@ -379,18 +368,7 @@ def test_a_kept_record_due_before_the_timer_that_resumed_its_feeder_survives_a_t
     # before it, is kept. Firing X resumes the feeder, and the rate limit runs dry
     # right after X. The checkpoint then says "fired up to X": Y must have fired
     # already, or a new emitter would take it for fired and lose it.
-    tight = load_settings(
-        env={},
-        overrides={
-            "wheel": {
-                "levels": "12x250,10x2000,6x16000",
-                "near_partitions": 2,
-                "near_window_ms": 500,
-                "lookahead_ms": 100,
-            },
-            "emitter": {"catchup_max_rate_per_s": 40, "heap_budget": 2},  # burst: 2 tokens
-        },
-    )
+    tight = wheel_settings(catchup_max_rate_per_s=40, heap_budget=2)  # burst: 2 tokens
     sim = SimWheel(tight, per_partition=100)
     near = next(p for p in range(GEO.total_partitions) if GEO.locate(p)[0] == NEAR_LEVEL)
     for key, due in (("A", 10_291), ("X", 10_300), ("Y", 10_295)):

@@ -9,43 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dueflow.errors import UndecodableRecord
-from dueflow.model import Backoff, BackoffKind, Job
+from dueflow.model import Job
 from dueflow.records import codec, fast
+from tests.support.avro_values import DOUBLES, INTS, LONGS, TEXTS, avro_jobs
 
-texts = st.text(max_size=40)
-longs = st.integers(min_value=-(2**63), max_value=2**63 - 1)
-ints = st.integers(min_value=-(2**31), max_value=2**31 - 1)
-doubles = st.floats(allow_nan=False)
-str_maps = st.dictionaries(texts, texts, max_size=4)
-
-backoffs = st.builds(
-    Backoff,
-    kind=st.sampled_from(list(BackoffKind)),
-    base_ms=longs,
-    max_ms=longs,
-    multiplier=doubles,
-    jitter=st.booleans(),
-)
-jobs = st.builds(
-    Job,
-    job_id=texts,
-    queue=texts,
-    task=texts,
-    payload=st.binary(max_size=100),
-    due_ms=longs,
-    idempotency_key=texts,
-    created_ms=longs,
-    content_type=texts,
-    max_attempts=ints,
-    backoff=st.none() | backoffs,
-    timeout_ms=st.none() | longs,
-    jitter_ms=longs,
-    trace=str_maps,
-    schedule_id=st.none() | texts,
-    schedule_version=st.none() | longs,
-    content_hash=st.none() | texts,
-    labels=str_maps,
-)
+jobs = avro_jobs(max_payload=100)
 
 
 @given(jobs)
@@ -83,20 +51,20 @@ def test_blocked_maps_with_byte_sizes_decode() -> None:
 
 outcomes = st.fixed_dictionaries(
     {
-        "job_id": texts,
-        "queue": texts,
-        "task": texts,
-        "idempotency_key": texts,
+        "job_id": TEXTS,
+        "queue": TEXTS,
+        "task": TEXTS,
+        "idempotency_key": TEXTS,
         "state": st.sampled_from(fast.JOB_STATES),
-        "attempt": ints,
-        "at_ms": longs,
-        "due_ms": st.none() | longs,
-        "duration_ms": st.none() | doubles,
-        "error_type": st.none() | texts,
-        "error": st.none() | texts,
-        "worker": st.none() | texts,
-        "trace_id": st.none() | texts,
-        "schedule_id": st.none() | texts,
+        "attempt": INTS,
+        "at_ms": LONGS,
+        "due_ms": st.none() | LONGS,
+        "duration_ms": st.none() | DOUBLES,
+        "error_type": st.none() | TEXTS,
+        "error": st.none() | TEXTS,
+        "worker": st.none() | TEXTS,
+        "trace_id": st.none() | TEXTS,
+        "schedule_id": st.none() | TEXTS,
     }
 )
 
@@ -127,12 +95,12 @@ def test_encode_scheduled_is_the_scheduled_outcome_byte_for_byte(rec: dict[str, 
 
 key_records = st.fixed_dictionaries(
     {
-        "idempotency_key": texts,
-        "job_id": texts,
+        "idempotency_key": TEXTS,
+        "job_id": TEXTS,
         "state": st.sampled_from(fast.KEY_STATES),
-        "at_ms": longs,
-        "attempts": ints,
-        "content_hash": st.none() | texts,
+        "at_ms": LONGS,
+        "attempts": INTS,
+        "content_hash": st.none() | TEXTS,
     }
 )
 
@@ -162,14 +130,14 @@ def test_key_state_rejects_bad_enum() -> None:
 
 
 @given(
-    st.tuples(texts, texts, texts, texts),
-    ints,
-    longs,
-    longs,
-    doubles,
-    st.none() | texts,
-    st.none() | texts,
-    texts,
+    st.tuples(TEXTS, TEXTS, TEXTS, TEXTS),
+    INTS,
+    LONGS,
+    LONGS,
+    DOUBLES,
+    st.none() | TEXTS,
+    st.none() | TEXTS,
+    TEXTS,
 )
 def test_encode_success_matches_the_general_encoders(
     names: tuple[str, str, str, str],

@@ -10,13 +10,11 @@ follow-ups writes what it wrote before.
 from __future__ import annotations
 
 import asyncio
-import random
 from typing import Any
 
 import pytest
 
 from dueflow import headers as hdr
-from dueflow.config import load_settings
 from dueflow.consumers import TaskContext, TaskRegistry, task
 from dueflow.consumers.execution import JobExecutor
 from dueflow.consumers.failures import Failure
@@ -28,17 +26,13 @@ from dueflow.consumers.testing import exec_headers, make_job
 from dueflow.errors import DueflowError
 from dueflow.kafka.topics import names
 from dueflow.observability.metrics import Metrics
-from dueflow.observability.tracing import JobTracer
 from dueflow.records import codec
 from dueflow.records.timer_record import spread_of
 from dueflow.rules.drain import classify_timer
 from dueflow.rules.wheel import place_timer
+from tests.support.attempts import NOW, SETTINGS, batch_recorder, job_delivery
 
-SETTINGS = load_settings(
-    env={}, overrides={"queues": [{"name": "jobs", "partitions": 6, "retry_tiers_ms": [200, 500]}]}
-)
 N = names(SETTINGS)
-NOW = 1_800_000_000_000
 
 
 @task("step", queue="jobs")
@@ -57,20 +51,6 @@ def isolated_step(payload: Any, ctx: TaskContext) -> None:
 REGISTRY = TaskRegistry([step, isolated_step])
 
 
-class Msg:
-    def __init__(self, key: bytes, value: bytes, headers: list[tuple[str, bytes]]) -> None:
-        self._key, self._value, self._headers = key, value, headers
-
-    def key(self) -> bytes:
-        return self._key
-
-    def value(self) -> bytes:
-        return self._value
-
-    def headers(self) -> list[tuple[str, bytes]]:
-        return self._headers
-
-
 RUNNING: set[Any] = set()  # the attempts that run (the runtime's running set)
 
 
@@ -81,21 +61,13 @@ def planner(clock: int = NOW) -> FollowUpPlanner:
 
 
 def recorder(chain: FollowUpPlanner) -> BatchRecorder:
-    return BatchRecorder(
-        SETTINGS,
-        SETTINGS.queue("jobs"),
-        worker_id="w",
-        metrics=Metrics(),
-        tracer=JobTracer(),
-        rng=random.Random(1),
-        follow_ups=chain,
-    )
+    return batch_recorder(follow_ups=chain)
 
 
 def delivery(chain: FollowUpPlanner, task_name: str = "step", payload: Any = None) -> Delivery:
     job = make_job(task_name, payload or {"n": 1}, queue="jobs", key="k1", due_ms=NOW - 5)
     feed = PartitionFeed(N.exec("jobs"), 2, None, MemoryKeyStore(10**9), chain)
-    d = Delivery(feed, Msg(b"k1", codec.encode("job", job.to_record()), exec_headers(job)), 9)
+    d = job_delivery(feed, job, exec_headers(job), 9)
     prepare(d, REGISTRY)
     d.max_attempts = 3
     return d

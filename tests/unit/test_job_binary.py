@@ -7,18 +7,13 @@ import io
 import fastavro
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from dueflow.model import Backoff, BackoffKind, Job
 from dueflow.records import codec
 from dueflow.records.job_binary import encode_job, encode_plain_job, job_values
 from dueflow.records.job_request import JobRequest, JobRules, prepare_job
 from dueflow.records.varint import varint
-
-LONG = st.integers(min_value=-(2**63), max_value=2**63 - 1)
-INT = st.integers(min_value=-(2**31), max_value=2**31 - 1)
-TEXT = st.text(max_size=40)
-STRINGS = st.dictionaries(TEXT, TEXT, max_size=4)
+from tests.support.avro_values import LONGS, avro_jobs
 
 BASE = Job(
     job_id="0190f0c2a1b27c3d8e9f00112233aabb",
@@ -69,78 +64,15 @@ def test_same_bytes_as_fastavro(job: Job) -> None:
     assert Job.from_record(codec.decode("job", encode_job(job))) == job
 
 
-@given(
-    job_id=TEXT,
-    queue=TEXT,
-    task=TEXT,
-    payload=st.binary(max_size=300),
-    content_type=TEXT,
-    due_ms=LONG,
-    key=TEXT,
-    created_ms=LONG,
-    max_attempts=INT,
-    backoff=st.none()
-    | st.builds(
-        Backoff,
-        st.sampled_from(list(BackoffKind)),
-        LONG,
-        LONG,
-        st.floats(allow_nan=False),
-        st.booleans(),
-    ),
-    timeout_ms=st.none() | LONG,
-    jitter_ms=LONG,
-    trace=STRINGS,
-    schedule_id=st.none() | TEXT,
-    schedule_version=st.none() | LONG,
-    content_hash=st.none() | TEXT,
-    labels=STRINGS,
-)
+@given(avro_jobs(max_payload=300))
 @settings(max_examples=400, deadline=None)
-def test_property_same_bytes_and_round_trip(
-    job_id: str,
-    queue: str,
-    task: str,
-    payload: bytes,
-    content_type: str,
-    due_ms: int,
-    key: str,
-    created_ms: int,
-    max_attempts: int,
-    backoff: Backoff | None,
-    timeout_ms: int | None,
-    jitter_ms: int,
-    trace: dict[str, str],
-    schedule_id: str | None,
-    schedule_version: int | None,
-    content_hash: str | None,
-    labels: dict[str, str],
-) -> None:
-    job = Job(
-        job_id,
-        queue,
-        task,
-        payload,
-        due_ms,
-        key,
-        created_ms,
-        content_type=content_type,
-        max_attempts=max_attempts,
-        backoff=backoff,
-        timeout_ms=timeout_ms,
-        jitter_ms=jitter_ms,
-        trace=trace,
-        schedule_id=schedule_id,
-        schedule_version=schedule_version,
-        content_hash=content_hash,
-        labels=labels,
-    )
+def test_property_same_bytes_and_round_trip(job: Job) -> None:
     data = encode_job(job)
     assert data == fastavro_bytes(job)
     assert Job.from_record(codec.decode("job", data)) == job
 
 
-@given(LONG)
+@given(LONGS)
 def test_property_varint_is_avro_long(n: int) -> None:
     buf = io.BytesIO()
     fastavro.schemaless_writer(buf, {"type": "long"}, n)
@@ -164,39 +96,9 @@ def test_out_of_range_values_are_refused() -> None:
         encode_job(Job("x", "q", "t", b"", 2**63, "k", 0))
 
 
-@given(
-    job_id=TEXT,
-    queue=TEXT,
-    task=TEXT,
-    payload=st.binary(max_size=300),
-    due_ms=LONG,
-    key=TEXT,
-    created_ms=LONG,
-    max_attempts=INT,
-    content_hash=TEXT,
-)
+@given(avro_jobs(max_payload=300, plain=True))
 @settings(max_examples=300, deadline=None)
-def test_property_plain_encoder_is_the_encoder(
-    job_id: str,
-    queue: str,
-    task: str,
-    payload: bytes,
-    due_ms: int,
-    key: str,
-    created_ms: int,
-    max_attempts: int,
-    content_hash: str,
-) -> None:
-    job = Job(
-        job_id,
-        queue,
-        task,
-        payload,
-        due_ms,
-        key,
-        created_ms,
-        max_attempts=max_attempts,
-        content_hash=content_hash,
-    )
+def test_property_plain_encoder_is_the_encoder(job: Job) -> None:
     values = job_values(job)
+    job_id, key = job.job_id, job.idempotency_key
     assert encode_plain_job(values, job_id.encode(), key.encode()) == fastavro_bytes(job)

@@ -8,16 +8,14 @@ job's own exec partition with its attempt, not-before and trace headers.
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import pytest
 
 from dueflow import headers as hdr
-from dueflow.config import load_settings
 from dueflow.consumers import TaskRegistry, task
 from dueflow.consumers.failures import Failure
-from dueflow.consumers.feeds import Delivery, PartitionFeed, prepare
+from dueflow.consumers.feeds import PartitionFeed, prepare
 from dueflow.consumers.outputs import KEY_HEADERS
 from dueflow.consumers.recorder import BatchRecorder
 from dueflow.consumers.store import (
@@ -33,18 +31,13 @@ from dueflow.consumers.store import (
 from dueflow.consumers.testing import exec_headers, make_job
 from dueflow.kafka.topics import names
 from dueflow.model import Backoff, BackoffKind
-from dueflow.observability.metrics import Metrics
-from dueflow.observability.tracing import JobTracer
 from dueflow.records import codec, fast
 from dueflow.records.timer_record import TimerPlacer, retry_timer
 from dueflow.rules.drain import classify_timer
 from dueflow.rules.wheel import place_timer
+from tests.support.attempts import NOW, SETTINGS, batch_recorder, job_delivery
 
-SETTINGS = load_settings(
-    env={}, overrides={"queues": [{"name": "jobs", "partitions": 6, "retry_tiers_ms": [200, 500]}]}
-)
 N = names(SETTINGS)
-NOW = 1_800_000_000_000
 TRACE = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
@@ -53,36 +46,15 @@ def flaky(payload: Any, ctx: Any) -> None:
     raise ValueError("no")
 
 
-class Msg:
-    def __init__(self, key: bytes, value: bytes, headers: list[tuple[str, bytes]]) -> None:
-        self._key, self._value, self._headers = key, value, headers
-
-    def key(self) -> bytes:
-        return self._key
-
-    def value(self) -> bytes:
-        return self._value
-
-    def headers(self) -> list[tuple[str, bytes]]:
-        return self._headers
-
-
 def failed_once(backoff: Backoff, *, partition: int = 4, attempt: int = 1) -> BatchRecorder:
     """A recorder after attempt ``attempt`` of a job in exec partition ``partition`` failed."""
-    recorder = BatchRecorder(
-        SETTINGS,
-        SETTINGS.queue("jobs"),
-        worker_id="w",
-        metrics=Metrics(),
-        tracer=JobTracer(),
-        rng=random.Random(1),
-    )
+    recorder = batch_recorder()
     job = make_job("flaky", {"a": 1}, queue="jobs", key="k1", backoff=backoff, due_ms=NOW - 5)
     headers = [*exec_headers(job, fired_ms=NOW - 4), ("traceparent", TRACE)]
     if attempt > 1:
         headers.append((hdr.ATTEMPT, str(attempt).encode()))
     feed = PartitionFeed(N.exec("jobs"), partition, None, MemoryKeyStore(10**9))
-    d = Delivery(feed, Msg(b"k1", codec.encode("job", job.to_record()), headers), 17)
+    d = job_delivery(feed, job, headers, 17)
     prepare(d, TaskRegistry([flaky]))
     d.max_attempts = job.max_attempts  # what the runtime sets before it runs the job
     recorder.failed(d, Failure("ValueError", "no"), 0.01, NOW)

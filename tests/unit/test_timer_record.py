@@ -13,14 +13,8 @@ from dueflow.records import codec
 from dueflow.records.job_request import JobRequest, JobRules, prepare_job
 from dueflow.records.timer_record import TimerPlacer, record_size, spread_of, timer_record
 from dueflow.rules.wheel import WheelGeometry, WheelLevel, place_timer
+from tests.support.wheel_geometries import GEO, SMALL
 
-GEO = WheelGeometry().validate()
-SMALL = WheelGeometry(
-    levels=(WheelLevel(10, 100), WheelLevel(8, 800), WheelLevel(6, 4800)),
-    near_partitions=2,
-    near_window_ms=250,
-    lookahead_ms=50,
-).validate()
 NOW = 1_800_000_000_000
 
 

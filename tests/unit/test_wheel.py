@@ -6,14 +6,8 @@ from hypothesis import strategies as st
 
 from dueflow.errors import ConfigError
 from dueflow.rules.wheel import NEAR_LEVEL, Placement, WheelGeometry, WheelLevel, place_timer
+from tests.support.wheel_geometries import GEO, SMALL
 
-GEO = WheelGeometry().validate()
-SMALL = WheelGeometry(
-    levels=(WheelLevel(10, 100), WheelLevel(8, 800), WheelLevel(6, 4800)),
-    near_partitions=2,
-    near_window_ms=250,
-    lookahead_ms=50,
-).validate()
 NOW = 1_800_000_000_000  # a round-ish epoch ms
 
 

@@ -120,22 +120,31 @@ def _show(args: argparse.Namespace, s: CronSchedule, verb: str) -> int:
     return 0
 
 
-def _add(args: argparse.Namespace) -> int:
-    settings = settings_from_args(args)
-    definition: dict[str, Any] = {
+def _schedule_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """What the flags of ``cron add`` and ``cron update`` both set (None: not given)."""
+    return {
         "cron": args.cron,
         "timezone": args.tz,
         "task": args.task,
-        "payload": read_payload(args.payload),
         "queue": args.queue,
-        "misfire": args.misfire or MisfirePolicy.FIRE_ONCE,
-        "overlap": args.overlap or OverlapPolicy.ALLOW,
+        "misfire": args.misfire,
+        "overlap": args.overlap,
         "jitter": args.jitter,
         "start": args.start,
         "end": args.end,
         "max_attempts": args.max_attempts,
         "backoff": args.backoff,
         "timeout": args.timeout,
+    }
+
+
+def _add(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    definition: dict[str, Any] = {
+        **_schedule_flags(args),
+        "payload": read_payload(args.payload),
+        "misfire": args.misfire or MisfirePolicy.FIRE_ONCE,
+        "overlap": args.overlap or OverlapPolicy.ALLOW,
         "labels": None,
         "paused": args.paused,
     }
@@ -150,20 +159,7 @@ def _add(args: argparse.Namespace) -> int:
 
 def _update(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
-    changes: dict[str, Any] = {
-        "cron": args.cron,
-        "timezone": args.tz,
-        "task": args.task,
-        "queue": args.queue,
-        "misfire": args.misfire,
-        "overlap": args.overlap,
-        "jitter": args.jitter,
-        "start": args.start,
-        "end": args.end,
-        "max_attempts": args.max_attempts,
-        "backoff": args.backoff,
-        "timeout": args.timeout,
-    }
+    changes = _schedule_flags(args)
     if args.payload is not None:
         changes["payload"] = read_payload(args.payload)
     with Scheduler(settings) as scheduler:

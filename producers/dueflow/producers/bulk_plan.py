@@ -42,7 +42,6 @@ from dueflow.records.job_binary import (
 )
 from dueflow.records.job_request import (
     JSON,
-    MAX_DUE_MS,
     MAX_INT32,
     OCTET_STREAM,
     JobRequest,
@@ -52,7 +51,7 @@ from dueflow.records.job_request import (
     bad_task,
     check_finite,
     content_hash_prefix,
-    due_too_late,
+    due_after,
     encode_payload,
     is_name,
     unknown_queue,
@@ -65,7 +64,6 @@ from dueflow.records.timer_record import (
 )
 from dueflow.records.varint import LOW_GROUPS, VARINTS, long_varint, varint
 from dueflow.task_name import is_task_name
-from dueflow.timeutil import parse_duration
 
 # What the bulk loop needs of a planned job: job_id, due_ms, queue, task,
 # idempotency_key, partition, then the record's key, value and headers.
@@ -187,15 +185,7 @@ class BulkPlanner:
                 key_bytes = key.encode()
                 key_length = _length(len(key_bytes))
             delay = req.delay
-            if delay is None:
-                due_ms = now_ms
-            else:
-                if type(delay) is int and delay >= 0:
-                    due_ms = now_ms + delay * 1000
-                else:
-                    due_ms = now_ms + parse_duration(delay, field="delay")
-                if due_ms > MAX_DUE_MS:
-                    raise due_too_late("delay", delay, now_ms=now_ms)
+            due_ms = now_ms if delay is None else due_after(delay, now_ms=now_ms)
             attempts = req.max_attempts
             if attempts is None:
                 options = self._default_options

@@ -31,7 +31,6 @@ from dueflow.producers.recent import RecentJobs
 from dueflow.producers.results import Scheduled
 from dueflow.records.job_binary import encode_plain_job
 from dueflow.records.job_request import (
-    MAX_DUE_MS,
     MAX_INT32,
     NO_STRINGS,
     OCTET_STREAM,
@@ -43,7 +42,7 @@ from dueflow.records.job_request import (
     bad_task,
     content_hash,
     deadline_of,
-    due_too_late,
+    due_after,
     encode_payload,
     is_name,
     prepare_job,
@@ -57,7 +56,6 @@ from dueflow.records.timer_record import (
     timer_record,
 )
 from dueflow.task_name import is_task_name
-from dueflow.timeutil import parse_duration
 
 _new_tuple = tuple.__new__  # NamedTuple without its Python-level __new__ (hot path)
 
@@ -267,15 +265,7 @@ class TimerPlanner:
             elif not is_name(key):
                 raise bad_name("idempotency_key", key)
             delay = req.delay
-            if delay is None:
-                due_ms = now_ms
-            else:
-                if type(delay) is int and delay >= 0:
-                    due_ms = now_ms + delay * 1000
-                else:
-                    due_ms = now_ms + parse_duration(delay, field="delay")
-                if due_ms > MAX_DUE_MS:
-                    raise due_too_late("delay", delay, now_ms=now_ms)
+            due_ms = now_ms if delay is None else due_after(delay, now_ms=now_ms)
             attempts = req.max_attempts
             if attempts is None:
                 attempts = self.rules.default_max_attempts

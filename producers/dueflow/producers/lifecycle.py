@@ -22,7 +22,7 @@ from dueflow.producers.lookup import JobLookup
 from dueflow.producers.rescheduling import moved_timer, refusal, reschedule_records
 from dueflow.producers.results import Cancelled, Rescheduled
 from dueflow.producers.targets import Target, beyond_retention, resolve_target
-from dueflow.producers.timer_finder import TimerFinder
+from dueflow.producers.timer_finder import TimerFinder, WantedTimer
 from dueflow.records.timer_record import TimerRecord
 from dueflow.rules.job_state import FINAL_STATES
 from dueflow.timeutil import format_utc
@@ -131,14 +131,14 @@ class Lifecycle:
             return Move(None, [], result._replace(reason=why))
         self.check_retention(target, target.due_ms, now_ms)
         recent = self.planner.recent.get(target.job_id)
-        found = self.timers.find(
+        wanted = WantedTimer(
             job_id=target.job_id,
             key=target.idempotency_key,
             queue=target.queue,
             due_ms=target.due_ms,
-            now_ms=now_ms,
             hint=recent.partition if recent is not None and recent.partition >= 0 else None,
         )
+        found = self.timers.find(wanted, now_ms=now_ms)
         if found is None:
             why = (
                 "its timer is not in the wheel nor waiting in its exec partition: it has "

@@ -45,21 +45,37 @@ class FoundTimer:
     headers: list[tuple[str, bytes]]
     fired: bool  # read from the exec topic: the timer has fired
 
+    @classmethod
+    def of_record(cls, record: Any, *, fired: bool) -> FoundTimer:
+        """The copy of ``record`` (a Kafka message, or one of the in-memory log)."""
+        return cls(
+            topic=record.topic(),
+            partition=record.partition(),
+            offset=int(record.offset() or 0),
+            value=record.value() or b"",
+            headers=[(k, v) for k, v in _pairs(record) if v is not None],
+            fired=fired,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WantedTimer:
+    """The timer record a finder looks for: job ``job_id`` (record key ``key``, the
+    idempotency key) of ``queue``, due at ``due_ms``; ``hint``, the timer partition
+    it was written to, when known."""
+
+    job_id: str
+    key: str
+    queue: str
+    due_ms: int
+    hint: int | None = None
+
 
 class TimerFinder(Protocol):
     """Where a pending job's value is."""
 
-    def find(
-        self,
-        *,
-        job_id: str,
-        key: str,
-        queue: str,
-        due_ms: int,
-        now_ms: int,
-        hint: int | None = None,
-    ) -> FoundTimer | None:
-        """A record holding job ``job_id`` (key ``key``) due at ``due_ms``; None if none."""
+    def find(self, wanted: WantedTimer, *, now_ms: int) -> FoundTimer | None:
+        """A record holding the ``wanted`` job; None if none."""
         ...
 
 
@@ -79,35 +95,29 @@ class WheelTimerFinder:
         self.max_records = max_records
         self.timeout_s = timeout_s
 
-    def find(
-        self,
-        *,
-        job_id: str,
-        key: str,
-        queue: str,
-        due_ms: int,
-        now_ms: int,
-        hint: int | None = None,
-    ) -> FoundTimer | None:
+    def find(self, wanted: WantedTimer, *, now_ms: int) -> FoundTimer | None:
         n = names(self.settings)
-        wanted = key.encode()
-        job = job_id.encode()
+        key = wanted.key.encode()
+        job = wanted.job_id.encode()
+        due_ms = wanted.due_ms
         consumer = ops_consumer(self.settings)
         try:
             for p in timer_partitions(
-                due_ms=due_ms, now_ms=now_ms, key=wanted, geometry=self.settings.wheel, hint=hint
+                due_ms=due_ms,
+                now_ms=now_ms,
+                key=key,
+                geometry=self.settings.wheel,
+                hint=wanted.hint,
             ):
                 (low, high) = watermarks(consumer, n.timers, [p])[p]
-                found = self._scan(consumer, n.timers, p, low, high, wanted, job)
+                found = self._scan(consumer, n.timers, p, low, high, key, job)
                 if found is not None:
                     return found
-            topic = n.exec(queue)
-            p = partition_for_key(wanted, self.queue_spec(queue).partitions)
+            topic = n.exec(wanted.queue)
+            p = partition_for_key(key, self.queue_spec(wanted.queue).partitions)
             (low, high) = watermarks(consumer, topic, [p])[p]
             start = offsets_for_time(consumer, topic, [p], due_ms - EXEC_LOOKBACK_MS)[p]
-            return self._scan(
-                consumer, topic, p, low if start is None else start, high, wanted, job
-            )
+            return self._scan(consumer, topic, p, low if start is None else start, high, key, job)
         finally:
             consumer.close()
 
@@ -164,14 +174,7 @@ class WheelTimerFinder:
             consumer.unassign()
         if found is None:
             return None
-        return FoundTimer(
-            topic=topic,
-            partition=partition,
-            offset=int(found.offset() or 0),
-            value=found.value() or b"",
-            headers=[(k, v) for k, v in _pairs(found) if v is not None],
-            fired=topic != names(self.settings).timers,
-        )
+        return FoundTimer.of_record(found, fired=topic != names(self.settings).timers)
 
 
 def _pairs(msg: Any) -> list[tuple[str, bytes | None]]:

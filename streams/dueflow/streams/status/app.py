@@ -190,15 +190,7 @@ class StatusView:
                     headers=_header_pairs(headers),
                     reason=reasons.with_detail(reasons.UNDECODABLE_OUTCOME, exc),
                 )
-            event(
-                log,
-                "status.outcome_skipped",
-                logging.WARNING,
-                topic=self._names.outcomes,
-                partition=partition,
-                offset=offset,
-                reason=str(exc),
-            )
+            self._log_skipped(partition, offset, str(exc))
             return None
         job_id = outcome["job_id"]
         prev = self.jobs.get(job_id)
@@ -206,15 +198,7 @@ class StatusView:
             view = state.apply_outcome(prev, outcome, partition=partition)
         except (KeyError, TypeError, ValueError) as exc:  # a record the fold cannot use
             self.metrics.skipped.labels("status_view", "unusable").inc()
-            event(
-                log,
-                "status.outcome_skipped",
-                logging.WARNING,
-                topic=self._names.outcomes,
-                partition=partition,
-                offset=offset,
-                reason=repr(exc),
-            )
+            self._log_skipped(partition, offset, repr(exc))
             return None
         # Table writes are not guarded: a broken table must stop the view, not lose data.
         self.jobs[job_id] = view
@@ -222,6 +206,18 @@ class StatusView:
         self._recent.append(job_id)
         self.metrics.status_outcomes.labels(outcome["state"]).inc()
         return view
+
+    def _log_skipped(self, partition: int, offset: int, reason: str) -> None:
+        """The warning for an outcome record the view skips."""
+        event(
+            log,
+            "status.outcome_skipped",
+            logging.WARNING,
+            topic=self._names.outcomes,
+            partition=partition,
+            offset=offset,
+            reason=reason,
+        )
 
     def _count(
         self, prev: dict[str, Any] | None, new: dict[str, Any] | None, partition: int
