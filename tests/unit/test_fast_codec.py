@@ -17,7 +17,7 @@ jobs = avro_jobs(max_payload=100)
 
 
 @given(jobs)
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 def test_decode_job_matches_fastavro(job: Job) -> None:
     data = codec.encode("job", job.to_record())
     assert fast.decode_job(data) == Job.from_record(codec.decode("job", data))
@@ -70,13 +70,13 @@ outcomes = st.fixed_dictionaries(
 
 
 @given(outcomes)
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 def test_encode_outcome_is_byte_identical(rec: dict[str, Any]) -> None:
     assert fast.encode_outcome(**rec) == codec.encode("outcome", rec)
 
 
 @given(outcomes)
-@settings(max_examples=200)
+@settings(max_examples=200, deadline=None)
 def test_encode_scheduled_is_the_scheduled_outcome_byte_for_byte(rec: dict[str, Any]) -> None:
     rec = {**rec, "state": "scheduled", "attempt": 0, "due_ms": rec["due_ms"] or 0}
     rec.update(duration_ms=None, error_type=None, error=None, worker=None)
@@ -106,7 +106,7 @@ key_records = st.fixed_dictionaries(
 
 
 @given(key_records)
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 def test_key_state_round_trip_is_byte_identical(rec: dict[str, Any]) -> None:
     data = fast.encode_key_state(**rec)
     assert data == codec.encode("idempotency", rec, version=2)
