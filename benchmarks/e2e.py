@@ -54,7 +54,12 @@ first schedule to the last commit, idle polling included;
 ``raw_cpu_us_per_record`` the same for the baseline's producer and consumer;
 ``watcher_cpu_us_per_job`` the measuring consumer's (not in the total).
 ``broker_jit_cpu_s`` is the part of the local broker's CPU its JIT compiler
-threads took during the measured run; ``host_cpu`` the busy and steal shares
+threads took during the measured run, and ``broker_threads_cpu_us_per_job``
+the broker's CPU per job by kind of thread (the request path, JIT, GC, group
+coordinator, transaction markers: ``benchmarks/broker_probe.py``);
+``--broker-requests`` adds its requests per second by API
+(``broker_requests_per_s``, read over JMX) and ``broker_requests_per_job``;
+``host_cpu`` the busy and steal shares
 of the whole host's CPU meanwhile (near 1.0 busy: the run measured queueing
 for a core). ``--per-second``: each run's lateness by second of due time
 (``per_run[].per_second``), to tell episodes from a tail everywhere.
@@ -78,7 +83,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -87,7 +92,15 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from benchmarks.arrivals import take_arrived
-from benchmarks.e2e_result import Measured, combine, host_cpu_share, per_second, run_figures
+from benchmarks.broker_probe import BrokerRequests, cpu_delta, request_rates, thread_cpu_s
+from benchmarks.e2e_result import (
+    Measured,
+    combine,
+    host_cpu_share,
+    per_job,
+    per_second,
+    run_figures,
+)
 from benchmarks.output import show
 from benchmarks.produce import plan_records
 from benchmarks.spread import broker_state, describe, spread_rows
@@ -496,20 +509,6 @@ def _host_cpu() -> list[int]:
     return [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
 
 
-def _jit_cpu_s(pid: int) -> float:
-    """CPU seconds of the JVM's JIT compiler threads (``C1/C2 CompilerThread<n>``)."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            if not (task / "comm").read_text().startswith(("C1 Compiler", "C2 Compiler")):
-                continue
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # the thread ended
-            continue
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
-
-
 @contextmanager
 def cluster(
     bootstrap: str | None,
@@ -628,7 +627,13 @@ def measure(
     with (
         pipeline(settings, args.processes, workdir) as (emitter, workers),
         Watcher(settings) as watcher,
+        ExitStack() as probes,
     ):
+        requests = (
+            probes.enter_context(BrokerRequests(broker_pid))
+            if broker_pid and args.broker_requests
+            else None
+        )
         # user+sys CPU of every process of the pipeline, from the first schedule to the
         # last commit: idle polling counts, as it does in production
         pids = {
@@ -639,7 +644,9 @@ def measure(
             pids["broker"] = broker_pid
         cpu0 = {k: _cpu_s(pid) for k, pid in pids.items()}
         host0 = _host_cpu()
-        jit0 = _jit_cpu_s(broker_pid) if broker_pid else 0.0
+        threads0 = thread_cpu_s(broker_pid) if broker_pid else {}
+        requests0 = requests.counts() if requests else {}
+        wall0 = time.monotonic()
         own0 = time.process_time()
         with Scheduler(settings) as scheduler:
             if args.mode == "burst":
@@ -662,7 +669,9 @@ def measure(
         if not broker_pid:
             cpu["broker"] = None
         watcher_cpu = watcher.cpu_s()
-        jit_cpu = (_jit_cpu_s(broker_pid) - jit0) if broker_pid else None
+        threads = cpu_delta(threads0, thread_cpu_s(broker_pid)) if broker_pid else None
+        window_s = time.monotonic() - wall0
+        rates = request_rates(requests0, requests.counts(), window_s) if requests else None
     runs = workers.runs()
     # The baseline: records of the very size the SDK writes, same run, same broker.
     sample = plan_records(settings, requests_burst(min(jobs, 1_000), 1_000))
@@ -686,13 +695,22 @@ def measure(
         raw_cpu_s=raw["cpu_s"],
         cpu_s=cpu,
         watcher_cpu_s=watcher_cpu,
-        broker_jit_cpu_s=jit_cpu,
+        broker_jit_cpu_s=threads.get("jit", 0.0) if threads is not None else None,
         # the emitter's dueflow_emitter_commit_seconds: bucket bounds, every commit
         emitter_commit_ms=commit_ms,
         broker_state=broker_state,
         broker_load_before_s=broker_load_before_s,
         extra={
             "host_cpu": host,
+            **({"broker_threads_cpu_us_per_job": per_job(threads, jobs)} if threads else {}),
+            **(
+                {
+                    "broker_requests_per_s": rates,
+                    "broker_requests_per_job": round(rates["total"] * window_s / jobs, 2),
+                }
+                if rates
+                else {}
+            ),
             **({"per_second": per_second(runs)} if args.per_second else {}),
         },
     )
@@ -792,6 +810,12 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         metavar="OPTION",
         help="a JVM option of the local broker, e.g. --broker-jvm=-XX:TieredStopAtLevel=1",
+    )
+    p.add_argument(
+        "--broker-requests",
+        action="store_true",
+        help="the local broker's requests by API during each measured run, read over "
+        "JMX (per_run[].broker_requests_per_s; about a second of CPU to attach)",
     )
     p.add_argument(
         "--per-second",
