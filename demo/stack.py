@@ -39,14 +39,17 @@ RETRY_TIERS_MS = (500, 2_000)
 EMITTER_SESSION_MS = 3_000
 EMITTER_HEARTBEAT_MS = 300
 DEFAULT_BROKER_PORT = 19192  # below the ephemeral range; not the compose file's ports
-# The demo's broker lives for a minute: with the JVM's default tiered JIT its C2
-# compiler took about a third of the broker's CPU all through the run (0.27 of a
-# core beside 0.41 on the request path), on the two cores every process shares.
-# C1 alone compiles in seconds. Measured (issue 18, make demo, start lateness
-# outside the takeover): p50 51-64 / p99 278-315 ms with the default JIT, p50
-# 30-31 / p99 121-129 ms with C1 only. A long-lived broker wants C2: the e2e
-# benchmark's warmed broker took as much CPU per job either way.
+# The demo's broker lives for a minute, on the two cores every process shares.
+# With the JVM's default tiered JIT its C2 compiler took about a third of the
+# broker's CPU all through the run (0.27 of a core beside 0.41 on the request
+# path); C1 alone compiles in seconds. Fewer request and network threads than
+# the local broker's default (4 and 2) cost the broker 7 % less CPU per job in
+# the e2e benchmark. Measured (issue 18, make demo, start lateness outside the
+# takeover, p50 / p99): default JIT 51-64 / 278-315 ms; C1 only 30-31 /
+# 121-129 ms; C1 and 2 + 1 threads 26-31 / 98-116 ms (4 runs). A long-lived broker
+# wants C2: the e2e benchmark's warmed broker took as much CPU per job either way.
 DEMO_BROKER_JVM = ("-XX:TieredStopAtLevel=1",)
+DEMO_BROKER_PROPERTIES = {"num.io.threads": "2", "num.network.threads": "1"}
 # Settings taken from the caller's environment: how to reach and secure the
 # cluster. Everything else comes from the demo's own file.
 _PASSED_ENV = ("DUEFLOW_KAFKA_", "DUEFLOW_REPLICATION_FACTOR", "DUEFLOW_MIN_INSYNC_REPLICAS")
@@ -137,6 +140,7 @@ class DemoStack:
                 port=free_port_pair(DEFAULT_BROKER_PORT),
                 state_dir=self.workdir / "broker",
                 jvm_options=DEMO_BROKER_JVM,
+                extra_properties=DEMO_BROKER_PROPERTIES,
             )
             t0 = time.monotonic()
             pid, _ = self.broker.start()
