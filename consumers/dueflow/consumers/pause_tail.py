@@ -69,19 +69,35 @@ class ControlTail:
     def is_paused(self, queue: str) -> bool:
         return queue in self.paused
 
-    async def caught_up(self, timeout_s: float = 30.0) -> bool:
+    async def caught_up(self, timeout_s: float = 30.0, *, retry_s: float = 0.2) -> bool:
         """Wait until the commands written before now are applied; False on timeout
-        (the topic missing or the broker not answering: the worker goes on)."""
+        (the topic missing or the broker not answering: the worker goes on).
+
+        A partition without a known leader yet (the topic just created, a leader
+        moving) is asked again every ``retry_s`` until ``timeout_s``: giving up at
+        once let a worker that started beside a fresh control topic start jobs of
+        a queue paused before it."""
         assert self._thread is not None
+        thread = self._thread
         tp = TopicPartition(self._topic, 0)
-        try:
-            low, high = await asyncio.wait_for(
-                self._thread.call(lambda c: c.get_watermark_offsets(tp, timeout=10, cached=False)),
-                timeout_s,
-            )
-        except (KafkaException, TimeoutError) as exc:
-            event(_LOG, "control topic not read", logging.WARNING, error=str(exc))
-            return False
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            left = deadline - asyncio.get_running_loop().time()
+            try:
+                low, high = await asyncio.wait_for(
+                    thread.call(lambda c: c.get_watermark_offsets(tp, timeout=10, cached=False)),
+                    max(0.0, left),
+                )
+                break
+            except KafkaException as exc:
+                if _leaderless(exc) and left > retry_s:
+                    await asyncio.sleep(retry_s)
+                    continue
+                event(_LOG, "control topic not read", logging.WARNING, error=str(exc))
+                return False
+            except TimeoutError as exc:
+                event(_LOG, "control topic not read", logging.WARNING, error=str(exc))
+                return False
         if high <= low or self._reached >= high:
             return True
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -148,3 +164,13 @@ class ControlTail:
         for _target, fut in self._waiters:
             with contextlib.suppress(asyncio.InvalidStateError):
                 fut.cancel()
+
+
+# The partition has no leader the client knows of yet: it will, in moments.
+# (A missing topic is not waited for: the worker goes on, as the docstring says.)
+_LEADERLESS = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE})
+
+
+def _leaderless(exc: KafkaException) -> bool:
+    err = exc.args[0] if exc.args else None
+    return isinstance(err, KafkaError) and err.code() in _LEADERLESS
