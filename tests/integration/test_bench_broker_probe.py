@@ -3,26 +3,47 @@ JMX (benchmarks/java/BrokerRequests.java) and its threads' CPU."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic
 
 from benchmarks.broker_probe import BrokerRequests, request_rates, thread_cpu_s
+from dueflow.broker.local import LocalBroker
+from dueflow.broker.ports import free_port_pair
+from dueflow.config import load_settings
 from dueflow.kafka.clients import make_admin
 from tests.conftest import KafkaCluster
 
 pytestmark = pytest.mark.integration
 
 
-def test_the_probe_counts_the_produce_requests_it_caused(kafka: KafkaCluster, prefix: str) -> None:
-    if kafka.broker is None:
-        pytest.skip("DUEFLOW_BOOTSTRAP: an external cluster has no local broker JVM to attach to")
-    pid = kafka.broker.running_pid()
+@pytest.fixture
+def local_broker(kafka: KafkaCluster, tmp_path: Path) -> Iterator[LocalBroker]:
+    """The session's broker, or one of this test's own when DUEFLOW_BOOTSTRAP points
+    at an external cluster (the probe attaches to a broker JVM on this host)."""
+    if kafka.broker is not None:
+        yield kafka.broker
+        return
+    broker = LocalBroker(port=free_port_pair(), state_dir=tmp_path / "b", heap="384m")
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()  # by pid, even if the test failed half way
+
+
+def test_the_probe_counts_the_produce_requests_it_caused(
+    local_broker: LocalBroker, prefix: str
+) -> None:
+    pid = local_broker.running_pid()
     assert pid is not None
     topic = f"{prefix}.probe"
-    admin = make_admin(kafka.settings(prefix))
+    admin = make_admin(load_settings(env={}, overrides={"bootstrap": local_broker.bootstrap}))
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
-    producer = Producer({"bootstrap.servers": kafka.bootstrap, "linger.ms": 0})
+    producer = Producer({"bootstrap.servers": local_broker.bootstrap, "linger.ms": 0})
     with BrokerRequests(pid) as reader:
         before = reader.counts()
         for i in range(12):  # one ProduceRequest each: flushed one by one
