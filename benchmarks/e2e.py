@@ -13,8 +13,9 @@ async no-op handler that notes the job's key, due time and start time.
   first schedule. ``throughput_jobs_per_s`` = jobs / (first schedule ->
   the workers' committed offsets cover every job).
 - ``steady``: ``--rate`` jobs per second for ``--settle-s`` plus
-  ``--duration`` seconds, each due 1-3 s after it is scheduled: the lateness
-  a job sees at that rate.
+  ``--duration`` seconds, each due 1-3 s after it is scheduled, in one
+  ``schedule_many`` call about every ``--feed-every-ms`` (5): the lateness a
+  job sees at that rate.
 
 The headline, ``lateness_ms`` {p50,p95,p99,max}, is handler start - due over
 every job (its first run): the worker is a ``read_committed`` consumer, so
@@ -421,8 +422,12 @@ def requests_burst(jobs: int, window_ms: int) -> list[JobRequest]:
     ]
 
 
-def steady_feed(scheduler: Scheduler, rate: int, seconds: float) -> tuple[int, float]:
-    """Schedule ``rate`` jobs/s for ``seconds``, due 1-3 s ahead; (count, seconds taken)."""
+def steady_feed(
+    scheduler: Scheduler, rate: int, seconds: float, *, every_s: float = 0.005
+) -> tuple[int, float]:
+    """Schedule ``rate`` jobs/s for ``seconds``, due 1-3 s ahead, one ``schedule_many``
+    call about every ``every_s`` (each flushes: a ProduceRequest per timer partition
+    its jobs fall in); (count, seconds taken)."""
     t0 = time.monotonic()
     i = 0
     while (elapsed := time.monotonic() - t0) < seconds:
@@ -441,7 +446,7 @@ def steady_feed(scheduler: Scheduler, rate: int, seconds: float) -> tuple[int, f
             if not result.ok:
                 raise RuntimeError(f"schedule_many: {result.to_json()}")
             i = target
-        time.sleep(0.005)  # pacing of the load generator
+        time.sleep(every_s)  # pacing of the load generator
     return i, time.monotonic() - t0
 
 
@@ -494,7 +499,9 @@ def warm_up(
     settings = bench_settings(bootstrap, args.partitions, emitter, worker)
     with pipeline(settings, args.processes, workdir), Watcher(settings) as watcher:
         with Scheduler(settings) as scheduler:
-            jobs, _ = steady_feed(scheduler, args.warmup_rate, args.warmup_s)
+            jobs, _ = steady_feed(
+                scheduler, args.warmup_rate, args.warmup_s, every_s=args.feed_every_ms / 1000
+            )
         watcher.wait(jobs * OUTCOMES_PER_JOB, args.timeout)
     return time.monotonic() - t0
 
@@ -605,6 +612,7 @@ def _run(
         out["duration_s"] = args.duration
         out["settle_s"] = args.settle_s
         out["load_s"] = args.settle_s + args.duration
+        out["feed_every_ms"] = args.feed_every_ms
     return out
 
 
@@ -659,7 +667,12 @@ def measure(
                 jobs = result.scheduled
             else:
                 started = time.time()
-                jobs, scheduled_s = steady_feed(scheduler, args.rate, args.settle_s + args.duration)
+                jobs, scheduled_s = steady_feed(
+                    scheduler,
+                    args.rate,
+                    args.settle_s + args.duration,
+                    every_s=args.feed_every_ms / 1000,
+                )
         done = watcher.wait(jobs * OUTCOMES_PER_JOB, args.timeout)
         commit_ms = emitter_commit_ms(int(emitter.extra_env["DUEFLOW_OBSERVABILITY_METRICS_PORT"]))
         # this process: the load producer (schedule_many) and the commit polling
@@ -810,6 +823,13 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         metavar="OPTION",
         help="a JVM option of the local broker, e.g. --broker-jvm=-XX:TieredStopAtLevel=1",
+    )
+    p.add_argument(
+        "--feed-every-ms",
+        type=float,
+        default=5.0,
+        help="steady: the load generator calls schedule_many about this often (each "
+        "call flushes; default 5)",
     )
     p.add_argument(
         "--broker-requests",
