@@ -18,12 +18,13 @@ The pure parts (:func:`thread_kind`, :func:`request_rates`) are unit-tested.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from benchmarks.proc_cpu import stat_cpu_s
 
 JAVA_SOURCE = Path(__file__).parent / "java" / "BrokerRequests.java"
 
@@ -59,16 +60,15 @@ def thread_cpu_s(pid: int) -> dict[str, float]:
 
     Threads that ended are not counted, so take the difference of two readings
     of a long-lived process (a broker's threads live as long as it does)."""
-    tick = os.sysconf("SC_CLK_TCK")
     out: dict[str, float] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             name = (task / "comm").read_text().strip()
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            spent = stat_cpu_s((task / "stat").read_text())
         except OSError:  # the thread ended
             continue
         kind = thread_kind(name)
-        out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        out[kind] = out.get(kind, 0.0) + spent
     return out
 
 

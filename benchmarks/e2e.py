@@ -103,6 +103,7 @@ from benchmarks.e2e_result import (
     run_figures,
 )
 from benchmarks.output import show
+from benchmarks.proc_cpu import cpu_s
 from benchmarks.produce import plan_records
 from benchmarks.spread import broker_state, describe, spread_rows
 from dueflow.broker.local import LocalBroker
@@ -506,11 +507,6 @@ def warm_up(
     return time.monotonic() - t0
 
 
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _host_cpu() -> list[int]:
     """The host's CPU time so far: the ``cpu`` line of ``/proc/stat`` (clock ticks)."""
     return [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
@@ -650,7 +646,7 @@ def measure(
         }
         if broker_pid:
             pids["broker"] = broker_pid
-        cpu0 = {k: _cpu_s(pid) for k, pid in pids.items()}
+        cpu0 = {k: cpu_s(pid) for k, pid in pids.items()}
         host0 = _host_cpu()
         threads0 = thread_cpu_s(broker_pid) if broker_pid else {}
         requests0 = requests.counts() if requests else {}
@@ -677,7 +673,7 @@ def measure(
         commit_ms = emitter_commit_ms(int(emitter.extra_env["DUEFLOW_OBSERVABILITY_METRICS_PORT"]))
         # this process: the load producer (schedule_many) and the commit polling
         cpu: dict[str, float | None] = {"load_producer": time.process_time() - own0}
-        cpu.update({k: _cpu_s(pid) - cpu0[k] for k, pid in pids.items()})
+        cpu.update({k: cpu_s(pid) - cpu0[k] for k, pid in pids.items()})
         host = host_cpu_share(host0, _host_cpu())
         if not broker_pid:
             cpu["broker"] = None

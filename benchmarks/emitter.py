@@ -62,6 +62,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from benchmarks.arrivals import take_arrived
 from benchmarks.output import show
+from benchmarks.proc_cpu import cpu_s
 from benchmarks.spread import broker_state, describe, percentiles, spread, spread_rows
 from dueflow import headers as hdr
 from dueflow.broker.local import LocalBroker
@@ -129,11 +130,6 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024.0
     raise RuntimeError("no VmRSS")
-
-
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start_emitter(settings: Settings, workdir: Path, name: str, port: int) -> EmitterSubprocess:

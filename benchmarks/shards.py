@@ -65,8 +65,9 @@ from typing import Any, NamedTuple
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from benchmarks.arrivals import take_arrived
-from benchmarks.emitter import cpu_s, raw_drain
+from benchmarks.emitter import raw_drain
 from benchmarks.output import show
+from benchmarks.proc_cpu import cpu_s
 from benchmarks.spread import describe, percentiles
 from dueflow import headers as hdr
 from dueflow.broker.local import LocalBroker

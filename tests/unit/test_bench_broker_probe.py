@@ -8,6 +8,7 @@ import time
 import pytest
 
 from benchmarks.broker_probe import cpu_delta, request_rates, thread_cpu_s, thread_kind
+from benchmarks.proc_cpu import stat_cpu_s
 
 
 @pytest.mark.parametrize(
@@ -64,3 +65,10 @@ def test_thread_cpu_s_sees_the_cpu_a_thread_spends() -> None:
     spent = cpu_delta(before, thread_cpu_s(os.getpid()))
     assert set(spent) <= {"requests", "jit", "gc", "group coordinator", "other"}
     assert sum(spent.values()) >= 0.2
+
+
+def test_stat_cpu_s_counts_fields_after_a_name_with_spaces_and_parentheses() -> None:
+    tick = os.sysconf("SC_CLK_TCK")
+    # pid (comm) state ppid ... utime(14th) stime(15th): the name may hold ") ("
+    stat = "42 (C2 Compiler) (x)) S 1 2 3 4 5 6 7 8 9 10 " + f"{3 * tick} {tick} 0 0"
+    assert stat_cpu_s(stat) == 4.0
