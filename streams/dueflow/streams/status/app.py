@@ -12,6 +12,15 @@ job id) into two changelog-backed tables:
   keyed per source partition because faust writes a change to the changelog
   partition of the event that caused it (see ``state.counts_key``).
 
+Outcomes are folded in batches (``take_events``, at most
+:data:`FOLD_BATCH` outcomes or :data:`FOLD_WITHIN_S`): each changes the
+tables' data in memory, and the batch then writes one changelog record per key
+it changed, with the key's last value. A job's outcomes that arrive together
+(one worker transaction), and the counts of a queue, which every outcome
+changes, cost one write a batch instead of one each. faust acks a batch's
+events only after the batch is written, and flushes its producer before it
+commits offsets, so a committed offset never runs ahead of the changelog.
+
 Both tables use faust's memory store: on start they are rebuilt from their
 changelog topics (``<app id>-jobs-changelog``, compacted) before the HTTP
 server opens, so the view survives restarts; the data dir only holds faust's
@@ -42,6 +51,7 @@ import secrets
 import sys
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +81,19 @@ from dueflow.wall_clock import wall_ms
 log = logging.getLogger("dueflow.status")
 
 RECENT_JOBS = 200
+FOLD_BATCH = 2000  # outcomes folded before the batch's table changes are written
+FOLD_WITHIN_S = 0.05  # ... or after this long (the page polls every second)
 REDRIVE_RATE = 50.0  # records per second from the redrive button
 SWEEP_INTERVAL_S = 60.0
+
+
+@dataclass(slots=True)
+class Changed:
+    """Table keys changed by a batch of outcomes, each with its changelog partition
+    (the partition of the outcomes that changed it)."""
+
+    jobs: dict[str, int] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
 
 
 class StatusView:
@@ -159,10 +180,26 @@ class StatusView:
         return app
 
     async def _consume(self, stream: Any) -> None:
-        async for ev in stream.events():
-            self.apply_event(
-                ev.message.partition, ev.message.offset, ev.headers, ev.value, key=ev.key
-            )
+        async for events in stream.take_events(FOLD_BATCH, FOLD_WITHIN_S):
+            changed = Changed()
+            for ev in events:
+                self.apply_event(
+                    ev.message.partition,
+                    ev.message.offset,
+                    ev.headers,
+                    ev.value,
+                    changed,
+                    key=ev.key,
+                )
+            self.write_changed(changed)
+
+    def write_changed(self, changed: Changed) -> None:
+        """One changelog record per table key a batch changed: its value now."""
+        jobs, counts = self.jobs, self.counts
+        for job_id, p in changed.jobs.items():
+            jobs.send_changelog(p, job_id, jobs.data[job_id])
+        for key, p in changed.counts.items():
+            counts.send_changelog(p, key, counts.data[key])
 
     def apply_event(
         self,
@@ -170,10 +207,12 @@ class StatusView:
         offset: int,
         headers: Any,
         value: bytes | None,
+        changed: Changed,
         *,
         key: bytes | None = None,
     ) -> dict[str, Any] | None:
-        """Fold one outcome record into the tables (call inside the stream)."""
+        """Fold one outcome record into the tables' data; ``changed`` collects the keys
+        whose changelog records :meth:`write_changed` then writes."""
         try:
             raw = hdr.header(_header_pairs(headers), hdr.SCHEMA)
             version = codec.parse_schema_header(raw, expected="outcome")
@@ -193,7 +232,7 @@ class StatusView:
             self._log_skipped(partition, offset, str(exc))
             return None
         job_id = outcome["job_id"]
-        prev = self.jobs.get(job_id)
+        prev = self.jobs.data.get(job_id)
         try:
             view = state.apply_outcome(prev, outcome, partition=partition)
         except (KeyError, TypeError, ValueError) as exc:  # a record the fold cannot use
@@ -201,8 +240,9 @@ class StatusView:
             self._log_skipped(partition, offset, repr(exc))
             return None
         # Table writes are not guarded: a broken table must stop the view, not lose data.
-        self.jobs[job_id] = view
-        self._count(prev, view, partition)
+        self.jobs.data[job_id] = view
+        changed.jobs[job_id] = partition
+        self._count(prev, view, partition, changed)
         self._recent.append(job_id)
         self.metrics.status_outcomes.labels(outcome["state"]).inc()
         return view
@@ -220,12 +260,18 @@ class StatusView:
         )
 
     def _count(
-        self, prev: dict[str, Any] | None, new: dict[str, Any] | None, partition: int
+        self,
+        prev: dict[str, Any] | None,
+        new: dict[str, Any] | None,
+        partition: int,
+        changed: Changed,
     ) -> None:
         deltas = state.count_deltas(prev, new)
+        data = self.counts.data
         for queue in {q for q, _, _ in deltas}:
             key = state.counts_key(queue, partition)
-            self.counts[key] = state.apply_deltas(self.counts.get(key), deltas, queue)
+            data[key] = state.apply_deltas(data.get(key), deltas, queue)
+            changed.counts[key] = partition
         for queue, st, delta in deltas:
             self.metrics.status_jobs.labels(queue, st).inc(delta)
 
@@ -267,8 +313,11 @@ class StatusView:
             if tp.topic == self._names.outcomes
         }
         removed = 0
+        changed = Changed()  # counts only: removed jobs are tombstones
         for i, (job_id, view) in enumerate(list(self.jobs.data.items())):
             if i % 1000 == 999:
+                self.write_changed(changed)  # before yielding: the stream may write too
+                changed = Changed()
                 await asyncio.sleep(0)  # let requests and the stream run
             p = int(view["partition"])
             if p not in actives or not state.expired(view, now_ms=now, retention_ms=retention):
@@ -277,13 +326,9 @@ class StatusView:
                 continue  # changed while we yielded
             del self.jobs.data[job_id]
             self.jobs.send_changelog(p, job_id, None, value_serializer="raw")
-            for queue, st, delta in state.count_deltas(view, None):
-                key = state.counts_key(queue, p)
-                counts = state.apply_deltas(self.counts.data.get(key), [(queue, st, delta)], queue)
-                self.counts.data[key] = counts
-                self.counts.send_changelog(p, key, counts)
-                self.metrics.status_jobs.labels(queue, st).inc(delta)
+            self._count(view, None, p, changed)
             removed += 1
+        self.write_changed(changed)
         if removed:
             event(log, "status.swept", removed=removed, retention_ms=retention)
 
