@@ -44,11 +44,17 @@ DEFAULT_BROKER_PORT = 19192  # below the ephemeral range; not the compose file's
 # broker's CPU all through the run (0.27 of a core beside 0.41 on the request
 # path); C1 alone compiles in seconds. Fewer request and network threads than
 # the local broker's default (4 and 2) cost the broker 7 % less CPU per job in
-# the e2e benchmark. Measured (issue 18, make demo, start lateness outside the
+# the e2e benchmark. The serial collector instead of G1: 5 % less broker CPU
+# (36.6-37.7 s a run against 38.8-39.6 s) and a third off the p50, for young
+# pauses of 30-50 ms every 3-4 s (the parallel collector paused up to 465 ms,
+# p99 203 ms and 9.3 s in its 2 runs). Measured (issue 18, make demo, start lateness outside the
 # takeover, p50 / p99): default JIT 51-64 / 278-315 ms; C1 only 30-31 /
-# 121-129 ms; C1 and 2 + 1 threads 26-31 / 98-116 ms (4 runs). A long-lived broker
-# wants C2: the e2e benchmark's warmed broker took as much CPU per job either way.
-DEMO_BROKER_JVM = ("-XX:TieredStopAtLevel=1",)
+# 121-129 ms; C1 and 2 + 1 threads 26-31 / 98-116 ms (4 runs), and with the
+# status view folding in batches 26-30 / 94-120 ms (4 runs); then the serial
+# collector: 18-19 / 66-146 ms (5 runs: 66, 82, 91, 92, 146). A long-lived
+# broker wants C2: the e2e benchmark's warmed broker took as much CPU per job
+# either way.
+DEMO_BROKER_JVM = ("-XX:TieredStopAtLevel=1", "-XX:-UseG1GC", "-XX:+UseSerialGC")
 DEMO_BROKER_PROPERTIES = {"num.io.threads": "2", "num.network.threads": "1"}
 # Settings taken from the caller's environment: how to reach and secure the
 # cluster. Everything else comes from the demo's own file.
