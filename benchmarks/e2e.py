@@ -64,6 +64,10 @@ coordinator, transaction markers: ``benchmarks/broker_probe.py``);
 of the whole host's CPU meanwhile (near 1.0 busy: the run measured queueing
 for a core). ``--per-second``: each run's lateness by second of due time
 (``per_run[].per_second``), to tell episodes from a tail everywhere.
+``--visibility``: two more readers of the exec topics split the time from
+the emitter's stamp to a ``read_committed`` consumer into appended and
+committed (``per_run[].visibility``, ``benchmarks/visibility_probe.py``);
+they cost CPU, so such runs are for the split, not the headline.
 Experiments: ``--emitter``/``--worker KEY=VALUE`` (settings),
 ``--broker KEY=VALUE`` (server properties of the local broker),
 ``--broker-jvm=OPTION`` (its JVM); all are recorded in the result.
@@ -106,11 +110,12 @@ from benchmarks.output import show
 from benchmarks.proc_cpu import cpu_s
 from benchmarks.produce import plan_records
 from benchmarks.spread import broker_state, describe, spread_rows
+from benchmarks.visibility_probe import SPANS, VisibilityProbe
 from dueflow.broker.local import LocalBroker
 from dueflow.broker.ports import free_port, free_port_pair
 from dueflow.config import Settings, load_settings
 from dueflow.headers import FIRED
-from dueflow.kafka.clients import make_admin
+from dueflow.kafka.clients import consumer_config, make_admin
 from dueflow.kafka.topic_admin import TopicAdmin
 from dueflow.kafka.topics import TopicSpec, names, topic_layout
 from dueflow.producers import Scheduler
@@ -638,6 +643,17 @@ def measure(
             if broker_pid and args.broker_requests
             else None
         )
+        visibility = (
+            probes.enter_context(
+                VisibilityProbe(
+                    consumer_config(settings, f"{settings.topic_prefix}.visibility"),
+                    [names(settings).exec(q) for q in settings.queue_names],
+                    workdir / "visibility",
+                )
+            )
+            if args.visibility
+            else None
+        )
         # user+sys CPU of every process of the pipeline, from the first schedule to the
         # last commit: idle polling counts, as it does in production
         pids = {
@@ -721,6 +737,7 @@ def measure(
                 else {}
             ),
             **({"per_second": per_second(runs)} if args.per_second else {}),
+            **({"visibility": visibility.result()} if visibility else {}),
         },
     )
     return measured, record_bytes
@@ -839,6 +856,12 @@ def main(argv: list[str] | None = None) -> int:
         help="each run's lateness per second of due time (p50/p99/max, and the p99 of "
         "stamp - due and start - stamp) in per_run[].per_second",
     )
+    p.add_argument(
+        "--visibility",
+        action="store_true",
+        help="split stamp -> read_committed into appended and committed, with two more "
+        "readers of the exec topics (per_run[].visibility; they cost CPU)",
+    )
     p.add_argument("--json", type=Path, help="write the result here")
     p.add_argument(
         "--runs-out",
@@ -861,6 +884,15 @@ def main(argv: list[str] | None = None) -> int:
                     f"{row['fired_lateness_p99_ms'] or 0:>14.0f} "
                     f"{row['fired_to_start_p99_ms'] or 0:>16.0f}"
                 )
+    if args.visibility:
+        for n, run_ in enumerate(result["per_run"], 1):
+            v = run_["visibility"]
+            spans = "; ".join(
+                f"{span.removesuffix('_ms').replace('_', ' ')} p50 {v[span]['p50']:.0f} / "
+                f"p99 {v[span]['p99']:.0f} ms"
+                for span in SPANS
+            )
+            print(f"run {n}, {v['records']:,} records: {spans}")
     print()
     show(spread_rows(result["per_run"]), None)
     return 0
