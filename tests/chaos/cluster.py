@@ -336,7 +336,9 @@ class ChaosCluster:
         None when none does (now)."""
         n = names(self.settings)
         members = self._group_probe().members(n.emitter_group)
-        for member in members or []:
+        if members is None:  # the broker did not say: the emitters' own logs do
+            return self._active_by_log()
+        for member in members:
             if (n.lease, 0) in member.assignment:
                 # The lease client's id ends with its process id
                 # (streams/dueflow/streams/emitter/lease.py).
@@ -344,6 +346,15 @@ class ChaosCluster:
                     if member.client_id.endswith(f"-{child.pid}"):
                         return child
         return None
+
+    def _active_by_log(self) -> Child | None:
+        """The one running emitter whose log says it holds the lease of shard 0 now."""
+        holders = [
+            c
+            for c in self.emitters
+            if c.alive() and not c.stopped and last_lease_event(c.log_path) == LEASE_ACQUIRED
+        ]
+        return holders[0] if len(holders) == 1 else None
 
     def stop_all(self) -> None:
         """Stop every child (SIGTERM, then kill -9), the group probe and the broker (every
@@ -363,3 +374,23 @@ class ChaosCluster:
                 self.local_cluster.stop()
             else:
                 self.broker.stop()
+
+
+LEASE_ACQUIRED = b'"emitter lease acquired"'
+LEASE_ENDS = (b'"emitter lease lost"', b'"emitter lease released"')
+
+
+def last_lease_event(log: Path) -> bytes | None:
+    """The last lease event of shard 0 in an emitter's JSON log (:data:`LEASE_ACQUIRED`
+    or one of :data:`LEASE_ENDS`), None when there is none."""
+    try:
+        lines = log.read_bytes().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        if b'"shard":0' not in line:
+            continue
+        for name in (LEASE_ACQUIRED, *LEASE_ENDS):
+            if name in line:
+                return name
+    return None

@@ -159,7 +159,15 @@ def read_drops(pid: int, log: Path) -> list[Dropped]:
                 continue
             at = to_utc_ms(datetime.fromisoformat(doc["ts"].replace("Z", "+00:00")), field="ts")
             cause = str(doc.get("reason", "")).split(":", 1)[0]
-            found.append(Dropped(pid, at, f"{doc['event']}: {cause}" if cause else doc["event"]))
+            since = doc.get("in_doubt_since_ms")
+            found.append(
+                Dropped(
+                    pid,
+                    at,
+                    f"{doc['event']}: {cause}" if cause else doc["event"],
+                    since if isinstance(since, int) else None,
+                )
+            )
     return found
 
 

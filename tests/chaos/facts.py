@@ -84,6 +84,8 @@ class Dropped:
     pid: int
     at_ms: int  # the process's own clock
     reason: str
+    # A wedged commit: what it held was in doubt from this time on (own clock).
+    in_doubt_since_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,6 +79,7 @@ from tests.chaos.skew import draw_skew_ms
 MIN_WORKERS, MAX_WORKERS = 1, 4
 MIN_GAP_S = 2.0  # between faults
 QUIET_S = 15.0  # no broker or node fault this soon after the last one ended
+BLOCKED_LOG_S = 20.0  # overtime: how often to say why the short kinds cannot run
 TAKEOVER_WAIT_S = 60.0
 AFTER_RESUME_S = 20.0
 EXCUSE_WITHIN_MS = 60_000
@@ -146,6 +147,7 @@ class FaultDriver:
         self._active_seen: tuple[Child | None] | None = None
         self._sorts: list[str] = []  # node fault target sorts still to take in this round
         self._began = time.monotonic()
+        self._told_blocked_at = 0.0  # overtime: when it last logged why nothing could run
         if any(k.startswith("skew_") for k in self.weights):
             cluster.skewer.prepare()  # no faketime: the run fails here, not later
 
@@ -167,6 +169,10 @@ class FaultDriver:
                 else:
                     kind = self.queue.take(self.feasible)
                 if kind is None:
+                    if short and time.monotonic() >= self._told_blocked_at + BLOCKED_LOG_S:
+                        self._told_blocked_at = time.monotonic()
+                        why = {k: self.blocker(k) for k in short}
+                        log(f"overtime: kinds short of their minimum cannot run now: {why}")
                     next_at = time.monotonic() + 0.5
                     continue
                 self.inject(kind)
@@ -193,25 +199,32 @@ class FaultDriver:
 
     def feasible(self, kind: str) -> bool:
         """Whether ``kind`` can be injected now (and measured as meant)."""
+        return not self.blocker(kind)
+
+    def blocker(self, kind: str) -> str:
+        """Why ``kind`` cannot be injected now; "" when it can."""
         c = self.cluster
         if kind in QUIET_KINDS:
-            return time.monotonic() >= self._quiet_until and (
-                kind not in ("kill_leader", "pause_leader") or self.nodes is not None
-            )
+            if kind in ("kill_leader", "pause_leader") and self.nodes is None:
+                return "no cluster"
+            return "" if time.monotonic() >= self._quiet_until else "quiet time"
         if kind in ("kill_active_emitter", "stop_active_emitter", "skew_emitter"):
             # another emitter must be there to take over
             if len(c.emitters) < 2:
-                return False
+                return f"{len(c.emitters)} emitter(s)"
             if self._active_seen is None:
                 self._active_seen = (c.active_emitter(),)
-            return self._active_seen[0] is not None
+            return "" if self._active_seen[0] is not None else "no lease holder seen"
+        workers = len(c.workers)
         if kind == "add_worker":
-            return self._planned("worker") < MAX_WORKERS
+            planned = self._planned("worker")
+            return "" if planned < MAX_WORKERS else f"{planned} workers planned"
         if kind == "remove_worker":
-            return self._planned("worker") > MIN_WORKERS and bool(c.workers)
+            planned = self._planned("worker")
+            return "" if planned > MIN_WORKERS and workers else f"{planned} workers planned"
         if kind == "stop_worker":
-            return len(c.workers) >= 2
-        return bool(c.workers)  # kill_worker, rolling_restart, skew_worker
+            return "" if workers >= 2 else f"{workers} worker(s)"
+        return "" if workers else "no worker"  # kill_worker, rolling_restart, skew_worker
 
     # ----------------------------------------------------------------- inject
     def inject(self, kind: str) -> dict[str, Any] | None:

@@ -52,9 +52,13 @@ occurrences (below). The rules, each a number that must be 0 (or equal):
   worker abandons it and reads its records again); or the earlier run's
   process dropped its uncommitted work between the two starts, as its own log
   says (``Evidence.dropped``: "worker restarting queue", e.g. a transactional
-  producer wedged after a broker restart and abandoned after 30 s, or
+  producer wedged after a broker restart and abandoned at its deadline, or
   "partitions lost"; ``worker_drops`` counts them by reason, so a worker that
-  drops work without a fault shows). Otherwise **unexcused**. And
+  drops work without a fault shows). A wedged commit's drop comes only at its
+  deadline, after the partitions may have moved (a SIGTERM'd worker stuck in it
+  stops heartbeating): it excuses a later run from the commit's start on
+  (``in_doubt_since_ms`` in the worker's log) when the earlier run started
+  before the drop. Otherwise **unexcused**. And
   any run that started after a committed terminal outcome of its key, or after
   a committed outcome (``succeeded``/``retrying``/``dead``) of its own attempt,
   is unexcused whatever the faults: a committed outcome's record timestamp is
@@ -204,7 +208,14 @@ def excused_by(earlier: Run, later_start: int, ev: Evidence, rules: Rules, clock
     """The kind of the fault that explains running ``earlier``'s attempt again ("" : none)."""
     start = clocks.start(earlier)
     for d in ev.dropped:
-        if d.pid == earlier.pid and start <= clocks.true(d.at_ms, d.pid) <= later_start:
+        if d.pid != earlier.pid or clocks.true(d.at_ms, d.pid) < start:
+            continue
+        if clocks.true(d.at_ms, d.pid) <= later_start:
+            return f"dropped: {d.reason}"
+        # A wedged commit is given up only at its deadline: what it held was in
+        # doubt from its start, and a later run in between is the redelivery.
+        since = d.in_doubt_since_ms
+        if since is not None and clocks.true(since, d.pid) <= later_start:
             return f"dropped: {d.reason}"
     for f in ev.faults:
         if earlier.pid in f.pids and f.kind not in rules.graceful_kinds:

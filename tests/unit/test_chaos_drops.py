@@ -12,7 +12,8 @@ LOG = b"""\
 %3|1796161075.183|FAIL|rdkafka#producer-6| Connect failed: Connection refused
 {"ts":"2026-12-01T21:37:47.278Z","level":"warning","event":"partitions lost","queue":"chaos"}
 {"ts":"2026-12-01T21:38:29.507Z","level":"warning","event":"worker restarting queue",\
-"queue":"chaos","reason":"transactional producer wedged: commit did not return within 30 s"}
+"queue":"chaos","reason":"transactional producer wedged: commit did not return within 30 s",\
+"in_doubt_since_ms":1796161079507}
 {"ts":"2026-12-01T21:38:29.600Z","level":"info","event":"job.started","job_id":"x"}
 {"ts": broken json
 """
@@ -27,6 +28,7 @@ def test_drops_are_the_lost_partitions_and_queue_restarts_of_the_log(tmp_path: P
             7,
             1_796_161_109_507,
             "worker restarting queue: transactional producer wedged",
+            1_796_161_079_507,
         ),
     ]
     assert read_drops(7, tmp_path / "none.log") == []

@@ -398,12 +398,20 @@ class QueueRuntime:
         self._move(RuntimeEvent.RESTART)
         return True
 
-    async def _restart(self, reason: str) -> None:
+    async def _restart(self, reason: str, since_ms: int | None = None) -> None:
         """Forget all uncommitted work and rejoin: redelivery and the key store do the rest.
 
         Called after :meth:`_begin_restart` said yes.
         """
-        event(_LOG, "worker restarting queue", logging.WARNING, queue=self.queue, reason=reason)
+        doubt = {} if since_ms is None else {"in_doubt_since_ms": since_ms}
+        event(
+            _LOG,
+            "worker restarting queue",
+            logging.WARNING,
+            queue=self.queue,
+            reason=reason,
+            **doubt,
+        )
         for feed in self._feeds.values():
             self._forget(feed)
         self._feeds.clear()
@@ -445,15 +453,18 @@ class QueueRuntime:
                 error=why,
             )
 
-    def _restart_soon(self, reason: str) -> None:
+    def _restart_soon(self, reason: str, *, since_ms: int | None = None) -> None:
         """Start over from the committed offsets, in a task of its own.
+
+        ``since_ms``: the wall time the dropped work has been in doubt since (a
+        wedged commit's start), logged with the restart.
 
         Never awaited where it is decided: a commit can fail inside a rebalance
         callback, whose consumer thread waits for the callback, while the
         restart waits for that thread to close its consumer.
         """
         if self._begin_restart():
-            self._loop.create_task(self._restart(reason))
+            self._loop.create_task(self._restart(reason, since_ms))
 
     # ================================================================== rebalance
 
@@ -1007,12 +1018,15 @@ class QueueRuntime:
             batch.commit_by = time.monotonic() + self._commit_window_s
             proof_only = not batch.records and not marks  # nothing of it is work
             assert self._committer is not None
+            began_ms = int(time.time() * 1000)
             try:
                 await self._in_txn_thread(self._committer.commit, batch)
             except ClientWedged as exc:
                 self._metrics.worker_transactions.labels(self.queue, "failed").inc()
                 self._abandon_producer()
-                self._restart_soon(f"transactional producer wedged: {exc}")
+                # What this commit held was in doubt from its start: another member
+                # may have taken the partitions and run it again meanwhile.
+                self._restart_soon(f"transactional producer wedged: {exc}", since_ms=began_ms)
                 return False
             except CommitFailed as exc:
                 self._metrics.worker_transactions.labels(self.queue, "failed").inc()
