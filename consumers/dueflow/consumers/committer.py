@@ -26,6 +26,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from dueflow.config import Settings
 from dueflow.kafka.clients import make_transactional_producer
+from dueflow.kafka.fatal import served
 from dueflow.observability.logs import event
 
 # (tag, topic, partition or -1 for the partitioner, key, value, headers); the tag
@@ -196,7 +197,7 @@ class TransactionalCommitter:
                     produce(topic, value, key, partition=partition, headers=headers)
                     break
                 except BufferError:
-                    producer.poll(0.01)
+                    served(producer.poll, 0.01)
         if batch.offsets:
             # The metadata first, then the check: metadata of a new epoch comes
             # from a rejoin, which follows the lost callback that marks the
@@ -230,7 +231,7 @@ class TransactionalCommitter:
         self._started = False
         if producer is not None:
             try:
-                producer.flush(1.0)
+                served(producer.flush, 1.0)
             except KafkaException as exc:
                 # A fenced (fatal) producer raises here: closing must not fail, or
                 # the restart that follows a fencing would never happen.

@@ -51,6 +51,7 @@ from dueflow.config import EMITTER_MAX_PRODUCERS, Settings
 from dueflow.errors import FencedError, KafkaOperationError
 from dueflow.kafka.blocking import ClientWedged, DaemonThreadExecutor, abandon
 from dueflow.kafka.clients import make_transactional_producer
+from dueflow.kafka.fatal import served
 from dueflow.kafka.topics import names
 from dueflow.observability.logs import event
 from dueflow.wall_clock import wall_ms
@@ -581,7 +582,7 @@ class Outbox:
         producer, lane.producer = lane.producer, None
         if producer is not None:
             try:
-                producer.flush(1.0 if abort else 10.0)
+                served(producer.flush, 1.0 if abort else 10.0)
             except KafkaException as exc:  # a fenced producer raises: closing goes on
                 event(log, "producer close failed", logging.WARNING, error=str(exc))
         calls, lane.calls = lane.calls, None
@@ -615,7 +616,7 @@ def _serve(producer: Producer, timeout_s: float) -> None:
     after this one was stopped, a sequence out of order after a leader change), as
     :class:`FencedError` like every other call's (the session ends, not the process)."""
     try:
-        producer.poll(timeout_s)
+        served(producer.poll, timeout_s)
     except KafkaException as exc:
         raise _wrap("poll", exc) from exc
 
