@@ -44,6 +44,7 @@ from dueflow.errors import (
     UndecodableRecord,
 )
 from dueflow.kafka.clients import kafka_error, make_transactional_producer
+from dueflow.kafka.fatal import served
 from dueflow.kafka.reading import Span, offsets_for_time, ops_consumer, read_spans, watermarks
 from dueflow.kafka.topics import names
 from dueflow.records import codec
@@ -226,7 +227,10 @@ class Redriver:
         finally:
             consumer.close()
             if producer is not None:
-                producer.flush(5)
+                # A fenced producer raises its fatal error here again: what the
+                # run raised (or its report) is the answer, not this.
+                with contextlib.suppress(KafkaException):
+                    served(producer.flush, 5)
 
     # ------------------------------------------------------------------ states
     def _states(
@@ -364,7 +368,7 @@ def _produce(
                 produce(topic, value, key, partition, headers=headers)
             return
         except BufferError:
-            producer.poll(0.05)
+            served(producer.poll, 0.05)
 
 
 def _call(what: str, fn: Callable[..., Any], *args: Any) -> None:
