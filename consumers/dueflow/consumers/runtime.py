@@ -1018,7 +1018,7 @@ class QueueRuntime:
             batch.commit_by = time.monotonic() + self._commit_window_s
             proof_only = not batch.records and not marks  # nothing of it is work
             assert self._committer is not None
-            began_ms = int(time.time() * 1000)
+            began_ms = _wall_ms()
             try:
                 await self._in_txn_thread(self._committer.commit, batch)
             except ClientWedged as exc:
