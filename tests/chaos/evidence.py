@@ -45,6 +45,7 @@ from tests.chaos import handlers
 from tests.chaos.facts import DeadLetter, Dropped, Evidence, Fault, Fire, Outcome, RetryPlan
 from tests.chaos.ledger import Ledger
 from tests.chaos.workload import Workload
+from tests.integration.records import settle
 
 TASKS = (
     handlers.chaos_ok,
@@ -211,6 +212,10 @@ def gather(
     """Everything the judge needs, read now; ``full=False`` reads only the outcomes
     (what :func:`tests.chaos.verdict.unfinished` needs, cheap enough to poll)."""
     plans, default = retry_plans(settings, queue)
+    if full:
+        # The last commits' markers may not be written yet; wait a little for them.
+        n = names(settings)
+        settle(settings, [n.outcomes, n.dlq(queue), n.exec(queue)])
     return Evidence(
         accepted=list(workload.accepted),
         cron=list(workload.cron),

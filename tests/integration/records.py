@@ -53,8 +53,42 @@ def _high(c: Consumer, tp: TopicPartition, timeout_s: float = 20.0) -> int:
             time.sleep(0.1)
 
 
+def settle(settings: Settings, topics: Iterable[str], *, timeout_s: float = 10.0) -> bool:
+    """Wait until no transaction is open on ``topics``: every partition's last stable
+    offset (what a read_committed reader reaches) equals its high watermark. True when
+    they met within ``timeout_s``.
+
+    A committed transaction is not readable at once: the broker answers the commit
+    once the coordinator logged it, and writes the commit markers to the partitions
+    after that. A reader that takes its end right after a commit can stop before the
+    transaction's last records."""
+    topics = list(topics)
+    committed = _consumer(settings)
+    everything = make_consumer(
+        settings, f"test-read-{uuid.uuid4().hex}", **{"isolation.level": "read_uncommitted"}
+    )
+    try:
+        parts = [
+            TopicPartition(t, p)
+            for t in topics
+            for p in committed.list_topics(t, timeout=10).topics[t].partitions
+        ]
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if all(_high(committed, tp) == _high(everything, tp) for tp in parts):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+    finally:
+        committed.close()
+        everything.close()
+
+
 def read_all(settings: Settings, topic: str, *, timeout_s: float = 30.0) -> list[Message]:
-    """Every committed record of ``topic``, from the beginning to the high watermarks."""
+    """Every committed record of ``topic``, from the beginning to the high watermarks
+    (after waiting up to 10 s for transactions on it to settle)."""
+    settle(settings, [topic])
     ends = {p: hi for (_t, p), hi in high_watermarks(settings, [topic]).items()}
     c = _consumer(settings)
     out: list[Message] = []
