@@ -22,6 +22,7 @@ from typing import Any
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, KafkaError, Producer
 
 from dueflow.config import Settings
+from dueflow.kafka.fatal import served
 from dueflow.kafka.topics import names
 from dueflow.observability.logs import event
 from dueflow.rules.clock import ClockOffset
@@ -99,7 +100,7 @@ class ClockProbe:
                 self._sample(producer)
                 self._stop.wait(self._interval_s)
         finally:
-            producer.flush(1.0)
+            served(producer.flush, 1.0)
 
     def _sample(self, producer: Producer) -> None:
         sent = wall_ms()
@@ -127,7 +128,9 @@ class ClockProbe:
         except BufferError:
             return
         deadline = time.monotonic() + 5.0
-        while producer.flush(0.1) and time.monotonic() < deadline and not self._stop.is_set():
+        while (
+            served(producer.flush, 0.1) and time.monotonic() < deadline and not self._stop.is_set()
+        ):
             pass
 
     def _give_up(self, why: str) -> None:

@@ -15,6 +15,7 @@ from confluent_kafka import Consumer
 from dueflow.config import Settings
 from dueflow.errors import KafkaOperationError, UndecodableRecord
 from dueflow.kafka.clients import make_producer
+from dueflow.kafka.fatal import served
 from dueflow.kafka.reading import Span, partitions_of, read_spans, watermarks
 from dueflow.kafka.topics import names
 from dueflow.records.pause_command import (
@@ -49,7 +50,7 @@ def write_queue_control(settings: Settings, control: QueueControl, timeout_s: fl
         key,
         on_delivery=lambda err, _msg: errors.append(err),
     )
-    left = producer.flush(timeout_s)
+    left = served(producer.flush, timeout_s)
     if left or errors != [None]:
         raise KafkaOperationError(f"control record not written: {errors or 'timed out'}")
 

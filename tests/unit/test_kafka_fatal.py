@@ -12,9 +12,13 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
+from dueflow.config import load_settings
 from dueflow.consumers.committer import TransactionalCommitter
+from dueflow.consumers.quarantine import Quarantine
 from dueflow.errors import FencedError
 from dueflow.kafka.fatal import served
+from dueflow.observability.metrics import Metrics
+from dueflow.producers.scheduler import Scheduler
 from dueflow.streams.emitter import outbox
 
 FENCED = KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True)
@@ -116,3 +120,44 @@ def test_closing_a_fenced_worker_committer_goes_on(caplog: pytest.LogCaptureFixt
     assert client.calls == [("flush", 1.0)]
     assert committer._producer is None
     assert any(r.getMessage() == "producer close failed" for r in caplog.records)
+
+
+class _Accepting(FencedClient):
+    """Takes the record, then its fatal error comes out of poll and flush."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.produced = 0
+
+    def produce(self, *_args: Any, **_kw: Any) -> None:
+        self.produced += 1
+
+    def __len__(self) -> int:  # records not yet acknowledged
+        return self.produced
+
+
+def test_the_quarantine_never_raises_a_fatal_producer_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = _Accepting()
+    box = Quarantine(load_settings(env={}), Metrics(), component="worker")
+    box._producer = client  # type: ignore[assignment]
+    with caplog.at_level(logging.WARNING):
+        box.put_raw(
+            topic="t", partition=0, offset=7, key=b"k", value=b"x", headers=None, reason="bad"
+        )
+    assert client.produced == 1
+    assert client.calls == [("poll", 0)]
+    assert any(r.getMessage() == "quarantine write failed" for r in caplog.records)
+
+
+def test_the_scheduler_raises_a_fatal_producer_error_as_a_kafka_exception() -> None:
+    # what a caller's `except KafkaException` (or `except Exception`) can catch
+    client = _Accepting()
+    client.produce()
+    scheduler: Any = object.__new__(Scheduler)
+    scheduler._producer = client
+    scheduler.delivery_timeout_s = 3.0
+    with pytest.raises(KafkaException) as err:
+        Scheduler._read_own_writes(scheduler)
+    assert err.value.args[0] is FENCED

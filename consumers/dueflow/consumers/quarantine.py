@@ -10,6 +10,7 @@ from confluent_kafka import Producer
 
 from dueflow.config import Settings
 from dueflow.kafka.clients import make_producer
+from dueflow.kafka.fatal import served
 from dueflow.kafka.topics import names
 from dueflow.observability.logs import event
 from dueflow.observability.metrics import Metrics
@@ -90,11 +91,11 @@ class Quarantine:
                 key,
                 headers=[("df-schema", codec.schema_header("quarantined"))],
             )
-            self._producer.poll(0)
+            served(self._producer.poll, 0)
         except Exception as exc:  # quarantine is best effort: the record is counted and logged
             event(_LOG, "quarantine write failed", logging.ERROR, error=str(exc))
 
     def close(self) -> None:
         if self._producer is not None:
-            self._producer.flush(5.0)
+            served(self._producer.flush, 5.0)
             self._producer = None

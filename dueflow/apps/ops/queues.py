@@ -23,6 +23,7 @@ from typing import Any
 from dueflow.config import QueueSpec, Settings, validate_queue
 from dueflow.errors import ConflictError, KafkaOperationError, TopicMismatch
 from dueflow.kafka.clients import make_admin, make_producer
+from dueflow.kafka.fatal import served
 from dueflow.kafka.queue_reader import read_registry
 from dueflow.kafka.topic_admin import Difference, TopicAdmin, TopicState, compare
 from dueflow.kafka.topics import TopicSpec, names, queue_topics, registry_topic
@@ -144,7 +145,7 @@ def _write(settings: Settings, spec: QueueSpec, *, by: str, now_ms: int, timeout
         headers=headers,
         on_delivery=lambda err, _msg: errors.append(err),
     )
-    left = producer.flush(timeout_s)
+    left = served(producer.flush, timeout_s)
     if left or errors != [None]:
         raise KafkaOperationError(f"queue registry record not written: {errors or 'timed out'}")
 

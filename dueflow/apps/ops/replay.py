@@ -27,6 +27,7 @@ from dueflow.apps.ops.bounds import Bound
 from dueflow.config import Settings
 from dueflow.errors import InvalidInput, KafkaOperationError
 from dueflow.kafka.clients import make_producer
+from dueflow.kafka.fatal import served
 from dueflow.kafka.reading import Span, offsets_for_time, partitions_of, read_spans, watermarks
 from dueflow.kafka.topics import names
 from dueflow.wall_clock import wall_ms
@@ -220,8 +221,8 @@ class Replayer:
                         )
                         break
                     except BufferError:
-                        producer.poll(0.05)
-                producer.poll(0)
+                        served(producer.poll, 0.05)
+                served(producer.poll, 0)
                 ahead = len(report.records) / self._rate - (time.monotonic() - began)
                 if ahead > 0:
                     self._sleep(ahead)
@@ -232,7 +233,7 @@ class Replayer:
             read_spans(consumer, spans, take, timeout_s=max(120.0, 2 * total / self._rate))
         finally:
             if producer is not None:
-                left = producer.flush(60)
+                left = served(producer.flush, 60)
                 if left or failed:
                     raise KafkaOperationError(
                         f"replay of {topic}: {left} records not delivered, "

@@ -27,6 +27,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from dueflow.config import Settings
 from dueflow.errors import DueflowError
+from dueflow.kafka.fatal import served
 from dueflow.model import Backoff
 from dueflow.observability.metrics import Metrics
 from dueflow.observability.tracing import JobTracer
@@ -118,7 +119,7 @@ class AsyncScheduler:
 
     def _poll_loop(self, producer: Producer) -> None:
         while not self._stop.is_set():
-            producer.poll(0.1)
+            served(producer.poll, 0.1)
 
     async def close(self) -> None:
         poller, self._poller = self._poller, None

@@ -23,6 +23,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from dueflow.errors import ConflictError, DueflowError, InvalidInput, KafkaOperationError
 from dueflow.kafka.clients import kafka_error
+from dueflow.kafka.fatal import served
 from dueflow.kafka.topics import names
 from dueflow.observability.tracing import JobTracer, trace_id_of
 from dueflow.producers.bulk_plan import BulkPlanner, Plan
@@ -148,7 +149,7 @@ class BulkRun:
                 span.end(due_ms=due_ms)
         result.total = index + 1
         bulk.remember()
-        remaining = self.producer.flush(flush_timeout_s)
+        remaining = served(self.producer.flush, flush_timeout_s)
         if remaining:
             raise KafkaOperationError(
                 f"{remaining} records still unacknowledged after {flush_timeout_s:.0f}s"
@@ -166,7 +167,7 @@ class BulkRun:
         produce: Callable[..., None] = self.producer.produce  # headers: bytes values
         topic = self.planner.topic
         while True:
-            self.producer.poll(0.05)
+            served(self.producer.poll, 0.05)
             try:
                 produce(topic, value, key, partition, self.deliveries, None, 0, headers)
                 return None
@@ -198,9 +199,9 @@ class BulkRun:
                     produce(topic, value, job_id.encode(), -1, reports, None, 0, headers)
                     break
                 except BufferError:
-                    self.producer.poll(0.05)
+                    served(self.producer.poll, 0.05)
         self.written = []
-        self.producer.flush(flush_timeout_s)
+        served(self.producer.flush, flush_timeout_s)
 
     def _reject(
         self, index: int, job_id: str | None, error: DueflowError, span: ScheduleSpan | None

@@ -40,6 +40,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from dueflow.config import QueueSpec, Settings
 from dueflow.errors import DueflowError, InvalidInput, KafkaOperationError, UnknownQueue
 from dueflow.kafka.clients import kafka_error, make_admin, make_producer
+from dueflow.kafka.fatal import served
 from dueflow.kafka.queue_reader import QueueWatcher
 from dueflow.kafka.topics import names
 from dueflow.model import Backoff
@@ -245,7 +246,7 @@ class Scheduler:
             watcher.close()
         for producer in producers:
             if producer is not None:
-                producer.flush(self.delivery_timeout_s)
+                served(producer.flush, self.delivery_timeout_s)
 
     def __enter__(self) -> Scheduler:
         return self.start()
@@ -426,7 +427,7 @@ class Scheduler:
         before a lookup, so it finds the jobs it just scheduled."""
         producer = self._producer
         if producer is not None and len(producer):
-            producer.flush(self.delivery_timeout_s)
+            served(producer.flush, self.delivery_timeout_s)
 
     # ------------------------------------------------------------ cancel
     def cancel(
@@ -661,14 +662,14 @@ class Scheduler:
                     produce(topic, value, key, partition, on_delivery=delivery, headers=headers)
                 return
             except BufferError:
-                producer.poll(0.05)
+                served(producer.poll, 0.05)
             except KafkaException as exc:
                 raise kafka_error(f"producing to {topic}", exc) from exc
 
     def _wait(self, delivery: Delivery) -> None:
         deadline = time.monotonic() + self.delivery_timeout_s + 30.0
         while not delivery.done:
-            self.producer.poll(0.05)
+            served(self.producer.poll, 0.05)
             if time.monotonic() > deadline:
                 raise KafkaOperationError("no delivery report from the producer in time")
 
