@@ -95,6 +95,7 @@ def read_outcomes(settings: Settings) -> list[Outcome]:
                 attempt=int(out["attempt"]),
                 ts_ms=int(ts),
                 pid=None if kind == TIMESTAMP_LOG_APPEND_TIME else worker_pid(out.get("worker")),
+                offset=int(msg.offset()),
             )
         )
 

@@ -31,6 +31,9 @@ class Outcome:
     attempt: int
     ts_ms: int  # the record's timestamp (before its transaction committed)
     pid: int | None = None  # the writer's process when known (its clock made ts_ms)
+    # Its offset (-1: not known). Every outcome of a key is in one partition, so
+    # offsets order a key's outcomes as the broker appended them.
+    offset: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +126,10 @@ class Rules:
     graceful_kinds: frozenset[str] = frozenset(
         {"add_worker", "remove_worker", "rolling_restart", "skew_worker", "skew_emitter"}
     )
+    # Faults that freeze a process (SIGSTOP): a commit it had under way ends after it.
+    freeze_kinds: frozenset[str] = frozenset({"stop_worker"})
+    # A freeze this soon after an outcome's timestamp may have caught its commit.
+    freeze_slack_ms: int = 2_000
     fault_minimums: Mapping[str, int] = field(default_factory=dict)  # kind -> at least
 
 

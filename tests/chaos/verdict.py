@@ -61,8 +61,16 @@ occurrences (below). The rules, each a number that must be 0 (or equal):
   before the drop. Otherwise **unexcused**. And
   any run that started after a committed terminal outcome of its key, or after
   a committed outcome (``succeeded``/``retrying``/``dead``) of its own attempt,
-  is unexcused whatever the faults: a committed outcome's record timestamp is
-  before its commit, so such a run ran again after the first one committed.
+  is unexcused whatever the faults. When such an outcome committed is not in
+  the record: its timestamp is when it was produced, and its transaction
+  commits after that. Two things move it later. An outcome appended after the
+  run's own outcome of that attempt (a higher offset: a key's outcomes share a
+  partition) committed after the run, and does not count for it. And when the
+  outcome's writer was frozen (``freeze_kinds``: SIGSTOP) within
+  ``freeze_slack_ms`` (2 s) after its timestamp, its commit may have gone on
+  after SIGCONT: it counts from the freeze's end (seen in CI: a worker stopped
+  5 ms after producing a ``retrying`` outcome committed it 9.4 s later, after
+  the new owner of its partition had run the attempt again).
 - **duplicates**: a key Kafka saw finish more than once: two ``succeeded``
   outcomes, two dead letters (not counting redrives), or a dead letter and a
   success (outcome or ledger effect).
@@ -230,6 +238,42 @@ def excused_by(earlier: Run, later_start: int, ev: Evidence, rules: Rules, clock
     return ""
 
 
+def committed_by(o: Outcome, ev: Evidence, rules: Rules, clocks: Clocks) -> int:
+    """The earliest time outcome ``o``'s transaction can be shown to have committed by:
+    its timestamp, or, when its writer was frozen (``freeze_kinds``) within
+    ``freeze_slack_ms`` after it, the end of that freeze (the commit under way
+    went on after SIGCONT)."""
+    at = clocks.outcome(o)
+    for f in sorted(ev.faults, key=lambda f: f.at_ms):  # a resumed commit can freeze again
+        frozen = o.pid in f.pids and f.kind in rules.freeze_kinds
+        if frozen and at <= f.at_ms <= at + rules.freeze_slack_ms:
+            at = max(at, f.until_ms)
+    return at
+
+
+def closed_before(
+    r: Run, attempt: int, closing: list[Outcome], ev: Evidence, rules: Rules, clocks: Clocks
+) -> int | None:
+    """When ``closing`` (the outcomes that end ``r``'s attempt) first committed, as
+    far as run ``r`` is concerned; None: none did before it.
+
+    An outcome appended after ``r``'s own end of the attempt (a higher offset in
+    the key's partition) was committed after ``r`` ran: it does not count for
+    ``r``, whatever its timestamp (a zombie's transaction that committed late)."""
+    own = [
+        o.offset
+        for o in closing
+        if o.pid == r.pid and o.attempt == attempt and o.offset >= 0 and o.state in ATTEMPT_ENDS
+    ]
+    first_own = min(own, default=None)
+    times = [
+        committed_by(o, ev, rules, clocks)
+        for o in closing
+        if first_own is None or o.offset < 0 or o.offset < first_own
+    ]
+    return min(times, default=None)
+
+
 def judge_runs(
     ev: Evidence, rules: Rules, clocks: Clocks, outcomes: dict[str, list[Outcome]]
 ) -> dict[str, Any]:
@@ -242,15 +286,15 @@ def judge_runs(
     reruns = 0
     for (key, attempt), runs in groups.items():
         runs.sort(key=clocks.start)
-        closed = [
-            clocks.outcome(o)
+        closing = [
+            o
             for o in outcomes.get(key, [])
             if o.state in TERMINAL or (o.state in ATTEMPT_ENDS and o.attempt == attempt)
         ]
-        closed_at = min(closed, default=None)
         for i, r in enumerate(runs):
             start = clocks.start(r)
             why = ""
+            closed_at = closed_before(r, attempt, closing, ev, rules, clocks)
             if closed_at is not None and start > closed_at:
                 why = f"started {start - closed_at} ms after a committed outcome"
             elif i > 0:

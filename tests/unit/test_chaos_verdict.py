@@ -412,6 +412,68 @@ def test_a_rerun_of_an_attempt_whose_retry_was_committed_is_unexcused() -> None:
     assert got["unexcused_runs"][0]["attempt"] == 1
 
 
+STOPPED = Fault("stop_worker", T + 35, T + 9_400, frozenset({1}))
+
+
+def zombie_commit(*, stop: Fault | None, zombie_offset: int, own_offset: int) -> Evidence:
+    """CI's case: f's attempt 1 failed in pid 1, which produced its "retrying" outcome
+    at T + 30 and was SIGSTOPped (``stop``); pid 2 got the partition and ran attempt 1
+    again at T + 7_000, committing its own "retrying" (``own_offset``); pid 1's outcome
+    is at ``zombie_offset``. Attempt 2 ran after pid 2's failure."""
+    ev = changed(
+        "runs",
+        lambda xs: (
+            [r for r in xs if r.key != "f"]
+            + [
+                run("f", 1, T + 10, result="failed"),
+                run("f", 1, T + 7_000, pid=2, result="failed"),
+                run("f", 2, T + 7_600, pid=2),
+            ]
+        ),
+    )
+    outcomes = [o for o in ev.outcomes if o.key != "f"] + [
+        Outcome("f", "f", "retrying", 1, T + 30, 1, zombie_offset),
+        Outcome("f", "f", "retrying", 1, T + 7_030, 2, own_offset),
+        Outcome("f", "f", "succeeded", 2, T + 7_630, 2, 12),
+    ]
+    effects = {**ev.effects, "f": Effect(2, T + 7_605, 2)}
+    faults = [stop] if stop is not None else []
+    return replace(ev, outcomes=outcomes, effects=effects, faults=faults)
+
+
+AFTER_COMMIT = "started 6970 ms after a committed outcome"
+NO_FAULT = "no fault ended an earlier run of this attempt"
+
+
+@pytest.mark.parametrize(
+    ("stop", "zombie_offset", "own_offset", "why"),
+    [
+        # appended after pid 2's own outcome: committed after pid 2 ran (seen in CI),
+        # a re-execution the stop excuses
+        (STOPPED, 14, 10, ""),
+        # the same without the stop: a re-execution nothing excuses, not a run after
+        # a commit
+        (None, 14, 10, NO_FAULT),
+        # appended first, but its writer froze 5 ms after producing it: the commit
+        # may have gone on at SIGCONT, after pid 2's run
+        (STOPPED, 9, 10, ""),
+        # appended first and nothing delayed its commit: pid 2 ran after it
+        (None, 9, 10, AFTER_COMMIT),
+        # a freeze long after the outcome did not catch its commit
+        (replace(STOPPED, at_ms=T + 3_000), 9, 10, AFTER_COMMIT),
+        # the freeze of another process says nothing about this one's commit
+        (replace(STOPPED, pids=frozenset({3})), 9, 10, AFTER_COMMIT),
+    ],
+)
+def test_an_outcome_counts_from_when_its_commit_can_be_shown(
+    stop: Fault | None, zombie_offset: int, own_offset: int, why: str
+) -> None:
+    got = judge(zombie_commit(stop=stop, zombie_offset=zombie_offset, own_offset=own_offset))
+    assert got["reexecutions"] == 1
+    assert [r["why"] for r in got["unexcused_runs"]] == ([why] if why else [])
+    assert got["excused"] == (0 if why else 1)
+
+
 def test_a_run_of_the_next_attempt_after_a_retrying_outcome_is_fine() -> None:
     got = judge(evidence())
     assert got["unexcused"] == 0  # f attempt 2 started after attempt 1's "retrying"
