@@ -518,7 +518,15 @@ class BatchRecorder:
         self, feeds: list[PartitionFeed], *, resend: bool = False
     ) -> tuple[Batch, list[Final], list[Mark]] | None:
         """Take the batch: records so far and the committable offset of each feed
-        (``resend``: of every feed that has one, also when it did not move)."""
+        (``resend``: of every feed that has one, also when it did not move).
+
+        A feed the batch writes for sends its offset also when it did not move (a
+        slow job ahead of finished ones holds it). The pending offset commit is
+        the fence against a zombie: a worker frozen inside the commit may finish
+        it after its partition moved, and the new owner's read of the committed
+        offsets waits for that transaction (read_committed, KIP-447) and then
+        finds its records in the key store, instead of running them again
+        (tests/integration/test_pending_offsets_fence.py)."""
         records, finals = self.records, self.finals
         if self._dirty:
             records = [r for r in records if not r[0].gone]
@@ -529,6 +537,8 @@ class BatchRecorder:
             self._dirty = False
         offsets: list[TopicPartition] = []
         marks: list[Mark] = []
+        # (feed, its committed offset) that did not move: sent if the batch writes for it
+        still: list[tuple[PartitionFeed, int]] = []
         for feed in feeds:
             if feed.gone:
                 continue
@@ -536,8 +546,16 @@ class BatchRecorder:
             if position is not None and position != feed.committed:
                 offsets.append(TopicPartition(feed.topic, feed.partition, position))
                 marks.append((feed, position))
-            elif resend and feed.committed is not None:
-                offsets.append(TopicPartition(feed.topic, feed.partition, feed.committed))
+            elif feed.committed is not None:
+                if resend:
+                    offsets.append(TopicPartition(feed.topic, feed.partition, feed.committed))
+                else:
+                    still.append((feed, feed.committed))
+        if still and records:
+            writing = {id(r[0]) for r in records}
+            offsets.extend(
+                TopicPartition(f.topic, f.partition, at) for f, at in still if id(f) in writing
+            )
         self.records, self.finals = [], []
         if not records and not offsets:
             return None
