@@ -7,6 +7,11 @@ transaction, with the offsets bound to the consumer group's generation
 (``send_offsets_to_transaction`` with the consumer's group metadata,
 KIP-447), so a member that lost its partitions cannot commit for them.
 
+``send_offsets_to_transaction`` runs in calls of at most 5 s, called again
+after a timeout; :meth:`TransactionalCommitter.wedged` says when one runs past
+its timeout + 2 s, which librdkafka can do for good (#5456/#5511), so the
+worker gives the producer up without waiting for the whole commit deadline.
+
 A retriable commit error is retried; an abortable one aborts and replays
 the same batch a few times (it is still this member's work while it owns
 the partitions); anything else raises :class:`CommitFailed` and the caller
@@ -35,6 +40,12 @@ OutRecord = tuple[Any, ...]
 
 _REPLAYS = 3
 _ABORT_S = 2.0  # the least an abort may take when the deadline has passed
+# send_offsets_to_transaction's own timeout: a slow coordinator (loading after a
+# restart) times out as an abortable error and the batch is replayed.
+OFFSETS_TIMEOUT_S = 5.0
+# A send_offsets_to_transaction still running this long after its own timeout is
+# wedged (librdkafka #5456/#5511: it can ignore the timeout for good).
+WEDGE_GRACE_S = 2.0
 # KIP-848 error codes (not named in every confluent-kafka version).
 _FENCED_MEMBER_EPOCH = getattr(KafkaError, "FENCED_MEMBER_EPOCH", 110)
 _STALE_MEMBER_EPOCH = getattr(KafkaError, "STALE_MEMBER_EPOCH", 113)
@@ -96,6 +107,13 @@ class TransactionalCommitter:
         self._timeout_s = max(5.0, settings.worker.transaction_timeout_ms / 1000)
         self._producer: Producer | None = None
         self._started = False
+        # Monotonic time after which the call now running counts as wedged.
+        self._wedged_after = math.inf
+
+    def wedged(self) -> bool:
+        """A ``send_offsets_to_transaction`` of this committer runs past its own
+        timeout + ``WEDGE_GRACE_S``: it may never return (read from any thread)."""
+        return time.monotonic() > self._wedged_after
 
     def bind(self, group_metadata: Callable[[], Any]) -> None:
         """Commit offsets for another consumer (the next one after a failed start)."""
@@ -204,7 +222,7 @@ class TransactionalCommitter:
             # batch's partitions gone.
             metadata = self._group_metadata()
             _still_ours(batch)
-            producer.send_offsets_to_transaction(batch.offsets, metadata, _left(deadline))
+            self._send_offsets(batch, metadata, deadline)
         _still_ours(batch)
         while True:
             try:
@@ -215,6 +233,28 @@ class TransactionalCommitter:
                 if err is not None and err.retriable() and time.monotonic() < deadline:
                     continue
                 raise
+
+    def _send_offsets(self, batch: Batch, metadata: Any, deadline: float) -> None:
+        """``send_offsets_to_transaction`` in calls of at most ``OFFSETS_TIMEOUT_S``;
+        one that times out (a retriable error) is called again until ``deadline``
+        (librdkafka resumes the request it has under way). :meth:`wedged` says when
+        a call runs ``WEDGE_GRACE_S`` past its own timeout."""
+        producer = self._producer
+        assert producer is not None
+        while True:
+            timeout_s = min(OFFSETS_TIMEOUT_S, _left(deadline))
+            self._wedged_after = time.monotonic() + timeout_s + WEDGE_GRACE_S
+            try:
+                producer.send_offsets_to_transaction(batch.offsets, metadata, timeout_s)
+                return
+            except KafkaException as exc:
+                err = _error_of(exc)
+                again = err is not None and err.retriable() and not err.txn_requires_abort()
+                if not again or time.monotonic() >= deadline:
+                    raise
+                _still_ours(batch)
+            finally:
+                self._wedged_after = math.inf
 
     def _abort(self, deadline: float) -> None:
         if self._producer is None:

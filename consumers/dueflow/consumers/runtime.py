@@ -47,6 +47,7 @@ import random
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -55,6 +56,7 @@ from dueflow import headers as hdr
 from dueflow.config import QueueSpec, Settings
 from dueflow.consumers.committer import (
     PASSING_START_ERRORS,
+    WEDGE_GRACE_S,
     CommitFailed,
     TransactionalCommitter,
 )
@@ -104,6 +106,7 @@ _EXPIRE_EVERY_S = 60.0
 _GAUGES_EVERY_S = 1.0
 _ALIVE_EVERY_S = 0.1
 _DLQ_DEPTH_EVERY_S = 15.0
+_WEDGE_CHECK_S = 0.25  # how often a commit in progress is asked whether it is wedged
 # Consumer errors after which this member may have been expelled unawares.
 _CONNECTION_LOST = frozenset({KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT})
 
@@ -1020,7 +1023,9 @@ class QueueRuntime:
             assert self._committer is not None
             began_ms = _wall_ms()
             try:
-                await self._in_txn_thread(self._committer.commit, batch)
+                await self._in_txn_thread(
+                    self._committer.commit, batch, wedged=self._committer.wedged
+                )
             except ClientWedged as exc:
                 self._metrics.worker_transactions.labels(self.queue, "failed").inc()
                 self._abandon_producer()
@@ -1050,17 +1055,31 @@ class QueueRuntime:
             self._batch.flush_metrics()
             return True
 
-    async def _in_txn_thread(self, fn: Any, *args: Any) -> Any:
+    async def _in_txn_thread(
+        self, fn: Any, *args: Any, wedged: Callable[[], bool] | None = None
+    ) -> Any:
         """``fn(*args)`` on the transaction thread; :class:`ClientWedged` after the
-        commit deadline."""
+        commit deadline, or as soon as ``wedged()`` says a call of it is stuck
+        (asked every ``_WEDGE_CHECK_S``)."""
         future = self._loop.run_in_executor(self._txn_thread, fn, *args)
-        try:
-            return await asyncio.wait_for(future, self._commit_deadline_s)
-        except TimeoutError:
-            name = getattr(fn, "__name__", repr(fn))
-            raise ClientWedged(
-                f"{name} did not return within {self._commit_deadline_s:.0f} s"
-            ) from None
+        name = getattr(fn, "__name__", repr(fn))
+        deadline = self._loop.time() + self._commit_deadline_s
+        while True:
+            left = deadline - self._loop.time()
+            if left <= 0:
+                future.cancel()
+                raise ClientWedged(f"{name} did not return within {self._commit_deadline_s:.0f} s")
+            step = left if wedged is None else min(left, _WEDGE_CHECK_S)
+            try:
+                # shielded: a step that times out leaves the call running
+                return await asyncio.wait_for(asyncio.shield(future), step)
+            except TimeoutError:
+                if wedged is not None and wedged():
+                    future.cancel()
+                    raise ClientWedged(
+                        f"{name}: send_offsets_to_transaction ran past its timeout"
+                        f" + {WEDGE_GRACE_S:.0f} s"
+                    ) from None
 
     def _abandon_producer(self) -> None:
         """Leave the wedged producer and its thread alone for good; use new ones.
