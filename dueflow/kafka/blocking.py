@@ -6,10 +6,10 @@ coordinator went away (librdkafka issues #5456 and #5511; the chaos suite
 hits it with broker restarts). The call cannot be interrupted, so callers run
 transactional calls on a :class:`DaemonThreadExecutor` and stop waiting after
 a deadline (:func:`call_with_deadline`): the producer is then abandoned (never
-touched again: destroying it would block too) and a new one is made. That is
-safe for an abandoned transaction: the broker aborts it after
-``transaction.timeout.ms`` (or a new producer with the same transactional id
-fences it), so it can never commit later.
+touched again: destroying it would block too) and a new one is made. The
+broker aborts an abandoned transaction after ``transaction.timeout.ms``; for
+what a worker's abandoned transaction could do before that, see
+``QueueRuntime._abandon_producer``.
 
 Unlike ``ThreadPoolExecutor``, whose threads the interpreter joins at exit,
 a daemon thread stuck in such a call does not keep the process from exiting.

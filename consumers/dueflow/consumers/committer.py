@@ -40,8 +40,8 @@ OutRecord = tuple[Any, ...]
 
 _REPLAYS = 3
 _ABORT_S = 2.0  # the least an abort may take when the deadline has passed
-# send_offsets_to_transaction's own timeout: a slow coordinator (loading after a
-# restart) times out as an abortable error and the batch is replayed.
+# send_offsets_to_transaction's own timeout: a call that runs out of it (a slow
+# coordinator, loading after a restart) is called again, which resumes it.
 OFFSETS_TIMEOUT_S = 5.0
 # A send_offsets_to_transaction still running this long after its own timeout is
 # wedged (librdkafka #5456/#5511: it can ignore the timeout for good).

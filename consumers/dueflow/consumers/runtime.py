@@ -1085,7 +1085,13 @@ class QueueRuntime:
         """Leave the wedged producer and its thread alone for good; use new ones.
 
         Its open transaction is aborted by the broker after the transaction
-        timeout, so nothing of it can commit later.
+        timeout. Given up sooner than that (a wedged send_offsets_to_transaction),
+        it could still commit if the call came back: only with offsets the
+        group coordinator had accepted, and a pending offset commit makes every
+        new owner of those partitions, this queue's next consumer included,
+        wait for it (KIP-447) and then see its records. Offsets not yet sent go
+        out with the old member's metadata, which the group refuses once that
+        consumer has left, so the transaction aborts.
         """
         event(
             _LOG,
