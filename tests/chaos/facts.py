@@ -130,6 +130,9 @@ class Rules:
     freeze_kinds: frozenset[str] = frozenset({"stop_worker"})
     # A freeze this soon after an outcome's timestamp may have caught its commit.
     freeze_slack_ms: int = 2_000
+    # A run whose recorded start is this soon after a freeze of its process ended
+    # may have begun before it (the handler was being called when it froze).
+    thaw_slack_ms: int = 1_000
     fault_minimums: Mapping[str, int] = field(default_factory=dict)  # kind -> at least
 
 

@@ -70,7 +70,10 @@ occurrences (below). The rules, each a number that must be 0 (or equal):
   ``freeze_slack_ms`` (2 s) after its timestamp, its commit may have gone on
   after SIGCONT: it counts from the freeze's end (seen in CI: a worker stopped
   5 ms after producing a ``retrying`` outcome committed it 9.4 s later, after
-  the new owner of its partition had run the attempt again).
+  the new owner of its partition had run the attempt again). Likewise a run
+  whose recorded start is at most ``thaw_slack_ms`` (1 s) after a freeze of its
+  process ended counts from the freeze's start: the worker was calling the
+  handler when it froze, and the handler recorded its start on waking.
 - **duplicates**: a key Kafka saw finish more than once: two ``succeeded``
   outcomes, two dead letters (not counting redrives), or a dead letter and a
   success (outcome or ledger effect).
@@ -212,9 +215,23 @@ def cron_due(key: str, schedule_ids: set[str]) -> int | None:
 # ------------------------------------------------------------------ rules
 
 
+def run_start(r: Run, ev: Evidence, rules: Rules, clocks: Clocks) -> int:
+    """When run ``r`` began, for the re-execution rules: its recorded start, or the
+    start of a freeze of its process (``freeze_kinds``) that ended at most
+    ``thaw_slack_ms`` before it. A worker frozen while it called the handler
+    records the start on waking (seen in CI: "job.started" in the worker's log
+    2 ms before SIGSTOP, the handler's start 0 ms after SIGCONT, 9.4 s later)."""
+    start = clocks.start(r)
+    for f in ev.faults:
+        thawed = r.pid in f.pids and f.kind in rules.freeze_kinds
+        if thawed and f.until_ms <= start <= f.until_ms + rules.thaw_slack_ms:
+            return min(start, f.at_ms)
+    return start
+
+
 def excused_by(earlier: Run, later_start: int, ev: Evidence, rules: Rules, clocks: Clocks) -> str:
     """The kind of the fault that explains running ``earlier``'s attempt again ("" : none)."""
-    start = clocks.start(earlier)
+    start = run_start(earlier, ev, rules, clocks)
     for d in ev.dropped:
         if d.pid != earlier.pid or clocks.true(d.at_ms, d.pid) < start:
             continue
@@ -285,14 +302,14 @@ def judge_runs(
     excused_by_kind: Counter[str] = Counter()
     reruns = 0
     for (key, attempt), runs in groups.items():
-        runs.sort(key=clocks.start)
+        runs.sort(key=lambda r: run_start(r, ev, rules, clocks))
         closing = [
             o
             for o in outcomes.get(key, [])
             if o.state in TERMINAL or (o.state in ATTEMPT_ENDS and o.attempt == attempt)
         ]
         for i, r in enumerate(runs):
-            start = clocks.start(r)
+            start = run_start(r, ev, rules, clocks)
             why = ""
             closed_at = closed_before(r, attempt, closing, ev, rules, clocks)
             if closed_at is not None and start > closed_at:

@@ -474,6 +474,38 @@ def test_an_outcome_counts_from_when_its_commit_can_be_shown(
     assert got["excused"] == (0 if why else 1)
 
 
+FROZEN = Fault("stop_worker", T + 5, T + 9_405, frozenset({2}))
+
+
+@pytest.mark.parametrize(
+    ("freeze", "recorded_start", "why"),
+    [
+        # pid 2 was calling the handler when it froze; the handler recorded its
+        # start on waking, after pid 1's success was committed (seen in CI)
+        (FROZEN, T + 9_405, ""),
+        (FROZEN, T + 10_405, ""),  # up to thaw_slack_ms after SIGCONT
+        # started well after waking: a new start after the commit
+        (FROZEN, T + 10_406, "started 10376 ms after a committed outcome"),
+        (None, T + 9_405, "started 9375 ms after a committed outcome"),
+        # the freeze of another process says nothing about this run
+        (
+            replace(FROZEN, pids=frozenset({1})),
+            T + 9_405,
+            "started 9375 ms after a committed outcome",
+        ),
+    ],
+)
+def test_a_run_recorded_on_waking_from_a_freeze_counts_from_the_freeze(
+    freeze: Fault | None, recorded_start: int, why: str
+) -> None:
+    # a ran in pid 1 at T + 10 and committed at T + 30; pid 2's run of it is recorded
+    # at ``recorded_start``
+    ev = plus("runs", run("a", started=recorded_start, pid=2))
+    got = judge(replace(ev, faults=[freeze] if freeze is not None else []))
+    assert [r["why"] for r in got["unexcused_runs"]] == ([why] if why else [])
+    assert got["excused"] == (0 if why else 1)
+
+
 def test_a_run_of_the_next_attempt_after_a_retrying_outcome_is_fine() -> None:
     got = judge(evidence())
     assert got["unexcused"] == 0  # f attempt 2 started after attempt 1's "retrying"
