@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 PY     := $(BIN)/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint unit integration chaos fmt bench broker-start broker-stop clean browser-deps faketime-deps promtool
+.PHONY: demo test lint docs unit integration chaos fmt bench broker-start broker-stop clean browser-deps faketime-deps promtool clients clients-java clients-go clients-node client-schemas vectors lock releases
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,31 +23,44 @@ jars: $(STAMP)
 demo: $(STAMP) jars
 	$(PY) -m demo
 
-## lint gate + every test tier; starts and stops the broker it needs. Two pytest
-## workers: the chaos runs (one after the other, group "chaos") beside the rest.
-test: $(STAMP) jars browser-deps faketime-deps promtool lint
-	$(PY) -m pytest -n 2 --dist loadgroup
+## lint gate, the docs site + every test tier; starts and stops the broker it needs. Three
+## pytest workers (most integration tests wait on due times, not on the CPU): the serial
+## groups of tests/support/serial.py (chaos, upgrade, demo) beside the rest.
+test: $(STAMP) jars browser-deps faketime-deps promtool lint docs clients releases
+	$(PY) -m pytest -n 3 --dist loadgroup --durations=30
 
-## every benchmark at sane sizes (about 15 minutes), then charts (docs/img/) and
-## the README's Performance table. Needs the optional `bench` extra (matplotlib).
+## every benchmark at sane sizes (about 15 minutes), then the docs' benchmarks page
+## (docs/benchmarks.md) and its charts (docs/img/). Needs the `bench` extra (matplotlib).
 BENCH_STAMP := $(VENV)/.bench-installed
 $(BENCH_STAMP): $(STAMP)
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
 	touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP) jars
-	$(PY) -m benchmarks.suite --readme README.md
+	$(PY) -m benchmarks.suite
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+## the user docs (docs/, mkdocs.yml) as a site in build/site. --strict: a broken link
+## or anchor, or a page missing from the nav, fails. Nothing is fetched.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 unit: $(STAMP) promtool
 	$(PY) -m pytest tests/unit
 
-integration: $(STAMP) jars browser-deps
+integration: $(STAMP) jars browser-deps clients releases
 	$(PY) -m pytest tests/integration
+
+## the previous release (git tag v0.1.0) for the upgrade tests (tests/integration/test_upgrade.py):
+## its tree in a virtualenv of its own under ~/.cache/dueflow/releases/ ($$DUEFLOW_CACHE), built
+## once per commit from its wheels (pip wheel: the package index or pip's cache), then reused.
+## Found by its commit in a clone without tags; fails, naming the fix, in a shallow clone.
+releases: $(STAMP)
+	$(PY) -m tests.upgrade.release
 
 ## Debian's chromium and chromedriver for the status-page browser test (no
 ## browser download: selenium is given both paths). Installs only if missing.
@@ -67,6 +80,38 @@ faketime-deps:
 	  $$SUDO apt-get install -y --no-install-recommends faketime; \
 	fi
 
+## The Java, Go and Node clients (clients/): each one's own tests, which run the
+## shared conformance table (clients/conformance/vectors.json), and the example
+## programs tests/integration/test_clients_e2e.py runs against the broker.
+## Dependencies come from Maven Central, the Go module proxy and npm (lockfile),
+## cached in ~/.m2, ~/go/pkg/mod and ~/.npm.
+clients: clients-java clients-go clients-node
+
+clients-java:
+	mvn -B -ntp -f clients/java/pom.xml package
+
+clients-go:
+	cd clients/go && go test -count=1 ./... && go build -o bin/dueflow-example ./cmd/dueflow-example
+
+clients-node:
+	cd clients/node && npm ci --no-audit --no-fund && npm test
+
+## Copy the schemas the clients write into each client (tests/unit/test_client_schemas.py
+## checks the copies).
+client-schemas:
+	@for d in clients/java/src/main/resources/dev/dueflow/client/schemas clients/go/schemas clients/node/schemas; do \
+	  mkdir -p $$d/v1 $$d/v3; \
+	  cp schemas/dueflow/schemas/job.avsc schemas/dueflow/schemas/idempotency_record.avsc $$d/; \
+	  cp schemas/dueflow/schemas/command.avsc $$d/; \
+	  cp schemas/dueflow/schemas/v2/outcome.avsc $$d/outcome.avsc; \
+	  cp schemas/dueflow/schemas/outcome.avsc $$d/v3/outcome.avsc; \
+	  cp schemas/dueflow/schemas/v1/idempotency_record.avsc schemas/dueflow/schemas/v1/outcome.avsc $$d/v1/; \
+	done
+
+## Regenerate the conformance vectors from the Python SDK (commit the result).
+vectors: $(STAMP)
+	$(PY) -m tests.support.conformance --write
+
 fmt: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
@@ -79,6 +124,14 @@ broker-stop: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .dueflow build *.egg-info .mypy_cache .ruff_cache .pytest_cache
+	rm -rf clients/java/target clients/go/bin clients/node/dist clients/node/node_modules
+
+## the container image's hashed lockfiles (deploy/docker/*.lock) from pyproject.toml,
+## with uv from PyPI; run after changing [project] dependencies
+UV_VERSION ?= 0.13.8
+lock: $(STAMP)
+	$(BIN)/pip install --quiet uv==$(UV_VERSION)
+	UV=$(BIN)/uv deploy/docker/lock.sh
 
 ## optional: build the `docker compose` CLI plugin from source (Go) so the
 ## compose-file test can run `docker compose config` where only the docker
@@ -111,3 +164,11 @@ promtool: $(STAMP)
 	  echo "promtool: $(BIN)/promtool does not run: $$v" >&2; exit 1; \
 	fi; \
 	echo "$$v" | head -1
+
+## the example Kubernetes manifests (deploy/kubernetes/example/) from
+## deploy/kubernetes/example.toml and the example app; a test checks they are current
+k8s-example: $(STAMP)
+	rm -rf deploy/kubernetes/example
+	PYTHONPATH=deploy/example_app $(BIN)/dueflow deploy kubernetes \
+	  --config deploy/kubernetes/example.toml --app example_tasks \
+	  --image registry.example.com/acme/dueflow-example:0.2.0 --out deploy/kubernetes/example

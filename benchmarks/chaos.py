@@ -9,7 +9,9 @@ directory, so it may stop and kill it), the topics with a small wheel, two
 emitters and three workers (real ``python -m dueflow`` processes running
 ``tests/chaos/handlers.py``), and schedules a workload for ``--minutes``:
 one-shot jobs all over the wheel, flaky jobs, jobs that must end in the DLQ,
-cron schedules firing every few seconds. Meanwhile the fault driver
+cron schedules firing every few seconds, and commands that cancel, move
+(later, earlier) or update some pending jobs (the queue is finalized first).
+Meanwhile the fault driver
 (``tests/chaos/faults.py``) kill -9s and SIGSTOPs the active emitter and
 workers, restarts workers one after another, replaces a worker and the
 active emitter by ones whose clock runs 2 s ahead or behind (libfaketime),
@@ -24,8 +26,10 @@ deadline passes) and judges (``tests/chaos/verdict.py``, rules in its
 docstring) from what Kafka committed (outcomes, dead letters, exec records),
 what the client asked for, the handlers' SQLite ledger (when and where each
 run started and ended) and the fault log: ``lost``, ``unexcused``
-re-executions, ``early``, ``duplicates``, ``double_fires``,
-``dlq_unexpected``, ``retry_early``, ``flaky_wrong_attempt`` (all 0), every
+re-executions, ``early``, ``duplicates``, ``dlq_unexpected``,
+``retry_early``, ``flaky_wrong_attempt``, ``steer_cancel_ran``,
+``steer_cancel_unconfirmed``, ``steer_ran_old`` (all 0; ``double_fires``, jobs fired
+more than once, only reported: the workers skip the copies), every
 flaky job succeeded on attempt k + 1, every always-fail job dead-lettered
 exactly once, plus ``late_terminal``, lateness distributions and the faults
 by kind (``faults_ok``: each kind at least ``--min-per-kind`` times). Every
@@ -46,6 +50,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.output import provenance
+from dueflow.apps.ops.finalize import finalize_queue
+from dueflow.config import Settings
 from dueflow.errors import DueflowError
 from tests.chaos import evidence
 from tests.chaos.cluster import QUEUE, ChaosCluster
@@ -55,7 +62,7 @@ from tests.chaos.faults import FaultDriver, log
 from tests.chaos.ledger import Ledger
 from tests.chaos.nodes import ClusterNodes
 from tests.chaos.verdict import broken, judge, unfinished
-from tests.chaos.workload import Workload, plan_jobs
+from tests.chaos.workload import Workload, plan_jobs, plan_steering
 
 # ------------------------------------------------------------------------ evidence
 
@@ -129,6 +136,21 @@ def wait_finished(
     return False
 
 
+def finalize(settings: Settings, *, timeout_s: float = 60.0) -> None:
+    """``queue finalize`` of the chaos queue (its workers are all this release's), so the
+    workload steers its jobs with commands."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            finalize_queue(settings, QUEUE, by="chaos", now_ms=int(time.time() * 1000))
+            return
+        except DueflowError as exc:
+            if time.monotonic() > deadline:
+                raise
+            log(f"queue finalize failed ({exc}); again")
+            time.sleep(1.0)
+
+
 # ---------------------------------------------------------------------------- run
 
 
@@ -174,11 +196,17 @@ def run_chaos(
             time.sleep(0.5)
         if on_ready is not None:
             on_ready(cluster)
+        finalize(cluster.settings)
         plan = plan_jobs(
             rng=random.Random(rng.random()), duration_s=duration, rate_per_s=rate_per_s
         )
-        log(f"broker {cluster.bootstrap}, {len(plan)} one-shot jobs over {duration:.0f} s")
-        workload = Workload(cluster.settings, plan, duration).start()
+        # its own generator: the seed's jobs and faults stay what they were without it
+        steering = plan_steering(plan, rng=random.Random(f"{seed}-steering"))
+        log(
+            f"broker {cluster.bootstrap}, {len(plan)} one-shot jobs over {duration:.0f} s, "
+            f"{len(steering)} steered"
+        )
+        workload = Workload(cluster.settings, plan, duration, steer_plan=steering).start()
         marks = {"setup": time.monotonic()}
         kinds = fault_weights(cluster_nodes=cluster_nodes)
         target = fault_target(
@@ -277,12 +305,17 @@ def print_table(report: dict[str, Any]) -> None:
         ("unexcused re-executions", report["unexcused"]),
         ("early", report["early"]),
         ("duplicates", report["duplicates"]),
-        ("double fires", report["double_fires"]),
+        ("double fires (legitimate: copies the workers skip)", report["double_fires"]),
         ("dlq unexpected", report["dlq_unexpected"]),
         ("dlq (expected / of)", f"{report['dlq_expected']} / {report['dlq_expected_of']}"),
         ("flaky right attempt (ok / of)", f"{report['flaky_ok']} / {report['flaky_jobs']}"),
         ("flaky wrong attempt", report["flaky_wrong_attempt"]),
         ("retry early", report["retry_early"]),
+        ("steered (command, SDK's answer)", report["steered"]),
+        ("steered before due (binding)", report["steered_binding"]),
+        ("cancelled before due, ran", report["steer_cancel_ran"]),
+        ("cancelled before due, no cancelled outcome", report["steer_cancel_unconfirmed"]),
+        ("moved/updated before due, old version ran", report["steer_ran_old"]),
         ("late terminal", report["late_terminal"]),
         ("terminal - due ms", report["terminal_lateness_ms"]),
         ("first-attempt start - due ms", report["lateness_ms"]),
@@ -384,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(root, ignore_errors=True)
     print_table(report)
     if args.json:
-        args.json.write_text(json.dumps(report, indent=2))
+        args.json.write_text(json.dumps({**report, "measured": provenance()}, indent=2))
     return 1 if problems(report) else 0
 
 

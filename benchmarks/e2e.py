@@ -19,15 +19,19 @@ async no-op handler that notes the job's key, due time and start time.
 
 The headline, ``lateness_ms`` {p50,p95,p99,max}, is handler start - due over
 every job (its first run): the worker is a ``read_committed`` consumer, so
-this is what a consumer sees after the emitter's commit. The pipeline is
+this is what a consumer sees (the emitter's fires once appended; with
+``--emitter transactional=true`` once its transaction committed). The pipeline is
 created for the run (new topics, a new consumer group, the emitter's first
 transactions) and its first seconds are slower; ``lateness_settled_ms``
 (steady) leaves out the jobs due before 1 s after ``--settle-s`` and is
 only ever shown as "settled", next to the headline. ``fired_lateness_ms``
-(the emitter's ``df-fired`` stamp - due, written inside a transaction that
-is not committed yet) and ``fired_to_start_ms`` say where the time goes;
-they are not what a job sees. ``executed``, ``lost`` (jobs never run),
-``duplicates`` (runs beyond the first).
+(the emitter's ``df-fired`` stamp - due) and ``fired_to_start_ms`` say where
+the time goes; they are not what a job sees. ``executed``, ``lost`` (jobs
+never run), ``duplicates`` (runs beyond the first: must be 0);
+``duplicates_skipped`` (copies of a job the emitter fired again that the
+workers skipped: committed ``duplicate`` outcomes) and ``emitter_refires``
+(the emitter's count of fires it may have repeated after a takeover). Burst:
+``throughput_spread_jobs_per_s``, the min / median / max over ``--runs``.
 
 ``--runs N`` repeats the measurement N times in one invocation (fresh
 topics each, the same broker, one warm-up before the first): the headlines
@@ -43,7 +47,8 @@ Baseline in the same run, on the same broker: ``raw_roundtrip_msgs_per_s``,
 plain confluent-kafka produce + consume of as many records of the same size
 through one topic with the exec topic's partition count (a consumer in its
 own process, first produce to last receive); ``ratio`` = pipeline / raw. In
-steady mode the raw records are also sent at ``--rate`` and their latency
+steady mode the raw records are also sent at ``--rate``, by a producer that
+lingers 0 ms (the floor: each record goes out at once), and their latency
 (receive - produce) is ``raw_latency_ms``. Every measuring consumer (the
 baseline's, the watcher of committed outcomes) reads records as soon as
 they arrive (``benchmarks/arrivals.py``), so it adds no batching wait.
@@ -135,7 +140,7 @@ def worker_main(settings: Settings, out: str) -> None:
     """One worker process: a no-op handler that notes (key, due, start, fired) of
     every run (fired: the emitter's ``df-fired`` header, -1 if absent)."""
     from dueflow.consumers import TaskContext, TaskRegistry, task
-    from dueflow.consumers.worker import run_worker
+    from dueflow.consumers.worker_process import run_worker
     from dueflow.observability import logs
 
     logs.configure("text", "WARNING")
@@ -197,14 +202,18 @@ def group_ready(admin: AdminClient, group: str, members: int) -> bool:
 
 
 # Committed outcomes per job: the client's `scheduled` (on by default) and the
-# worker's `succeeded` (every job succeeds at its first attempt here).
+# worker's `succeeded` (every job succeeds at its first attempt here). A copy of
+# a job the emitter fired again adds a `duplicate` one.
 OUTCOMES_PER_JOB = 2
 
 
-def watcher_main(settings: Settings, target: Any, done_at: Any, cpu_s: Any, ready: Any) -> None:
-    """Count committed outcome records until there are ``target`` (set later by the
-    parent); then note this process's CPU seconds in ``cpu_s`` and the wall time the
-    last of them arrived in ``done_at``.
+def watcher_main(
+    settings: Settings, target: Any, done_at: Any, cpu_s: Any, extra: Any, ready: Any
+) -> None:
+    """Count committed outcome records per job (their key) until ``target`` jobs
+    (set later by the parent) have :data:`OUTCOMES_PER_JOB` each; then note this
+    process's CPU seconds in ``cpu_s``, the wall time the last of them arrived in
+    ``done_at`` and the records beyond those (``duplicate`` outcomes) in ``extra``.
 
     Outcomes commit in the same transaction as the workers' offsets, so this is
     the moment the last job was done as far as Kafka can see. (Committed offsets
@@ -224,13 +233,21 @@ def watcher_main(settings: Settings, target: Any, done_at: Any, cpu_s: Any, read
     consumer.assign([TopicPartition(topic, p, 0) for p in parts])
     consumer.poll(0.5)  # connected and fetching before the jobs start
     ready.set()
-    seen = 0
+    per_job: dict[bytes | None, int] = {}
+    done = 0  # jobs with every outcome
+    records = 0
     while True:
         arrival = take_arrived(consumer, timeout_s=0.05)
-        seen += sum(1 for m in arrival.messages if m.error() is None)
-        if target.value and seen >= target.value:
+        for m in arrival.messages:
+            if m.error() is None:
+                records += 1
+                key = m.key()
+                n = per_job[key] = per_job.get(key, 0) + 1
+                done += n == OUTCOMES_PER_JOB
+        if target.value and done >= target.value:
             usage = resource.getrusage(resource.RUSAGE_SELF)
             cpu_s.value = usage.ru_utime + usage.ru_stime
+            extra.value = records - OUTCOMES_PER_JOB * done
             done_at.value = arrival.received_ms / 1000
             break
     consumer.close()
@@ -244,10 +261,11 @@ class Watcher:
         self.target = ctx.Value("q", 0)
         self.done_at = ctx.Value("d", 0.0)
         self.cpu = ctx.Value("d", 0.0)
+        self.extra = ctx.Value("q", 0)
         self.ready = ctx.Event()
         self.proc = ctx.Process(
             target=watcher_main,
-            args=(settings, self.target, self.done_at, self.cpu, self.ready),
+            args=(settings, self.target, self.done_at, self.cpu, self.extra, self.ready),
         )
 
     def __enter__(self) -> Watcher:
@@ -261,10 +279,15 @@ class Watcher:
         self.proc.join(10)
 
     def wait(self, jobs: int, timeout_s: float) -> float:
-        """Wall time at which ``jobs`` outcomes were committed."""
+        """Wall time at which every outcome of ``jobs`` jobs was committed."""
         self.target.value = jobs
         wait_until(lambda: self.done_at.value > 0, timeout_s, "every job committed", 0.05)
         return float(self.done_at.value)
+
+    def duplicates(self) -> int:
+        """Outcome records beyond every job's own (``duplicate``: copies skipped), after
+        :meth:`wait`."""
+        return int(self.extra.value)
 
     def cpu_s(self) -> float:
         """CPU seconds of the watcher process, its whole life (after :meth:`wait`)."""
@@ -344,7 +367,7 @@ def raw_roundtrip(
         producer = Producer(
             settings.client_config(
                 **{
-                    "linger.ms": 5 if rate else 20,
+                    "linger.ms": 0 if rate else 20,
                     "compression.type": "lz4",
                     "queue.buffering.max.messages": 1_000_000,
                     "enable.idempotence": True,
@@ -508,7 +531,7 @@ def warm_up(
             jobs, _ = steady_feed(
                 scheduler, args.warmup_rate, args.warmup_s, every_s=args.feed_every_ms / 1000
             )
-        watcher.wait(jobs * OUTCOMES_PER_JOB, args.timeout)
+        watcher.wait(jobs, args.timeout)
     return time.monotonic() - t0
 
 
@@ -596,6 +619,9 @@ def _run(
         "processes": args.processes,
         "partitions": args.partitions,
         "exactly_once": True,
+        "emitter_transactional": load_settings(
+            env={}, overrides={"emitter": emitter_settings}
+        ).emitter.transactional,
         "record_bytes": round(record_bytes, 1),
         "broker_started_for_run": broker_pid is not None,
         "host": host_info(load_before),
@@ -685,8 +711,9 @@ def measure(
                     args.settle_s + args.duration,
                     every_s=args.feed_every_ms / 1000,
                 )
-        done = watcher.wait(jobs * OUTCOMES_PER_JOB, args.timeout)
+        done = watcher.wait(jobs, args.timeout)
         commit_ms = emitter_commit_ms(int(emitter.extra_env["DUEFLOW_OBSERVABILITY_METRICS_PORT"]))
+        refires = emitter.metric("dueflow_emitter_refires_total") or 0.0
         # this process: the load producer (schedule_many) and the commit polling
         cpu: dict[str, float | None] = {"load_producer": time.process_time() - own0}
         cpu.update({k: cpu_s(pid) - cpu0[k] for k, pid in pids.items()})
@@ -725,6 +752,8 @@ def measure(
         emitter_commit_ms=commit_ms,
         broker_state=broker_state,
         broker_load_before_s=broker_load_before_s,
+        duplicates_skipped=watcher.duplicates(),
+        emitter_refires=refires,
         extra={
             "host_cpu": host,
             **({"broker_threads_cpu_us_per_job": per_job(threads, jobs)} if threads else {}),

@@ -4,11 +4,16 @@ Pure: :class:`Measured` holds what a run recorded (every handler run, the
 raw baseline's latencies, CPU seconds by process); :func:`run_figures` and
 :func:`combine` turn that into the JSON. Lateness is always over every job
 (a job's first run): the headline ``lateness_ms`` is handler start - due,
-what a ``read_committed`` consumer (the worker) saw after the emitter's
-commit; ``lateness_settled_ms`` leaves out the jobs due before the end of
+what a ``read_committed`` consumer (the worker) saw: the emitter's write
+once appended (firing without transactions) or once its transaction
+committed; ``lateness_settled_ms`` leaves out the jobs due before the end of
 ``--settle-s`` and is labelled so. ``fired_lateness_ms`` (the emitter's
-``df-fired`` stamp - due, written inside a transaction not committed yet) is
-a breakdown, never a headline.
+``df-fired`` stamp - due) is a breakdown, never a headline. Copies:
+``duplicates`` counts runs beyond a job's first (must be 0),
+``duplicates_skipped`` the committed ``duplicate`` outcomes (copies of a job
+the workers did not run) and ``emitter_refires`` the emitter's
+``dueflow_emitter_refires_total`` (fires after a takeover of timers it may
+have fired before: an upper bound of the copies).
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ Run = tuple[str, int, int, int]  # (idempotency key, due ms, handler start ms, f
 
 LATENESS_MEASURE = (
     "handler start - due of every job (its first run): the worker, a read_committed "
-    "consumer, sees a job only after the emitter's commit"
+    "consumer, sees a job once the emitter's write is appended (without transactions) "
+    "or its transaction committed (emitter.transactional)"
 )
 
 
@@ -48,6 +54,8 @@ class Measured:
     emitter_commit_ms: dict[str, Any]
     broker_state: str
     broker_load_before_s: float | None
+    duplicates_skipped: int = 0  # committed "duplicate" outcomes: copies not run
+    emitter_refires: float = 0.0  # dueflow_emitter_refires_total at the end
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -167,6 +175,8 @@ def run_figures(m: Measured, *, steady: bool) -> dict[str, Any]:
         "executed": lat.executed,
         "lost": m.jobs - lat.executed,
         "duplicates": lat.duplicates,
+        "duplicates_skipped": m.duplicates_skipped,
+        "emitter_refires": m.emitter_refires,
         "lateness_ms": percentiles(lat.every),
     }
     if steady:
@@ -222,6 +232,8 @@ def combine(measured: Sequence[Measured], *, steady: bool) -> dict[str, Any]:
         "executed": executed,
         "lost": jobs - executed,
         "duplicates": sum(lat.duplicates for lat in lats),
+        "duplicates_skipped": sum(m.duplicates_skipped for m in measured),
+        "emitter_refires": sum(m.emitter_refires for m in measured),
         "lateness_ms": percentiles(every),
         "lateness_measure": LATENESS_MEASURE,
         "lateness_p99_spread_ms": spread([r["lateness_ms"] for r in runs]),
@@ -250,6 +262,9 @@ def combine(measured: Sequence[Measured], *, steady: bool) -> dict[str, Any]:
         out.update(
             {
                 "throughput_jobs_per_s": round(throughput) if throughput else None,
+                "throughput_spread_jobs_per_s": spread(
+                    [{"x": r["throughput_jobs_per_s"]} for r in runs], key="x"
+                ),
                 "seconds": round(seconds, 2),
                 "raw_roundtrip_msgs_per_s": round(raw_rate) if raw_rate else None,
                 "ratio": round(throughput / raw_rate, 3) if throughput and raw_rate else None,

@@ -195,7 +195,10 @@ def produce_timers(
 
 
 def raw_drain(settings: Settings, count: int) -> float:
-    """Baseline: consume the same timer records and produce them in transactions."""
+    """Baseline: consume the same timer records and produce them, as the emitter
+    writes: in transactions with the offsets (``emitter.transactional``), or with
+    an idempotent producer, the offsets committed every 20,000 records once
+    those are acknowledged."""
     out_topic = names(settings).exec("default")
     consumer = Consumer(
         settings.client_config(
@@ -209,10 +212,15 @@ def raw_drain(settings: Settings, count: int) -> float:
     )
     timers = names(settings).timers
     consumer.assign([TopicPartition(timers, p, 0) for p in range(settings.wheel.total_partitions)])
+    transactional = settings.emitter.transactional
     producer = Producer(
         settings.client_config(
             **{
-                "transactional.id": f"raw-{uuid.uuid4().hex}",
+                **(
+                    {"transactional.id": f"raw-{uuid.uuid4().hex}"}
+                    if transactional
+                    else {"enable.idempotence": True, "acks": "all"}
+                ),
                 "linger.ms": 2,
                 "batch.num.messages": 10_000,
                 "compression.type": "lz4",
@@ -221,11 +229,12 @@ def raw_drain(settings: Settings, count: int) -> float:
             }
         )
     )
-    producer.init_transactions(30)
     done = 0
     in_txn = 0
     started = None
-    producer.begin_transaction()
+    if transactional:
+        producer.init_transactions(30)
+        producer.begin_transaction()
     last: dict[int, int] = {}
     while done < count:
         _, msgs = take_arrived(consumer, timeout_s=1.0, max_records=5_000)
@@ -237,17 +246,30 @@ def raw_drain(settings: Settings, count: int) -> float:
             h: list[Any] = m.headers() or []  # type: ignore[assignment]
             h.append((hdr.FIRED, b"1"))
             h.append((hdr.SOURCE, b"raw"))
-            producer.produce(out_topic, m.value(), m.key(), headers=h)
+            while True:
+                try:
+                    producer.produce(out_topic, m.value(), m.key(), headers=h)
+                    break
+                except BufferError:
+                    producer.poll(0.01)
             last[m.partition() or 0] = (m.offset() or 0) + 1
             done += 1
             in_txn += 1
         if in_txn >= 20_000:
             offsets = [TopicPartition(timers, p, o) for p, o in last.items()]
-            producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata())
-            producer.commit_transaction()
-            producer.begin_transaction()
+            if transactional:
+                producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata())
+                producer.commit_transaction()
+                producer.begin_transaction()
+            else:
+                producer.flush(60)  # acknowledged, then committed
+                consumer.commit(offsets=offsets, asynchronous=True)
             in_txn = 0
-    producer.commit_transaction()
+        producer.poll(0)
+    if transactional:
+        producer.commit_transaction()
+    else:
+        producer.flush(60)
     elapsed = time.monotonic() - (started or time.monotonic())
     consumer.close()
     return count / elapsed

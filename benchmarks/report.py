@@ -1,13 +1,22 @@
-"""Charts and a markdown table from the benchmarks' JSON results.
+"""The benchmarks page of the user docs, and its charts, from the committed results.
 
     python -m benchmarks.report [--results benchmarks/results] [--img docs/img]
-                                [--readme README.md]
+                                [--page docs/benchmarks.md]
 
-Reads ``<results>/<run>.json`` (layout: the run name's first part before
-``-`` is the benchmark: ``produce``, ``scheduled_outcomes``,
-``emitter-<scenario>``, ``worker-*``, ``e2e-*``, ``cron_next_fire``;
-``host.json`` holds the machine and each run's host load, see
-:mod:`benchmarks.suite`). Writes:
+Reads ``<results>/*.json``: one result per file, the run name's first part
+(before ``-``) naming the benchmark (``produce``, ``scheduled_outcomes``,
+``emitter-<scenario>``, ``worker-*``, ``e2e-*``, ``cron_next_fire``,
+``shards``, ``chaos-*``). Results of the same benchmark and configuration
+(:func:`config_key`) are the same figure measured again: the newest one
+counts. ``host.json`` holds the machine and, per run of
+:mod:`benchmarks.suite`, its date, command and host load; a result written by
+:func:`benchmarks.output.show` carries its own (``measured``). Experiments
+(other settings, probes) live in ``<results>/log/`` and are not read.
+
+Writes the page (``docs/benchmarks.md``): per benchmark its configuration,
+result, the baseline measured in the same run with plain confluent-kafka,
+the date, the command and the host load, and the machine; and the charts
+(needs matplotlib: ``pip install -e '.[bench]'``, done by ``make bench``):
 
 - ``<img>/throughput.png``: jobs per second of each stage and of the whole
   pipeline by worker processes, next to the plain-Kafka baseline of the
@@ -15,26 +24,24 @@ Reads ``<results>/<run>.json`` (layout: the run name's first part before
 - ``<img>/lateness.png``: the distribution of lateness (handler start - due,
   every job) at a steady rate, with the emitter's (seen by a consumer - due)
   and the baselines' percentiles;
-- ``<img>/rss.png``: emitter memory against pending timers;
-- ``<results>/summary.md``: the table, with the machine and the host load
-  of each run; with ``--readme`` also the README's text between
-  ``<!-- bench:begin -->`` and ``<!-- bench:end -->``.
+- ``<img>/rss.png``: emitter memory against pending timers.
 
-Charts need matplotlib (``pip install -e '.[bench]'``, done by ``make bench``);
-without it only the table is written.
+``tests/unit/test_bench_report.py`` checks that the committed page is what
+this writes from the committed results.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path("benchmarks/results")
-IMG = Path("docs/img")
-BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+IMG = ROOT / "docs" / "img"
+PAGE = ROOT / "docs" / "benchmarks.md"
 
 Results = dict[str, dict[str, Any]]
 
@@ -69,10 +76,10 @@ def _pct(p: dict[str, Any] | None) -> str:
 
 def _load(name: str, doc: dict[str, Any], host: dict[str, Any]) -> str:
     run = host.get("runs", {}).get(name)
-    if run:
+    if run and "load_before" in run:
         return f"{run['load_before'][0]:.1f} → {run['load_after'][0]:.1f}"
-    if isinstance(doc.get("host"), dict):
-        h = doc["host"]
+    h = doc.get("host")
+    if isinstance(h, dict) and "load_before" in h and "load_after" in h:
         return f"{h['load_before'][0]:.1f} → {h['load_after'][0]:.1f}"
     return "-"
 
@@ -169,13 +176,64 @@ def row(name: str, doc: dict[str, Any]) -> tuple[str, str, str, str, str] | None
         )
     if k == "e2e":
         cpu = doc.get("cpu_us_per_job", {})
+        runs = int(doc.get("runs") or 1)
+        spread = doc.get("throughput_spread_jobs_per_s")
+        per_run = (
+            f" x {runs} runs (min / median / max {_n(spread['min'])} / "
+            f"{_n(spread['median'])} / {_n(spread['max'])} jobs/s)"
+            if runs > 1 and spread
+            else ""
+        )
         return (
             f"end to end ({doc['processes']} worker process{'es' if doc['processes'] > 1 else ''})",
-            f"{_n(doc['jobs'])} jobs due within {doc.get('window_s', '-')} s, exactly-once",
-            f"{_n(doc['throughput_jobs_per_s'])} jobs/s; {doc['lost']} lost, "
+            f"{_n(doc['jobs'] // runs)} jobs due within {doc.get('window_s', '-')} s"
+            f"{' x ' + str(runs) + ' runs' if runs > 1 else ''}, exactly-once",
+            f"{_n(doc['throughput_jobs_per_s'])} jobs/s{per_run}; {doc['lost']} lost, "
             f"{doc['duplicates']} dup; {_n(cpu.get('total'))} µs CPU/job",
             f"raw produce + consume {_n(doc['raw_roundtrip_msgs_per_s'])}/s",
             _n(doc["ratio"]),
+        )
+    if k == "job_lookup" and doc.get("mode") == "view":
+        return (
+            "`Scheduler.status` through the status view (SQLite job file)",
+            f"{_n(doc['pending'])} pending + {_n(doc['finished'])} finished jobs, "
+            f"{_n(doc['outcomes'])} outcomes",
+            f"p50 {_n(doc['status_1_p50_ms'])} / p99 {_n(doc['status_1_p99_ms'])} ms "
+            f"(8 threads: p99 {_n(doc['status_8_p99_ms'])} ms); view RSS "
+            f"{_n(doc['sqlite_after_lookups_rss_mib'])} MiB, file "
+            f"{_n(doc['job_file_mib_per_million'])} MiB per million jobs; restart "
+            f"{_n(doc['restart_with_file_s'])} s, rebuild {_n(doc['rebuild_without_file_s'])} s; "
+            f"fold {_n(doc['sqlite_fold_outcomes_per_s'])} outcomes/s"
+            + (
+                f" (memory store {_n(doc['memory_fold_outcomes_per_s'])}/s)"
+                if "memory_fold_outcomes_per_s" in doc
+                else ""
+            ),
+            f"scan of 200,000 outcome records {_n(doc['scan_200k_ms_median'])} ms",
+            _n(doc["scan_over_status_p50"]),
+        )
+    if k == "job_search":
+        rows = doc["searches"]
+        base = rows["baseline: primary-key lookup"]
+        worst = max(
+            (r for n, r in rows.items() if not n.startswith("baseline")),
+            key=lambda r: r["p99_ms"],
+        )
+        worst_kind = next(n for n, r in rows.items() if r is worst)
+        return (
+            "console: find jobs in the status view's job file",
+            f"{_n(doc['jobs'])} jobs, {len(rows) - 1} filter kinds, page of {doc['page']}",
+            f"worst p99 {_n(worst['p99_ms'])} ms ({worst_kind}); write "
+            f"{_n(doc['rows_per_s_with_search_indexes'])} rows/s with the search indexes, "
+            f"{_n(doc['rows_per_s_without'])} without"
+            + (
+                f"; building them over an older file {_n(doc['index_build_s_per_million'])} s "
+                "per million jobs"
+                if "index_build_s_per_million" in doc
+                else ""
+            ),
+            f"primary-key lookup p99 {_n(base['p99_ms'])} ms",
+            "-",
         )
     if k == "cron_next_fire":
         rows = doc["rows"]
@@ -220,35 +278,278 @@ def _spread(doc: dict[str, Any], key: str) -> str:
     return f", p99 over the runs {_n(s['min'])} / {_n(s['median'])} / {_n(s['max'])} ms"
 
 
-ORDER = ("produce", "scheduled_outcomes", "emitter", "worker", "e2e", "cron_next_fire")
+ORDER = (
+    "produce",
+    "scheduled_outcomes",
+    "emitter",
+    "shards",
+    "worker",
+    "e2e",
+    "cron_next_fire",
+    "job_lookup",
+    "job_search",
+    "chaos",
+)
+SECTIONS = {
+    "produce": "Scheduling",
+    "scheduled_outcomes": "Scheduling",
+    "emitter": "The emitter",
+    "shards": "Emitter shards",
+    "worker": "Workers",
+    "e2e": "End to end",
+    "cron_next_fire": "Cron",
+    "job_lookup": "Status by id",
+    "job_search": "Finding jobs (console)",
+    "chaos": "The guarantees under faults (chaos suite)",
+}
 
 
-def table(docs: Results, host: dict[str, Any]) -> str:
-    lines = [
-        "| benchmark | configuration | result | baseline (same run) | ratio | host load |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name in sorted(docs, key=lambda n: (ORDER.index(kind(n)) if kind(n) in ORDER else 9, n)):
-        r = row(name, docs[name])
-        if r is not None:
-            lines.append("| " + " | ".join([*r, _load(name, docs[name], host)]) + " |")
-    return "\n".join(lines)
+def _order(name: str) -> tuple[int, str]:
+    return (ORDER.index(kind(name)) if kind(name) in ORDER else len(ORDER), name)
 
 
-def machine_line(host: dict[str, Any], docs: Results) -> str:
+def config_key(name: str, doc: dict[str, Any]) -> tuple[Any, ...]:
+    """What makes two results the same figure measured twice (the newer one counts)."""
+    k = kind(name)
+    if k == "emitter":
+        return (k, doc.get("scenario"))
+    if k == "worker":
+        return (k, doc.get("processes"), doc.get("jobs"))
+    if k == "e2e" and doc.get("mode") == "steady":
+        return (k, "steady", doc.get("rate_per_s"), doc.get("duration_s"), doc.get("processes"))
+    if k == "e2e":
+        return (k, "burst", doc.get("processes"), doc.get("jobs"))
+    if k == "chaos":
+        return (k, doc.get("cluster_nodes"), doc.get("minutes"))
+    return (k,)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Where a result comes from: when, with what command, on how loaded a host."""
+
+    date: str  # "YYYY-MM-DD HH:MM UTC", or "" when the result does not say
+    command: str
+    load: str
+
+
+def measured(name: str, doc: dict[str, Any], host: dict[str, Any]) -> Measured:
+    own: dict[str, Any] = doc["measured"] if isinstance(doc.get("measured"), dict) else {}
+    run: dict[str, Any] = host.get("runs", {}).get(name) or {}
+    doc_host: dict[str, Any] = doc["host"] if isinstance(doc.get("host"), dict) else {}
+    date = own.get("date") or doc_host.get("date") or run.get("date") or ""
+    command = own.get("command") or run.get("command") or ""
+    return Measured(date, command, _load(name, doc, host))
+
+
+def current(docs: Results, host: dict[str, Any]) -> Results:
+    """The newest result of each benchmark and configuration (:func:`config_key`)."""
+    newest: dict[tuple[Any, ...], tuple[str, str]] = {}
+    for name in sorted(docs):
+        if row(name, docs[name]) is None and not extra_rows(name, docs[name]):
+            continue
+        key = config_key(name, docs[name])
+        date = measured(name, docs[name], host).date
+        if key not in newest or date >= newest[key][0]:
+            newest[key] = (date, name)
+    return {name: docs[name] for _, name in newest.values()}
+
+
+def extra_rows(name: str, doc: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
+    """Rows of the results that make more than one: emitter shards, a chaos run."""
+    k = kind(name)
+    if k == "shards":
+        base = doc["baseline"]
+        f = doc["failover"]
+        transactional = bool(f.get("transactional", True))
+        base_kind = (
+            "consume + transactional produce"
+            if transactional
+            else "consume + idempotent produce, offsets committed once acked"
+        )
+        out = []
+        for d in doc["drain"]:
+            seen_rate = (
+                f"; seen by a consumer {_n(d['drain_per_s'])}/s" if "drain_per_s" in d else ""
+            )
+            out.append(
+                (
+                    f"emitter shards: drain, {d['shards']} shard(s) over "
+                    f"{d['processes']} process(es)",
+                    f"{_n(d['timers'])} overdue timers",
+                    f"{_n(d['fires_per_s'])} fires/s{seen_rate}; emitter "
+                    f"{d['emitter_us_per_fire']} µs, broker {d['broker_us_per_fire']} µs "
+                    f"CPU/fire; first fire seen {d['first_fire_after_commit_s']} s after the "
+                    f"backlog; {d['duplicates']} dup",
+                    f"{base_kind} {_n(base['records_per_s'])}/s",
+                    _n(d["ratio"]),
+                )
+            )
+        seen = f["shard0_seen_lateness_ms"]
+        fire = f["shard0_fire_lateness_ms"]["during"]
+        copies = (
+            f"{f['duplicates']} dup"
+            if "duplicates" in f
+            else f"{f.get('copies', 0)} copies (skipped by the workers)"
+        )
+        held = " (held by the dead owner's open transaction)" if transactional else ""
+        out.append(
+            (
+                f"emitter shards: kill -9 of one shard's owner ({f['config']})",
+                f"{_n(f['rate_per_s'])} timers/s, {_n(f['timers'])} timers, "
+                f"session {f['session_timeout_s']} s",
+                f"{f['lost']} lost, {copies}, {f['early']} early; takeover "
+                f"{f['takeover_s']} s; the other shard fired p99 {_n(fire['p99'])} ms late, "
+                f"seen p99 {_n(seen['during']['p99'])} ms during the takeover{held}"
+                + (f", {_n(seen['before']['p99'])} ms before" if "before" in seen else ""),
+                f"session timeout {f['session_timeout_s']} s",
+                "-",
+            )
+        )
+        return out
+    if k == "chaos":
+        faults = doc["faults_by_kind"]
+        take = doc.get("takeover_ms", {}).get("kill_active_emitter") or {}
+        broken = [
+            key
+            for key in (
+                "lost",
+                "unexcused",
+                "early",
+                "duplicates",
+                "dlq_unexpected",
+                "retry_early",
+                "flaky_wrong_attempt",
+            )
+            if doc.get(key)
+        ]
+        where = (
+            f"{doc['cluster_nodes']}-node cluster"
+            if doc.get("cluster_nodes", 1) > 1
+            else "one broker"
+        )
+        return [
+            (
+                f"chaos suite, {where}",
+                f"{_n(doc['minutes'])} minutes, seed {doc['seed']}: {_n(doc['jobs'])} jobs, "
+                f"{doc['faults']} faults of {len(faults)} kinds",
+                (
+                    "lost, unexcused re-runs, early, duplicates, double fires: all 0"
+                    if not broken
+                    else "BROKEN: " + ", ".join(broken)
+                )
+                + f"; flaky jobs ok {doc['flaky_ok']}/{doc['flaky_jobs']}, dead letters as "
+                f"planned {doc['dlq_expected']}/{doc['dlq_expected_of']}; "
+                f"{doc['excused']} excused re-runs; emitter takeover after kill -9 "
+                f"p50 {_n(take.get('p50'))} / max {_n(take.get('max'))} ms",
+                f"takeover bound {_n(doc.get('takeover_bound_ms'))} ms",
+                "-",
+            )
+        ]
+    return []
+
+
+def rows_of(name: str, doc: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
+    one = row(name, doc)
+    return [one] if one is not None else extra_rows(name, doc)
+
+
+def machine_text(host: dict[str, Any]) -> str:
     m = host.get("machine") or {}
-    dates = [r["date"] for r in host.get("runs", {}).values() if "date" in r]
-    dates += [d["host"]["date"] for d in docs.values() if isinstance(d.get("host"), dict)]
-    when = f"{min(dates)[:10]}" if dates else "unknown date"
     if not m:
-        return f"Measured {when}."
+        return "not recorded"
     return (
-        f"Measured {when} on {m.get('cpus')} cores ({m.get('cpu_model', '?')}), "
-        f"{m.get('memory_gib')} GiB, Python {m.get('python')}, broker: {m.get('broker')}; "
-        "the broker, the benchmark and every dueflow process share the same cores. "
-        "Host load is the 1-minute load average before → after each run "
-        "(the machine is shared: above 2 means other work competed for the cores)."
+        f"{m.get('cpus')} cores ({m.get('cpu_model', '?')}), {m.get('memory_gib')} GiB, "
+        f"Python {m.get('python')}; broker: {m.get('broker')}"
     )
+
+
+def tables(docs: Results, host: dict[str, Any]) -> list[str]:
+    """One table per section (the benchmark, its configuration, the result, the
+    baseline of the same run, the ratio, when, the host load), and under it the
+    command of each row."""
+    lines: list[str] = []
+    by_section: dict[str, list[str]] = {}
+    for name in sorted(docs, key=_order):
+        by_section.setdefault(SECTIONS.get(kind(name), "Other"), []).append(name)
+    for title, names in by_section.items():
+        lines += [
+            "",
+            f"## {title}",
+            "",
+            "| benchmark | configuration | result | baseline, same run | ratio | measured "
+            "| host load |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        commands: dict[str, list[str]] = {}
+        for name in names:
+            doc = docs[name]
+            meta = measured(name, doc, host)
+            for r in rows_of(name, doc):
+                cells = [*r, meta.date or "-", meta.load]
+                lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+                commands.setdefault(meta.command or "(not recorded)", []).append(f"{r[0]}, {r[1]}")
+        lines += ["", "Commands:", ""]
+        for command, what in commands.items():
+            shown = f"`{command}`" if not command.startswith("(") else command
+            rows = "every row above" if len(commands) == 1 else "; ".join(dict.fromkeys(what))
+            lines.append(f"- {shown}: {rows}")
+    return lines
+
+
+def chart_names(docs: Results) -> list[str]:
+    """The charts :func:`charts` draws from these results."""
+    names = []
+    if any(
+        kind(n) in ("produce", "worker")
+        or (kind(n) == "emitter" and d.get("scenario") == "drain")
+        or (kind(n) == "e2e" and d.get("mode") == "burst")
+        for n, d in docs.items()
+    ):
+        names.append("throughput")
+    if any(
+        (kind(n) == "e2e" and d.get("mode") == "steady")
+        or (kind(n) == "emitter" and d.get("scenario") == "steady")
+        for n, d in docs.items()
+    ):
+        names.append("lateness")
+    if any(kind(n) == "emitter" and d.get("scenario") == "capacity" for n, d in docs.items()):
+        names.append("rss")
+    return names
+
+
+def page(docs: Results, host: dict[str, Any]) -> str:
+    """The benchmarks page (markdown) of the current results."""
+    lines = [
+        "<!-- Generated by `python -m benchmarks.report` from benchmarks/results/: do not edit "
+        "here. -->",
+        "",
+        "# Benchmarks",
+        "",
+        "Each figure is the newest measurement of its benchmark, with the date it was "
+        "measured, the command that measures it and a **baseline measured in the same run** "
+        "on the same broker: plain confluent-kafka doing the same Kafka work (producing, "
+        "consuming, or consuming and producing transactionally) without dueflow. Compare a "
+        "figure with its own baseline, not with another row: the runs are minutes or days "
+        "apart on a machine other work shares.",
+        "",
+        f"**Machine**: {machine_text(host)}. The broker, the benchmark and every dueflow "
+        "process share the same cores, so these are a floor, not a ceiling: on separate "
+        "machines each part has cores of its own. **Host load** is the 1-minute load "
+        "average before → after the run (above the core count, other work competed for "
+        "the cores).",
+        "",
+        "`make bench` runs every benchmark of the suite (`python -m benchmarks.suite`, "
+        "about 15 minutes, each with a broker of its own) and then this report "
+        "(`python -m benchmarks.report`), which rewrites this page and its charts from "
+        "`benchmarks/results/`. One benchmark: its command below, with `--json PATH`.",
+    ]
+    lines += tables(docs, host)
+    charts_ = chart_names(docs)
+    if charts_:
+        lines += ["", "## Charts", ""]
+        lines += [f"![{c}](img/{c}.png)" for c in charts_]
+    return "\n".join(lines).rstrip() + "\n"
 
 
 # ----------------------------------------------------------------------------- charts
@@ -365,49 +666,26 @@ def _save(fig: Any, path: Path) -> Path:
 # ----------------------------------------------------------------------------- main
 
 
-def section(docs: Results, host: dict[str, Any], images: list[Path], readme: Path | None) -> str:
-    base = readme.parent if readme else Path()
-    lines = [machine_line(host, docs), "", table(docs, host), ""]
-    for path in images:
-        try:
-            rel = path.resolve().relative_to(base.resolve())
-        except ValueError:
-            rel = path
-        lines.append(f"![{path.stem}]({rel.as_posix()})")
-    return "\n".join(lines).rstrip() + "\n"
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__)
     p.add_argument("--results", type=Path, default=RESULTS)
     p.add_argument("--img", type=Path, default=IMG)
-    p.add_argument("--readme", type=Path, help="replace the README's benchmark section")
+    p.add_argument("--page", type=Path, default=PAGE, help="the page to write")
+    p.add_argument("--no-charts", action="store_true", help="write the page only")
     args = p.parse_args(argv)
     docs, host = load(args.results)
     if not docs:
         print(f"no results in {args.results}")
         return 1
-    try:
-        images = charts(docs, args.img)
-    except ImportError:
-        print("matplotlib is not installed (pip install -e '.[bench]'): no charts")
-        images = []
-    text = section(docs, host, images, args.readme)
-    (args.results / "summary.md").write_text(text)
-    print(text)
-    if args.readme:
-        readme = args.readme.read_text()
-        if BEGIN not in readme or END not in readme:
-            print(f"{args.readme} has no {BEGIN} ... {END} section: not changed")
-            return 1
-        new = re.sub(
-            re.escape(BEGIN) + r".*?" + re.escape(END),
-            lambda _m: f"{BEGIN}\n{text}{END}",
-            readme,
-            flags=re.S,
-        )
-        args.readme.write_text(new)
-        print(f"updated {args.readme}")
+    docs = current(docs, host)
+    images: list[Path] = []
+    if not args.no_charts:
+        try:
+            images = charts(docs, args.img)
+        except ImportError:
+            print("matplotlib is not installed (pip install -e '.[bench]'): charts not redrawn")
+    args.page.write_text(page(docs, host))
+    print(f"wrote {args.page}")
     for path in images:
         print(f"wrote {path}")
     return 0

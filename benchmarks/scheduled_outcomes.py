@@ -16,7 +16,10 @@ alternating after an untimed warm-up of each:
   for its acknowledgement (``--single`` jobs): the latency-bound path.
 
 Reported: the median of each, ``ratio_on`` / ``ratio_off`` against raw, and
-``cost_on`` = 1 - on/off (the share of throughput the outcomes take). Uses
+``cost_on`` = 1 - on/off (the share of throughput the outcomes take); CPU per
+job of the whole process (``cpu_us_per_job``, librdkafka's threads included)
+and of the calling thread alone (``main_cpu_us_per_job``: planning, ``produce``
+calls and serving delivery reports, the part one Python thread must do). Uses
 ``DUEFLOW_BOOTSTRAP`` (or ``--bootstrap``) when set, else starts a local
 broker on a free port and stops it at the end. Prints a table and writes JSON
 (``benchmarks/output.py``).
@@ -54,6 +57,7 @@ def run(bootstrap: str, jobs: int, rounds: int, single: int) -> dict[str, Any]:
     warm = requests(min(jobs, 20_000), start=jobs)
     per_s: dict[str, list[float]] = {"raw": [], "off": [], "on": []}
     cpu: dict[str, list[float]] = {"raw": [], "off": [], "on": []}
+    main_cpu: dict[str, list[float]] = {"raw": [], "off": [], "on": []}
     with (
         Scheduler(settings, scheduled_outcomes=False) as off,
         Scheduler(settings) as on,
@@ -66,11 +70,15 @@ def run(bootstrap: str, jobs: int, rounds: int, single: int) -> dict[str, Any]:
         off.schedule_many(warm)
         on.schedule_many(warm)
         for _ in range(rounds):
+            thread = time.thread_time()
             _, wall, used = timed(lambda: produce_raw(raw, raw_topic, records))
+            main_cpu["raw"].append((time.thread_time() - thread) / jobs * 1e6)
             per_s["raw"].append(jobs / wall)
             cpu["raw"].append(used / jobs * 1e6)
             for name, scheduler in (("off", off), ("on", on)):
+                thread = time.thread_time()
                 result, wall, used = timed(functools.partial(scheduler.schedule_many, reqs))
+                main_cpu[name].append((time.thread_time() - thread) / jobs * 1e6)
                 if result.scheduled != jobs:
                     raise RuntimeError(f"schedule_many: {result.to_json()}")
                 per_s[name].append(jobs / wall)
@@ -94,6 +102,7 @@ def run(bootstrap: str, jobs: int, rounds: int, single: int) -> dict[str, Any]:
         "ratio_on": round(med["on"] / med["raw"], 3),
         "cost_on": round(1 - med["on"] / med["off"], 3),
         "cpu_us_per_job": {k: round(statistics.median(v), 2) for k, v in cpu.items()},
+        "main_cpu_us_per_job": {k: round(statistics.median(v), 2) for k, v in main_cpu.items()},
         "single": single,
         "one_by_one_off_per_s": round(one_by_one["off"]),
         "one_by_one_on_per_s": round(one_by_one["on"]),
@@ -123,13 +132,21 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(
         format_table(
-            ["schedule_many", "per second (median)", "ratio to raw", "CPU us/job", "rounds"],
+            [
+                "schedule_many",
+                "per second (median)",
+                "ratio to raw",
+                "CPU us/job",
+                "calling thread",
+                "rounds",
+            ],
             [
                 [
                     name,
                     out[f"{key}_per_s"],
                     "1" if key == "raw" else out[f"ratio_{key}"],
                     out["cpu_us_per_job"][key],
+                    out["main_cpu_us_per_job"][key],
                     " ".join(map(str, out["rounds_per_s"][key])),
                 ]
                 for name, key in (

@@ -25,8 +25,10 @@ processes standing in for machines) on topics of its own:
   it, as µs of CPU per fire. The broker's figure includes serving the
   counting consumer.
 - ``baseline`` (same run, same broker, a one-shard topic): raw
-  confluent-kafka consume of the same backlog and transactional produce of
-  it with offsets in the transaction (``benchmarks.emitter.raw_drain``):
+  confluent-kafka consume of the same backlog and produce of it, the way the
+  emitter writes (``benchmarks.emitter.raw_drain``: an idempotent producer and
+  offsets committed once acknowledged; with ``--emitter transactional=true``
+  in transactions with the offsets):
   records/s and µs of CPU per record (this process, the broker). Every
   configuration's ``ratio`` is its fires/s over the baseline's. A broker
   started here is first warmed up by the same work on a quarter of the
@@ -37,8 +39,15 @@ processes standing in for machines) on topics of its own:
   ``df-due``) p50/p95/p99/max for timers due before the kill, during the
   outage (kill to takeover) and after; ``takeover_s``: kill to the
   survivor's ``emitter is active`` for shard 1 (its log's timestamp);
-  ``lost`` and ``duplicates`` over every timer (must be 0). Also shard 0's
-  seen - due during the outage: what a ``read_committed`` consumer saw.
+  ``lost`` over every timer (must be 0); ``copies``: timers fired twice, the
+  dead owner's fires after its last commit fired again by the survivor
+  (workers skip them; at most the survivor's ``dueflow_emitter_refires_total``,
+  ``refires``; 0 in transactions). Also shard 0's seen - due during the
+  outage: what a ``read_committed`` consumer saw.
+
+``--emitter KEY=VALUE`` (repeatable) sets an emitter setting for every
+configuration, e.g. ``transactional=true`` to measure firing in transactions
+on the same machine.
 
 The machine this was written on has two cores shared by the broker, every
 emitter and the counting consumer: more processes do not make more cores, so
@@ -189,7 +198,10 @@ def table_rows(result: Mapping[str, Any]) -> dict[str, str]:
         rows["shard 0 fired-due before"] = describe(late["before"])
         rows["shard 0 fired-due outage"] = describe(late["during"])
         rows["shard 0 seen-due outage"] = describe(fo["shard0_seen_lateness_ms"]["during"])
-        rows["failover lost/duplicates"] = f"{fo['lost']} / {fo['duplicates']} of {fo['timers']:,}"
+        rows["shard 0 seen-due before"] = describe(fo["shard0_seen_lateness_ms"]["before"])
+        rows["failover lost / copies (refires)"] = (
+            f"{fo['lost']} / {fo['copies']} ({_num(fo['refires'])}) of {fo['timers']:,}"
+        )
     return rows
 
 
@@ -327,8 +339,8 @@ class FireTally:
             _, msgs = take_arrived(self._consumer, timeout_s=0.05)
             at = time.monotonic()
             for m in msgs:
-                if m.error() is not None:
-                    continue
+                if m.error() is not None or hdr.is_command(m.headers()):
+                    continue  # (a command to the partition's owner is no fire)
                 key = m.key() or b""
                 if key in self.seen:
                     self.duplicates += 1
@@ -404,16 +416,23 @@ def warm_up(bootstrap: str, count: int) -> float:
     return round(time.monotonic() - t0, 1)
 
 
-def run_baseline(bootstrap: str, broker_pid: int | None, count: int) -> dict[str, Any]:
-    s = shard_settings(bootstrap, 1)
+def run_baseline(
+    bootstrap: str, broker_pid: int | None, count: int, emitter: Mapping[str, Any]
+) -> dict[str, Any]:
+    s = shard_settings(bootstrap, 1, **emitter)
     prefill(s, count)
     cpu0, broker0 = time.process_time(), maybe_cpu(broker_pid)
     rate = raw_drain(s, count)
     client = time.process_time() - cpu0
     broker = _delta(maybe_cpu(broker_pid), broker0)
-    print(f"baseline: raw consume + transactional produce {rate:,.0f}/s", flush=True)
+    what = (
+        "raw confluent-kafka consume + transactional produce, offsets in the txn"
+        if s.emitter.transactional
+        else "raw confluent-kafka consume + idempotent produce, offsets committed once acked"
+    )
+    print(f"baseline: {what}: {rate:,.0f}/s", flush=True)
     return {
-        "what": "raw confluent-kafka consume + transactional produce, offsets in the txn",
+        "what": what,
         "records": count,
         "records_per_s": round(rate),
         "client_us_per_record": us_per(client, count),
@@ -422,9 +441,14 @@ def run_baseline(bootstrap: str, broker_pid: int | None, count: int) -> dict[str
 
 
 def run_drain(
-    bootstrap: str, broker_pid: int | None, cfg: Config, count: int, workdir: Path
+    bootstrap: str,
+    broker_pid: int | None,
+    cfg: Config,
+    count: int,
+    workdir: Path,
+    emitter: Mapping[str, Any],
 ) -> dict[str, Any]:
-    s = shard_settings(bootstrap, cfg.shards, catchup_max_rate_per_s=1e9)
+    s = shard_settings(bootstrap, cfg.shards, **{"catchup_max_rate_per_s": 1e9, **emitter})
     procs: list[EmitterSubprocess] = []
     try:
         procs = start_emitters(s, workdir, f"drain-{cfg.name}", cfg.processes)
@@ -516,8 +540,11 @@ def run_failover(args: argparse.Namespace, bootstrap: str, workdir: Path) -> dic
     s = shard_settings(
         bootstrap,
         2,
-        session_timeout_ms=args.session_timeout_ms,
-        heartbeat_interval_ms=max(100, args.session_timeout_ms // 10),
+        **{
+            "session_timeout_ms": args.session_timeout_ms,
+            "heartbeat_interval_ms": max(100, args.session_timeout_ms // 10),
+            **emitter_options(args),
+        },
     )
     procs: list[EmitterSubprocess] = []
     log = ExecLog(s).start()
@@ -545,7 +572,8 @@ def run_failover(args: argparse.Namespace, bootstrap: str, workdir: Path) -> dic
         taken_ms = round(max(at for shard, at in activations(survivor) if shard == 1))
         loader.join()
         wait_until(lambda: len({r.job_id for r in log.records}) >= len(dues), 120, "all fires")
-        time.sleep(2.0)  # a quiet period, so late duplicates would be seen
+        time.sleep(2.0)  # a quiet period, so late copies would be seen
+        refires = survivor.metric("dueflow_emitter_refires_total")
     finally:
         stop.set()
         if reader.is_alive():
@@ -579,7 +607,9 @@ def run_failover(args: argparse.Namespace, bootstrap: str, workdir: Path) -> dic
         "timers": len(dues),
         "takeover_s": round((taken_ms - killed_ms) / 1000, 2),
         "lost": len(set(dues) - set(counts)),
-        "duplicates": sum(c - 1 for c in counts.values()),
+        "copies": sum(c - 1 for c in counts.values()),
+        "refires": refires,
+        "transactional": s.emitter.transactional,
         "early": sum(1 for r in log.records if r.fired_ms < r.due_ms),
         "shard0_timers": {k: len(v) for k, v in fired0.items()},
         "shard0_fire_lateness_ms": {k: percentiles(v) for k, v in fired0.items()},
@@ -591,6 +621,11 @@ def run_failover(args: argparse.Namespace, bootstrap: str, workdir: Path) -> dic
 
 
 # ----------------------------------------------------------------------------- main
+
+
+def emitter_options(args: argparse.Namespace) -> dict[str, str]:
+    """``--emitter KEY=VALUE`` as a settings mapping."""
+    return dict(item.partition("=")[::2] for item in args.emitter)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -605,6 +640,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", metavar="PATH", default="benchmarks/results/shards.json")
     parser.add_argument("--bootstrap", default=os.environ.get("DUEFLOW_BOOTSTRAP"))
     parser.add_argument("--logs", metavar="DIR", help="keep the emitters' logs here")
+    parser.add_argument(
+        "--emitter",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an emitter setting for every configuration, e.g. transactional=true (repeatable)",
+    )
     args = parser.parse_args(argv)
     try:
         configs = parse_configs(args.configs)
@@ -622,9 +664,13 @@ def main(argv: list[str] | None = None) -> None:
             "cores": os.cpu_count(),
             "broker_cpu_measured": broker_pid is not None,
             "warm_up_s": warm_up(bootstrap, max(1, args.timers // 4)),
-            "baseline": run_baseline(bootstrap, broker_pid, args.timers),
+            "emitter_settings": emitter_options(args),
+            "baseline": run_baseline(bootstrap, broker_pid, args.timers, emitter_options(args)),
         }
-        drains = [run_drain(bootstrap, broker_pid, c, args.timers, workdir) for c in configs]
+        drains = [
+            run_drain(bootstrap, broker_pid, c, args.timers, workdir, emitter_options(args))
+            for c in configs
+        ]
         base = result["baseline"]["records_per_s"]
         for d in drains:
             d["ratio"] = None if d["fires_per_s"] is None else round(d["fires_per_s"] / base, 3)

@@ -1,7 +1,7 @@
 """Lateness figures of one run and their spread over repeated runs (``--runs N``).
 
-One run on a shared two-core machine is one sample: a fresh clone measured
-p99 282 ms where the README said 50. So the steady benchmarks repeat the
+One run on a shared two-core machine is one sample: the p99 of two runs of the
+same code can differ several times over. So the steady benchmarks repeat the
 measurement, report each run's percentiles and the min / median / max of the
 p99 over the runs, and say what the broker had behind it (a broker started
 for the run compiles its request paths during its first minute under load).

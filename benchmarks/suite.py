@@ -1,7 +1,7 @@
 """Every benchmark at sane sizes, one after the other, then the report (``make bench``).
 
     python -m benchmarks.suite [--only e2e-p2,worker-p1] [--results benchmarks/results]
-                               [--readme README.md]
+                               [--page docs/benchmarks.md]
 
 Each benchmark runs as its own process (``python -m benchmarks.<name> ...
 --json <results>/<run>.json``), with its own local broker unless
@@ -10,7 +10,8 @@ and, per run, the host's load average before and after, the seconds it took
 and its exit code: the machine is shared, so the load belongs with every
 number. A failing benchmark is recorded and the suite goes on. About 12-15
 minutes on the 2-core machine. Then ``python -m benchmarks.report`` turns the
-results into charts (``docs/img/``) and the README's table.
+results into the benchmarks page of the docs (``docs/benchmarks.md``) and its
+charts (``docs/img/``).
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", help="comma-separated run names (default: all)")
     p.add_argument("--results", type=Path, default=RESULTS)
     p.add_argument("--no-report", action="store_true", help="do not run the report afterwards")
-    p.add_argument("--readme", help="let the report update this README's benchmark section")
+    p.add_argument("--page", help="the benchmarks page the report writes (docs/benchmarks.md)")
     args = p.parse_args(argv)
     wanted = set(args.only.split(",")) if args.only else None
     args.results.mkdir(parents=True, exist_ok=True)
@@ -127,9 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_report:
         from benchmarks.report import main as report
 
-        report(
-            ["--results", str(args.results), *(["--readme", args.readme] if args.readme else [])]
-        )
+        report(["--results", str(args.results), *(["--page", args.page] if args.page else [])])
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0

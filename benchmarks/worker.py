@@ -12,6 +12,8 @@ Writes ``--jobs`` exec records (as the emitter does) to a fresh queue, then:
    exactly-once commits (idempotency record + outcome + offsets per
    transaction); ``jobs_per_s`` is measured from the group's committed
    offsets (first commit to the last), so it counts only committed work.
+   ``--result-bytes N``: the handler returns a string whose JSON is N bytes
+   (the job's result, in its outcome) instead of None.
 
 Each worker process reports the keys it ran; ``duplicates`` is runs minus
 distinct keys. Uses the broker at ``--bootstrap`` / ``DUEFLOW_BOOTSTRAP``,
@@ -39,6 +41,7 @@ from confluent_kafka.admin import AdminClient
 
 from benchmarks.arrivals import take_arrived
 from benchmarks.output import show
+from dueflow import headers as hdr
 from dueflow.config import Settings, load_settings
 from dueflow.consumers.testing import exec_headers, make_job
 from dueflow.kafka.clients import make_admin
@@ -121,7 +124,9 @@ def raw_consume(settings: Settings, jobs: int) -> float:
             if msgs:
                 if not count:
                     first = time.perf_counter()
-                count += sum(1 for m in msgs if m.error() is None)
+                count += sum(
+                    1 for m in msgs if m.error() is None and not hdr.is_command(m.headers())
+                )
                 last = time.perf_counter()
     finally:
         consumer.close()
@@ -130,10 +135,14 @@ def raw_consume(settings: Settings, jobs: int) -> float:
     return (count - 1) / (last - first) if last > first else float("inf")
 
 
-def child(settings: Settings, handler: str, out: str) -> None:
-    """One worker process: a no-op handler that remembers the keys it ran."""
+def child(
+    settings: Settings, handler: str, out: str, result_bytes: int = 0, profile: bool = False
+) -> None:
+    """One worker process: a no-op handler that remembers the keys it ran (and returns a
+    result of ``result_bytes`` bytes of JSON, if not 0); with ``profile``, a pyinstrument
+    profile of the process is written beside ``out`` (``.profile.txt``)."""
     from dueflow.consumers import TaskContext, TaskRegistry, task
-    from dueflow.consumers.worker import run_worker
+    from dueflow.consumers.worker_process import run_worker
     from dueflow.observability import logs
 
     obs = settings.observability
@@ -147,14 +156,29 @@ def child(settings: Settings, handler: str, out: str) -> None:
         if len(ran) % 1_000 == 1:
             marks.append((len(ran), time.process_time()))
 
-    async def noop_async(payload: Any, ctx: TaskContext) -> None:
-        record(ctx.idempotency_key)
+    result = "x" * (result_bytes - 2) if result_bytes >= 2 else None
 
-    def noop_sync(payload: Any, ctx: TaskContext) -> None:
+    async def noop_async(payload: Any, ctx: TaskContext) -> Any:
         record(ctx.idempotency_key)
+        return result
+
+    def noop_sync(payload: Any, ctx: TaskContext) -> Any:
+        record(ctx.idempotency_key)
+        return result
 
     noop = task("noop", queue=QUEUE)(noop_async if handler == "async" else noop_sync)
+    profiler = None
+    if profile:
+        from pyinstrument import Profiler
+
+        profiler = Profiler(interval=0.0005, async_mode="disabled")
+        profiler.start()
     code = run_worker(settings, TaskRegistry([noop]), queues=[QUEUE])
+    if profiler is not None:
+        profiler.stop()
+        Path(out + ".profile.txt").write_text(profiler.output_text(show_all=False))
+        if profiler.last_session is not None:  # for other views: pyinstrument --load
+            profiler.last_session.save(out + ".pyisession")
     Path(out).write_text("\n".join(ran))
     if len(marks) >= 2:
         (n0, c0), (n1, c1) = marks[0], marks[-1]
@@ -208,7 +232,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ctx = multiprocessing.get_context("spawn")
         outdir = Path(tempfile.mkdtemp(prefix="dueflow-bench-keys-"))
         procs = [
-            ctx.Process(target=child, args=(settings, args.handler, str(outdir / f"{i}.keys")))
+            ctx.Process(
+                target=child,
+                args=(
+                    settings,
+                    args.handler,
+                    str(outdir / f"{i}.keys"),
+                    args.result_bytes,
+                    args.profile,
+                ),
+            )
             for i in range(args.processes)
         ]
         admin = make_admin(settings)
@@ -242,6 +275,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         cpu = [json.loads(f.read_text()) for f in outdir.glob("*.cpu")]
         cpu_jobs = sum(c["jobs"] for c in cpu)
         cpu_us = 1e6 * sum(c["cpu_s"] for c in cpu) / cpu_jobs if cpu_jobs > 0 else None
+        if args.profile:
+            print("profiles:", *sorted(outdir.glob("*.profile.txt")), sep="\n  ")
         return {
             "jobs": args.jobs,
             "executed": len(ran),
@@ -258,6 +293,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "partitions": args.partitions,
             "concurrency": args.concurrency,
             "handler": args.handler,
+            "result_bytes": args.result_bytes,
             "job_log": args.job_log,
             "produce_s": round(produce_s, 2),
             "exactly_once": True,
@@ -272,10 +308,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--handler", choices=["async", "sync"], default="async")
     parser.add_argument(
+        "--result-bytes",
+        type=int,
+        default=0,
+        help="the handler returns a result of this many bytes of JSON (0: None)",
+    )
+    parser.add_argument(
         "--job-log",
         choices=["off", "failures", "all"],
         default="off",
         help="job log lines: off (WARNING level), or INFO with observability.job_log",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile each worker process with pyinstrument (slower; for finding costs)",
     )
     parser.add_argument("--bootstrap", help="existing cluster (default: start a local broker)")
     parser.add_argument("--timeout", type=float, default=600.0)

@@ -58,7 +58,13 @@ DEMO_BROKER_JVM = ("-XX:TieredStopAtLevel=1", "-XX:-UseG1GC", "-XX:+UseSerialGC"
 DEMO_BROKER_PROPERTIES = {"num.io.threads": "2", "num.network.threads": "1"}
 # Settings taken from the caller's environment: how to reach and secure the
 # cluster. Everything else comes from the demo's own file.
-_PASSED_ENV = ("DUEFLOW_KAFKA_", "DUEFLOW_REPLICATION_FACTOR", "DUEFLOW_MIN_INSYNC_REPLICAS")
+_PASSED_ENV = (
+    "DUEFLOW_KAFKA_",
+    "DUEFLOW_REPLICATION_FACTOR",
+    "DUEFLOW_MIN_INSYNC_REPLICAS",
+    # DUEFLOW_EMITTER_TRANSACTIONAL=true: the demo with the emitter in transactions
+    "DUEFLOW_EMITTER_TRANSACTIONAL",
+)
 
 
 def config_text(*, bootstrap: str, prefix: str, status_port: int, workdir: Path) -> str:

@@ -17,7 +17,7 @@ from dueflow.lazy_exports import lazy_exports
 # wheel holds them all in one folder.
 __path__ = extend_path(__path__, __name__)
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 if TYPE_CHECKING:  # what type checkers see of the lazy names below ("X as X": exported)
     from dueflow.config import QueueSpec as QueueSpec

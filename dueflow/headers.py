@@ -33,7 +33,27 @@ header                    meaning
 ``traceparent``           W3C trace context (``tracestate`` too)
 ``df-trace-link``         W3C ``traceparent`` of the job's previous step, when
                           that step is not the parent (see dueflow.observability.tracing)
+``df-version``            the version token of this timer: the id of the command
+                          that made it (absent: the job as scheduled). Written
+                          only by the worker that owns the job's exec partition
+``df-unique``             the unique key a worker admitted the job under
+``df-group``              ``<group id>@<queue>:<partition>`` of a group member
+``df-parent-result``      the parent's result (UTF-8 JSON) for a job scheduled
+                          with ``ctx.schedule(..., pass_result=True)``; absent
+                          when the parent returned None
+``df-parent-result-error``  why the parent's result is not passed (not JSON, too
+                          large): the parent still succeeded
+``df-group-results``      the members' states and results, on a group's callback
+``df-notice``             ``member-ended``: a group member's end on its way to the
+                          group's owner through the timer wheel (a command, though
+                          its ``df-kind`` is ``job`` for the emitter)
 ========================  =====================================================
+
+Command records (topic ``<prefix>.exec.<queue>``, on the job's exec partition,
+key: the target key followed by ``\x00cmd``; value: ``dueflow.Command``) carry
+``df-kind`` ``steer``, ``admit``, ``group`` or ``member-ended``, ``df-due`` ``0``
+(never held), ``df-job``, ``df-queue`` and ``df-schema``. Every reader of an exec
+topic tells them from jobs by ``df-kind`` (:func:`is_command`).
 
 The record key is the job's idempotency key; it becomes the exec record's
 key, which chooses the exec partition (murmur2, like Java's default
@@ -79,11 +99,25 @@ header                   meaning
 ``df-replayed-by``       who replayed it (``dueflow replay``)
 ``df-replayed-at``       when (UTC epoch ms)
 =======================  ======================================================
+
+A ``scheduled`` outcome (``<prefix>.outcomes``, written by the scheduling
+client) may carry ``df-content-hash``: the job's ``content_hash``, so that a
+client in another process can tell a job id reused with other content
+(``Scheduler(check_existing_ids=True)``, ``dueflow schedule --job-id``).
+
+A worker's ``retrying`` outcome carries ``df-next-due``: when the next attempt
+is due (UTC epoch ms, the ``df-due`` of the retry record it wrote in the same
+transaction). The outcome's ``due_ms`` stays the failed attempt's due time.
+
+A dead letter that could not hold the job's value
+carries ``df-value-ref``: ``topic:partition:offset`` of the record that holds
+it (in ``job_headers`` and on the record; see dueflow.records.set_aside).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 DUE = "df-due"
 QUEUE = "df-queue"
@@ -101,6 +135,13 @@ OVERLAP = "df-overlap"
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
 TRACE_LINK = "df-trace-link"
+VERSION = "df-version"
+UNIQUE = "df-unique"
+GROUP = "df-group"
+PARENT_RESULT = "df-parent-result"
+PARENT_RESULT_ERROR = "df-parent-result-error"
+GROUP_RESULTS = "df-group-results"
+NOTICE = "df-notice"
 
 FIRED = "df-fired"
 ATTEMPT = "df-attempt"
@@ -115,9 +156,19 @@ REDRIVEN_FROM = "df-redriven-from"
 REPLAYED_FROM = "df-replayed-from"
 REPLAYED_BY = "df-replayed-by"
 REPLAYED_AT = "df-replayed-at"
+CONTENT_HASH = "df-content-hash"
+VALUE_REF = "df-value-ref"
+NEXT_DUE = "df-next-due"  # on a `retrying` outcome: the next attempt's due time
 
 KIND_JOB = "job"
 KIND_CRON = "cron"
+# Commands to the worker that owns an exec partition (dueflow.records.command).
+KIND_STEER = "steer"
+KIND_ADMIT = "admit"
+KIND_GROUP = "group"
+KIND_MEMBER_ENDED = "member-ended"
+COMMAND_KINDS = frozenset({KIND_STEER, KIND_ADMIT, KIND_GROUP, KIND_MEMBER_ENDED})
+_COMMAND_KIND_BYTES = frozenset(k.encode() for k in COMMAND_KINDS)
 
 Headers = list[tuple[str, bytes]]
 
@@ -131,6 +182,12 @@ def header(headers: Sequence[tuple[str, bytes | None]] | None, name: str) -> byt
         if key == name:
             found = value
     return found
+
+
+def is_command(headers: Any) -> bool:
+    """Whether a record of an exec topic is a command, not a job (its ``df-kind``);
+    ``headers``: a record's header pairs as any Kafka client returns them."""
+    return header(headers, KIND) in _COMMAND_KIND_BYTES or header(headers, NOTICE) is not None
 
 
 def header_text(headers: Sequence[tuple[str, bytes | None]] | None, name: str) -> str | None:

@@ -22,6 +22,8 @@ UNDECODABLE = "undecodable"  # the record's value (or its payload) does not deco
 TIMEOUT = "timeout"  # the last attempt ran past its timeout
 CONFLICT = "conflict"  # reserved in the schema; not written (the SDK refuses a reused id)
 OTHER = "other"  # anything else (a reason this version does not know)
+# a header or field of the record is out of its accepted range (DeadLetter version 2)
+OUT_OF_RANGE = "out_of_range"
 
 DEAD_LETTER_REASONS = (
     EXHAUSTED,
@@ -31,17 +33,23 @@ DEAD_LETTER_REASONS = (
     TIMEOUT,
     CONFLICT,
     OTHER,
+    OUT_OF_RANGE,
 )
 
 # ----------------------------------------------------------------- quarantine
 # emitter, timer topic (headers only: the emitter never decodes a timer's value)
 MISSING_DUE = "missing df-due header"
 BAD_DUE = "df-due is not an integer"
+DUE_OUT_OF_RANGE = "df-due out of range"  # not a time from the year 1 to 9999
 MISSING_QUEUE = "missing df-queue header"
 UNKNOWN_QUEUE = "unknown queue"  # also a schedule whose queue is not configured
 MISSING_TIMER_KEY = "missing key (the idempotency key)"
 UNKNOWN_KIND = "unknown df-kind"
 BAD_PARTITION = "bad df-partition"  # not a partition of the queue's exec topic
+BAD_CRON_HEADER = "bad cron header"  # df-sv or df-occurrence out of range
+# the record it would write (the exec record of a timer, a timer placed again)
+# exceeds its topic's max.message.bytes or the producers' message.max.bytes
+RECORD_TOO_LARGE = "record too large"
 # emitter, schedules topic
 SCHEDULE_KEY_NOT_UTF8 = "key is not UTF-8"
 MISSING_SCHEDULE_KEY = "missing key (the schedule id)"
@@ -51,6 +59,12 @@ SCHEDULE_KEY_MISMATCH = "key is not the schedule id"
 IDEMPOTENCY_WITHOUT_KEY = "idempotency record without a key"
 UNDECODABLE_IDEMPOTENCY = "undecodable idempotency record"
 BAD_CONTROL = "bad control record"
+# worker (idempotency, control), status view (outcomes): a field decodes but is
+# outside its accepted range (docs/wire-format.md#accepted-ranges)
+FIELD_OUT_OF_RANGE = "field out of range"
+# worker: commands in the exec topic, its own steering topic
+UNDECODABLE_COMMAND = "undecodable command"
+UNDECODABLE_STEERING = "undecodable steering state"
 # emitter (the active one): queue registry topic
 BAD_QUEUE_RECORD = "bad queue registry record"
 # status view: outcomes topic
@@ -59,11 +73,14 @@ UNDECODABLE_OUTCOME = "undecodable outcome"
 QUARANTINE_REASONS = (
     MISSING_DUE,
     BAD_DUE,
+    DUE_OUT_OF_RANGE,
     MISSING_QUEUE,
     UNKNOWN_QUEUE,
     MISSING_TIMER_KEY,
     UNKNOWN_KIND,
     BAD_PARTITION,
+    BAD_CRON_HEADER,
+    RECORD_TOO_LARGE,
     SCHEDULE_KEY_NOT_UTF8,
     MISSING_SCHEDULE_KEY,
     UNDECODABLE_SCHEDULE,
@@ -71,6 +88,9 @@ QUARANTINE_REASONS = (
     IDEMPOTENCY_WITHOUT_KEY,
     UNDECODABLE_IDEMPOTENCY,
     BAD_CONTROL,
+    FIELD_OUT_OF_RANGE,
+    UNDECODABLE_COMMAND,
+    UNDECODABLE_STEERING,
     BAD_QUEUE_RECORD,
     UNDECODABLE_OUTCOME,
 )

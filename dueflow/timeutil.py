@@ -65,6 +65,15 @@ def format_utc(ms: int) -> str:
     return from_utc_ms(ms).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def show_utc(ms: object) -> str:
+    """:func:`format_utc` for output: a number from another writer that is no date
+    (too large, not an integer) shows as ``<n> ms (not a date)``, never raises."""
+    try:
+        return format_utc(ms)  # type: ignore[arg-type]
+    except (OverflowError, ValueError, OSError, TypeError, InvalidInput):
+        return f"{ms!r} ms (not a date)"
+
+
 def parse_duration(value: timedelta | float | int | str, *, field: str) -> int:
     """A duration in whole milliseconds (>= 0); :class:`InvalidInput` names ``field``.
 

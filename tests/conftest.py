@@ -16,11 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import pytest
 
 from dueflow.broker.local import LocalBroker
 from dueflow.broker.ports import free_port_pair
 from dueflow.config import Settings, load_settings
+
+# No per-example deadline: the test machines are shared and loaded, and a slow
+# example is not a wrong one (hypothesis' default of 200 ms failed tests as flaky).
+hypothesis.settings.register_profile("dueflow", deadline=None, print_blob=True)
+hypothesis.settings.load_profile("dueflow")
 
 # The in-memory pipeline's fixtures (dueflow_pipeline, ...), as users enable them.
 pytest_plugins = ["dueflow.testing.pytest_plugin"]

@@ -9,7 +9,7 @@ a deadline (:func:`call_with_deadline`): the producer is then abandoned (never
 touched again: destroying it would block too) and a new one is made. The
 broker aborts an abandoned transaction after ``transaction.timeout.ms``; for
 what a worker's abandoned transaction could do before that, see
-``QueueRuntime._abandon_producer``.
+``CommitLoop.abandon_producer`` (dueflow.consumers.commit_loop).
 
 Unlike ``ThreadPoolExecutor``, whose threads the interpreter joins at exit,
 a daemon thread stuck in such a call does not keep the process from exiting.

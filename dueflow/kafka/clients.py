@@ -30,6 +30,7 @@ from confluent_kafka.admin import AdminClient
 
 from dueflow.config import Settings
 from dueflow.errors import ClusterUnreachable, KafkaOperationError
+from dueflow.records.size_budget import PRODUCER_MAX_MESSAGE_BYTES
 
 # The exec partition of a job is chosen by its key. murmur2 is the hash of
 # Java's default partitioner, so every Kafka client agrees on it.
@@ -46,6 +47,11 @@ def producer_config(settings: Settings, **extra: Any) -> dict[str, Any]:
         "partitioner": PARTITIONER,
         "queue.buffering.max.messages": 500_000,
     }
+    if "message.max.bytes" not in settings.kafka:
+        # Above every topic's limit, so that a record the topic takes can be sent
+        # (librdkafka's default, 1,000,000, is below the broker's 1,048,588): the
+        # topics' max.message.bytes is the limit (dueflow.records.size_budget).
+        conf["message.max.bytes"] = PRODUCER_MAX_MESSAGE_BYTES
     conf.update(extra)
     return settings.client_config(**conf)
 
@@ -88,6 +94,15 @@ def make_admin(settings: Settings, **extra: Any) -> AdminClient:
     return AdminClient(_scoped(settings, settings.client_config(**extra)))
 
 
+def cluster_id_of(admin: AdminClient, timeout_s: float = 10.0) -> str | None:
+    """The Kafka cluster's id (from metadata); None when the broker does not say."""
+    try:
+        cluster_id = admin.list_topics(timeout=timeout_s).cluster_id
+    except KafkaException as exc:
+        raise kafka_error("reading the cluster metadata", exc) from exc
+    return str(cluster_id) if cluster_id else None
+
+
 def kafka_error(what: str, exc: BaseException) -> KafkaOperationError:
     """Wrap a client exception, keeping the original and its retriability."""
     err = KafkaOperationError(f"{what}: {exc}", cause=exc)
@@ -106,6 +121,14 @@ _VARYING = re.compile(
 )
 
 
+# A broker that is still starting up, which librdkafka waits out by itself: not a
+# problem to report unless asked (``verbose``). E.g. "Failed to acquire
+# idempotence PID from broker ...: Broker: Coordinator load in progress: retrying".
+_PASSING = re.compile(
+    r"(Coordinator load in progress|Coordinator not available|Not coordinator)\b.*: retrying$"
+)
+
+
 def log_line_key(fac: str, message: str) -> tuple[str, str]:
     """What makes two librdkafka log lines "the same": facility and message, with the
     parts that change from one attempt to the next removed (pure)."""
@@ -118,9 +141,11 @@ class ClientLog:
     librdkafka writes a line per failed connection attempt, several a second
     per client while a broker is down; this keeps the first of each kind (a
     real error, such as a failed TLS handshake, still shows) and counts the
-    rest. ``emit(level, text)`` receives what is kept (default: the
-    ``dueflow.kafka`` logger). librdkafka calls :meth:`log` from the thread
-    that polls the client, so it is thread-safe.
+    rest. A line about a coordinator that is still loading, which librdkafka
+    retries by itself, is counted and not shown. ``emit(level, text)``
+    receives what is kept (default: the ``dueflow.kafka`` logger). librdkafka
+    calls :meth:`log` from the thread that polls the client, so it is
+    thread-safe.
     """
 
     def __init__(
@@ -141,7 +166,7 @@ class ClientLog:
         with self._lock:
             count = self._seen.get(key, 0)
             self._seen[key] = count + 1
-        if count == 0 or self.verbose:
+        if self.verbose or (count == 0 and not _PASSING.search(message)):
             self._emit(level, f"{fac} [{client}] {message}")
 
     @property

@@ -1,8 +1,8 @@
-"""Measure this process's clock against the broker's (I/O edge of dueflow.rules.clock).
+"""Measure this process's clock against the broker's (I/O edge of dueflow.rules.clock_offset).
 
 Once a second a daemon thread produces an empty record to ``<prefix>.clock``
 (one partition, ``LogAppendTime``, short retention) and reads the broker's
-append time from the acknowledgement; :class:`~dueflow.rules.clock.ClockOffset`
+append time from the acknowledgement; :class:`~dueflow.rules.clock_offset.ClockOffset`
 turns the samples into bounds of the offset. The emitter and the workers
 read their "now" through it (:meth:`ClockProbe.due_now_ms`), so a process
 whose clock runs ahead never starts a job early.
@@ -25,10 +25,10 @@ from dueflow.config import Settings
 from dueflow.kafka.fatal import served
 from dueflow.kafka.topics import names
 from dueflow.observability.logs import event
-from dueflow.rules.clock import ClockOffset
+from dueflow.rules.clock_offset import ClockOffset
 from dueflow.wall_clock import wall_ms
 
-_LOG = logging.getLogger("dueflow.rules.clock")
+_LOG = logging.getLogger("dueflow.rules.clock_offset")
 
 
 class ClockProbe:

@@ -244,10 +244,11 @@ def ranges_to_count(
     n = names(settings)
     out: dict[TopicPartition, int] = {}
 
-    def small(tp: TopicPartition, group: str) -> None:
+    def small(tp: TopicPartition, group: str | Mapping[TopicPartition, int]) -> None:
         marks = watermarks.get(tp)
         if marks is not None:
-            start = lag_start(committed.get(group, {}).get(tp), marks)
+            offsets = committed.get(group, {}) if isinstance(group, str) else group
+            start = lag_start(offsets.get(tp), marks)
             if 0 < marks.high - start <= up_to:
                 out[tp] = start
 
@@ -259,8 +260,24 @@ def ranges_to_count(
         for topic in queue_topics(settings, q):
             for p in range(settings.queue(q).partitions):
                 small((topic, p), group)
+    timers = timer_commits(settings, committed)
     for p in range(settings.wheel.total_partitions):
-        small((n.timers, p), n.emitter_offsets_group)
+        small((n.timers, p), timers)
+    return out
+
+
+def timer_commits(
+    settings: Settings, committed: Mapping[str, Mapping[TopicPartition, int]]
+) -> dict[TopicPartition, int]:
+    """The timer offsets the emitters committed: per partition the higher of the
+    lease group's (firing without transactions) and the offsets group's (in
+    transactions)."""
+    n = names(settings)
+    out: dict[TopicPartition, int] = {}
+    for group in (n.emitter_offsets_group, n.emitter_group):
+        for tp, offset in committed.get(group, {}).items():
+            if tp[0] == n.timers and offset > out.get(tp, -1):
+                out[tp] = offset
     return out
 
 
@@ -315,7 +332,7 @@ def compute_view(snapshot: ClusterSnapshot, settings: Settings) -> ClusterView:
     timers = pending_timers(
         n.timers,
         settings.wheel,
-        snapshot.committed.get(n.emitter_offsets_group, {}),
+        timer_commits(settings, snapshot.committed),
         snapshot.watermarks,
         counted,
     )

@@ -5,13 +5,19 @@ or alters an existing topic, with one exception: the timer and lease topics
 get partitions added when ``wheel.shards`` grew (whole wheels appended; see
 :attr:`TopicSpec.grows_by`). Any other wrong partition count, or a critical
 config that differs, is reported, and the caller exits non-zero.
+
+The DLQ and quarantine topics are created last, with a ``max.message.bytes``
+:data:`~dueflow.kafka.topics.SET_ASIDE_HEADROOM` larger than the largest of
+the other topics ensured (what the broker gave them): a record set aside
+wraps a record of another topic. An existing one with less is reported as a
+note (:func:`with_headroom`).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (
@@ -23,7 +29,10 @@ from confluent_kafka.admin import (
 )
 
 from dueflow.kafka.clients import kafka_error
-from dueflow.kafka.topics import TopicSpec
+from dueflow.kafka.topics import SET_ASIDE_HEADROOM, SET_ASIDE_ROLES, TopicSpec
+from dueflow.records.size_budget import DEFAULT_MAX_MESSAGE_BYTES
+
+MAX_MESSAGE_BYTES = "max.message.bytes"
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +112,13 @@ class TopicAdmin:
         report = EnsureReport()
         states = {st.name: st for st in self.describe(specs)}
         missing = [s for s in specs if states[s.name].partitions is None]
-        raced = self._create(missing, report)
+        others = [s for s in missing if s.role not in SET_ASIDE_ROLES]
+        raced = self._create(others, report)
+        if any(s.role in SET_ASIDE_ROLES for s in specs):
+            # The topics that set records aside get headroom over all the others.
+            specs = with_headroom(specs, self._largest_limit(specs, states))
+            missing = [s for s in specs if states[s.name].partitions is None]
+            raced += self._create([s for s in missing if s.role in SET_ASIDE_ROLES], report)
         if raced:  # created by someone else meanwhile: compare what they made
             states.update({st.name: st for st in self.describe(raced, must_exist=True)})
         created = [s for s in missing if s.name in report.created]
@@ -124,6 +139,21 @@ class TopicAdmin:
             if not diffs and spec.name not in report.grown:
                 report.unchanged.append(spec.name)
         return report
+
+    def _largest_limit(self, specs: Sequence[TopicSpec], states: dict[str, TopicState]) -> int:
+        """The largest ``max.message.bytes`` of the topics of ``specs`` that set nothing
+        aside (read again for those just created: the broker's default)."""
+        others = [s for s in specs if s.role not in SET_ASIDE_ROLES]
+        fresh = [s for s in others if MAX_MESSAGE_BYTES not in states[s.name].config]
+        configs = self._configs(fresh) if fresh else {}
+        found = []
+        for s in others:
+            raw = states[s.name].config.get(MAX_MESSAGE_BYTES) or configs.get(s.name, {}).get(
+                MAX_MESSAGE_BYTES
+            )
+            if raw and raw.isdigit():
+                found.append(int(raw))
+        return max(found, default=DEFAULT_MAX_MESSAGE_BYTES)
 
     def _grow(
         self, specs: Sequence[TopicSpec], states: dict[str, TopicState], report: EnsureReport
@@ -218,7 +248,19 @@ def compare(spec: TopicSpec, state: TopicState) -> list[Difference]:
     return diffs
 
 
+def with_headroom(specs: Sequence[TopicSpec], largest: int) -> list[TopicSpec]:
+    """``specs`` with the DLQ and quarantine topics' ``max.message.bytes`` at
+    ``largest`` (the largest of the other topics) + :data:`SET_ASIDE_HEADROOM` (pure)."""
+    want = str(largest + SET_ASIDE_HEADROOM)
+    return [
+        replace(s, config={**s.config, MAX_MESSAGE_BYTES: want}) if s.role in SET_ASIDE_ROLES else s
+        for s in specs
+    ]
+
+
 def _same(key: str, want: str, have: str) -> bool:
+    if key == MAX_MESSAGE_BYTES and want.isdigit() and have.isdigit():
+        return int(have) >= int(want)  # more room is as good
     if key == "cleanup.policy":
         return set(want.split(",")) == {p.strip() for p in have.split(",")}
     return want == have

@@ -3,7 +3,9 @@
 Every topic of shared/DESIGN.md, with its partition count and the configs
 that matter. ``critical`` configs are the ones whose difference breaks a
 guarantee (a timer topic with time retention loses timers; an idempotency
-topic that is not compacted loses dedup), so ``topics ensure`` refuses them.
+topic that is not compacted loses dedup; a steering topic with time
+retention loses the state of pending steered jobs), so ``topics ensure``
+refuses them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,15 @@ from dueflow.config import QueueSpec, Settings
 
 HOUR_MS = 3_600_000
 WEEK_MS = 7 * 24 * HOUR_MS
+# How much larger max.message.bytes the DLQ and quarantine topics get than the
+# largest of the others: a dead letter wraps a job's record (its value, its
+# headers twice, the error texts: at most 2,000 characters of message and
+# 16,000 of traceback), a quarantine record wraps any record with its key twice
+# and the reason. With this headroom neither has to be trimmed for a record that
+# fit its own topic, unless its headers are very large
+# (dueflow.records.size_budget, docs/operations.md).
+SET_ASIDE_HEADROOM = 128 * 1024
+SET_ASIDE_ROLES = frozenset({"dlq", "quarantine"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +91,7 @@ class TopicNames:
 
     @property
     def clock(self) -> str:
-        """Where processes measure their clock against the broker's (dueflow.rules.clock)."""
+        """Where processes measure their clock against the broker's (dueflow.rules.clock_offset)."""
         return f"{self.prefix}.clock"
 
     @property
@@ -99,6 +110,11 @@ class TopicNames:
 
     def idempotency(self, queue: str) -> str:
         return f"{self.prefix}.idempotency.{queue}"
+
+    def steering(self, queue: str) -> str:
+        """Compacted state of steered jobs, written only by the owner of each exec
+        partition (dueflow.records.steering_state)."""
+        return f"{self.prefix}.steering.{queue}"
 
     # consumer groups and transactional ids
     @property
@@ -261,6 +277,22 @@ def queue_topics(n: TopicNames, q: QueueSpec, isr: Mapping[str, str]) -> list[To
                 "retention.ms": str(q.idempotency_retention_ms),
                 "segment.ms": str(min(q.idempotency_retention_ms, 3_600_000)),
                 "min.cleanable.dirty.ratio": "0.1",
+                **isr,
+            },
+            queue=q.name,
+        )
+    )
+    specs.append(
+        TopicSpec(
+            n.steering(q.name),
+            "steering",
+            p,
+            {
+                # compact only: an entry lives as long as its job has timers in the
+                # wheel, whatever the time; the owner removes it with a tombstone.
+                "cleanup.policy": "compact",
+                "min.cleanable.dirty.ratio": "0.1",
+                "segment.ms": str(HOUR_MS),
                 **isr,
             },
             queue=q.name,

@@ -21,8 +21,9 @@ import threading
 import time
 from typing import Any, TextIO
 
-import orjson
 from opentelemetry import trace
+
+from dueflow.control_chars import escape_text, json_text
 
 _RESERVED = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
 
@@ -36,6 +37,7 @@ JOB_SUCCEEDED = "job.succeeded"
 JOB_RETRY = "job.retry"
 JOB_FAILED = "job.failed"
 JOB_DEAD_LETTER = "job.dead_letter"
+JOB_RESULT_NOT_KEPT = "job.result_not_kept"
 EMITTER_LEADERSHIP = "emitter.leadership"
 
 
@@ -108,7 +110,7 @@ class JsonFormatter(_LineFormatter):
         }
         if exc:
             out["exc"] = exc
-        return orjson.dumps(out, default=str).decode()
+        return json_text(out, default=str)  # control characters escaped, never raises
 
 
 class TextFormatter(_LineFormatter):
@@ -125,15 +127,15 @@ class TextFormatter(_LineFormatter):
     ) -> str:
         first = [k for k in JOB_FIELDS if k in fields]
         ordered = first + [k for k in fields if k not in JOB_FIELDS]
-        shown = " ".join(f"{k}={fields[k]}" for k in ordered)
+        shown = " ".join(f"{k}={escape_text(fields[k])}" for k in ordered)
         text = (
             f"{time.strftime('%H:%M:%S', time.localtime(created))} "
-            f"{levelname.lower():7} {logger}: {name}"
+            f"{levelname.lower():7} {logger}: {escape_text(name)}"
         )
         if shown:
             text += "  " + shown
         if exc:
-            text += "\n" + exc
+            text += "\n" + escape_text(exc, keep="\n")
         return text
 
 

@@ -8,15 +8,13 @@ constructor. Names follow Prometheus conventions: ``dueflow_*``, base units,
 For ``dueflow worker --processes N`` call :func:`enable_multiprocess` in the
 parent before the children start and before any :class:`Metrics` is built
 (it sets ``PROMETHEUS_MULTIPROC_DIR``), call :func:`process_exited` when a
-child ends, and :func:`serve` then serves one merged view.
+child ends, and :func:`serve` then serves one merged view
+(:mod:`.multiprocess_metrics`). Batched histogram observations:
+:mod:`.histogram_batches`.
 """
 
 from __future__ import annotations
 
-import bisect
-import os
-from collections.abc import Iterable
-from pathlib import Path
 from typing import NamedTuple
 
 from prometheus_client import (
@@ -26,11 +24,33 @@ from prometheus_client import (
     Gauge,
     Histogram,
     generate_latest,
-    multiprocess,
-    start_http_server,
-    values,
 )
 from prometheus_client.metrics import MetricWrapperBase
+
+from dueflow.observability.endpoint import HealthSource, start_listener
+from dueflow.observability.histogram_batches import observe_ages, observe_many
+from dueflow.observability.multiprocess_metrics import (
+    enable_multiprocess,
+    merged_registry,
+    merged_samples,
+    multiprocess_enabled,
+    process_exited,
+)
+
+__all__ = [
+    "DURATION_BUCKETS",
+    "LATENESS_BUCKETS",
+    "MetricFamily",
+    "Metrics",
+    "enable_multiprocess",
+    "exposition_registry",
+    "merged_samples",
+    "observe_ages",
+    "observe_many",
+    "process_exited",
+    "render",
+    "serve",
+]
 
 # Fire lateness and job durations span milliseconds to minutes.
 LATENESS_BUCKETS = (
@@ -71,12 +91,23 @@ DURATION_BUCKETS = (
 
 
 class Metrics:
-    """Every collector dueflow exports, registered on ``registry``."""
+    """Every collector dueflow exports, registered on ``registry``, declared per
+    component (the ``_declare_*`` methods, in the order they are exposed)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
-        # --- scheduling (producers)
+        self._declare_scheduling(r)
+        self._declare_firing(r)
+        self._declare_emitter_leadership(r)
+        self._declare_worker_jobs(r)
+        self._declare_worker_process(r)
+        self._declare_steering(r)
+        self._declare_status_view(r)
+        self._declare_every_process(r)
+
+    def _declare_scheduling(self, r: CollectorRegistry) -> None:
+        """The scheduling clients (producers)."""
         self.schedules_produced = Counter(
             "dueflow_schedules_produced_total",
             "Jobs written to the timer topic",
@@ -89,7 +120,9 @@ class Metrics:
             ["queue"],
             registry=r,
         )
-        # --- emitter
+
+    def _declare_firing(self, r: CollectorRegistry) -> None:
+        """The emitter: the wheel's timers and the jobs it fires."""
         self.timers_pending = Gauge(
             "dueflow_timers_pending",
             "Timers waiting in the wheel (high watermark minus committed offset)",
@@ -102,7 +135,8 @@ class Metrics:
         )
         self.fire_lateness = Histogram(
             "dueflow_fire_lateness_seconds",
-            "Emit time minus due time of fired jobs",
+            "When fired jobs became visible to workers (acknowledged, or their "
+            "transaction committed) minus their due time",
             ["queue"],
             buckets=LATENESS_BUCKETS,
             registry=r,
@@ -118,6 +152,9 @@ class Metrics:
             "Timers read from a slot after their due time had passed the slot (fired late)",
             registry=r,
         )
+
+    def _declare_emitter_leadership(self, r: CollectorRegistry) -> None:
+        """The emitter: its leadership, commits, cron and clock."""
         self.emitter_leader = Gauge(
             "dueflow_emitter_leader",
             "1 while this process is the active emitter",
@@ -129,6 +166,27 @@ class Metrics:
             "Times this process took over as active emitter",
             registry=r,
         )
+        self.emitter_refires = Counter(
+            "dueflow_emitter_refires_total",
+            "Fires after a takeover of timers the previous active emitter may have fired "
+            "already (due before the takeover; an upper bound of the duplicates it made: "
+            "workers skip them, see dueflow_duplicates_skipped_total)",
+            registry=r,
+        )
+        self.emitter_offset_commits = Counter(
+            "dueflow_emitter_offset_commits_total",
+            "Timer offset commits through the lease group by result (firing without transactions)",
+            ["result"],
+            registry=r,
+        )
+        self.emitter_restarts = Counter(
+            "dueflow_emitter_restarts_total",
+            "Times an active shard stopped and started over from its committed offsets, by "
+            "reason: fenced, stalled, transaction aborted, error (a refused write, e.g. a "
+            "record the broker refused as too large)",
+            ["reason"],
+            registry=r,
+        )
         self.emitter_transactions = Counter(
             "dueflow_emitter_transactions_total",
             "Emitter transactions by result",
@@ -137,8 +195,9 @@ class Metrics:
         )
         self.emitter_commit = Histogram(
             "dueflow_emitter_commit_seconds",
-            "How long the emitter's transactions took to commit (handed over to done): "
-            "a fired job becomes visible to workers only then",
+            "How long the emitter's commits took: without transactions, the timer offsets "
+            "from sealed to accepted (fired jobs are visible before); with transactions, "
+            "handed over to committed (fired jobs become visible only then)",
             buckets=LATENESS_BUCKETS,
             registry=r,
         )
@@ -154,7 +213,9 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
-        # --- workers
+
+    def _declare_worker_jobs(self, r: CollectorRegistry) -> None:
+        """Workers: job attempts and where they went."""
         self.jobs = Counter(
             "dueflow_jobs_total",
             "Job attempts by outcome",
@@ -210,11 +271,36 @@ class Metrics:
             ["queue", "task"],
             registry=r,
         )
+
+    def _declare_worker_process(self, r: CollectorRegistry) -> None:
+        """Workers: the process, its commits and what handlers report."""
         self.orphaned_threads = Gauge(
             "dueflow_worker_orphaned_threads",
             "Handler threads still running a job that timed out (they cannot be killed)",
             registry=r,
             multiprocess_mode="livesum",
+        )
+        self.loop_blocked = Counter(
+            "dueflow_worker_loop_blocked_total",
+            "Times the worker's event loop was blocked past its limit: by an async "
+            "handler past its timeout (its attempt recorded as timed out; queue and "
+            "task named) or with no handler on it (queue and task empty)",
+            ["queue", "task"],
+            registry=r,
+        )
+        self.worker_restarts = Counter(
+            "dueflow_worker_restarts_total",
+            "Worker processes restarted by the worker itself, by reason: memory "
+            "(max_memory, after its jobs), memory_ceiling (the hard ceiling, at once), "
+            "blocked_loop (the event loop stayed blocked)",
+            ["reason"],
+            registry=r,
+        )
+        self.worker_memory = Gauge(
+            "dueflow_worker_resident_memory_bytes",
+            "Resident memory of a worker process (the largest one, across processes)",
+            registry=r,
+            multiprocess_mode="livemax",
         )
         self.worker_transactions = Counter(
             "dueflow_worker_transactions_total",
@@ -229,10 +315,71 @@ class Metrics:
             ["queue", "result"],
             registry=r,
         )
+        self.result_errors = Counter(
+            "dueflow_result_errors_total",
+            "Handler results not kept (not JSON, or over result_max_bytes): the jobs "
+            "succeeded with result_error in their outcome",
+            ["queue", "task"],
+            registry=r,
+        )
+        self.progress_reports = Counter(
+            "dueflow_progress_reports_total",
+            "ctx.progress calls of handlers (the newest value per attempt is written)",
+            ["queue"],
+            registry=r,
+        )
+        self.progress_outcomes = Counter(
+            "dueflow_progress_outcomes_total",
+            "started outcomes written for running attempts: with progress, or to show "
+            "a long attempt as running",
+            ["queue", "kind"],
+            registry=r,
+        )
         self.hook_calls = Counter(
             "dueflow_worker_hook_calls_total",
             "Worker lifecycle hook calls (startup, shutdown, failure) by result",
             ["hook", "result"],
+            registry=r,
+        )
+
+    def _declare_steering(self, r: CollectorRegistry) -> None:
+        """Workers: steered jobs, store loads and rate limits."""
+        self.steering_commands = Counter(
+            "dueflow_steering_commands_total",
+            "Commands (cancel, move, patch, replace) the owner of their partition "
+            "answered, by verdict (cancelled, rescheduled, updated, refused)",
+            ["queue", "op", "verdict"],
+            registry=r,
+        )
+        self.steering_deliveries = Counter(
+            "dueflow_steering_deliveries_total",
+            "Deliveries of steered jobs that did not run as they came: superseded (an "
+            "older version), cancelled, redirect (written again with a move or update), "
+            "duplicate",
+            ["queue", "step"],
+            registry=r,
+        )
+        self.steering_states = Gauge(
+            "dueflow_steering_states",
+            "Steered jobs whose state this worker keeps (they have timers in the wheel)",
+            ["queue"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.store_load_wait = Histogram(
+            "dueflow_store_load_wait_seconds",
+            "Time a worker's read of a partition of its key store (store=keys: at "
+            "assignment, and before a redriven record) or steering store (steering: "
+            "at assignment) waited for the transactions written to it before to end "
+            "there (its last stable offset to reach its high watermark); 0 when none was open",
+            ["queue", "store"],
+            buckets=LATENESS_BUCKETS,
+            registry=r,
+        )
+        self.steering_swept = Counter(
+            "dueflow_steering_swept_total",
+            "Steering states the sweep changed (timers due longer ago than the grace)",
+            ["queue"],
             registry=r,
         )
         self.rate_limited = Counter(
@@ -241,7 +388,9 @@ class Metrics:
             ["queue"],
             registry=r,
         )
-        # --- status view
+
+    def _declare_status_view(self, r: CollectorRegistry) -> None:
+        """The status view."""
         self.status_outcomes = Counter(
             "dueflow_status_outcomes_total",
             "Outcome records the status view applied, by job state",
@@ -255,17 +404,53 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        self.status_restored = Counter(
+            "dueflow_status_changelog_restored_total",
+            "Changelog records the status view read into its job file at recovery "
+            "(after a restart with its file: only those newer than the file)",
+            registry=r,
+        )
         self.cluster_reads = Counter(
             "dueflow_cluster_reads_total",
             "Reads of offsets and groups from Kafka (cluster view), by result",
             ["result"],
             registry=r,
         )
-        # --- everywhere
+
+    def _declare_every_process(self, r: CollectorRegistry) -> None:
+        """Every process: readiness, liveness and records set aside."""
+        # Per process (a worker's children each have their own series, by pid):
+        # what /readyz answers and when the main loop last turned.
+        self.ready = Gauge(
+            "dueflow_ready",
+            "1 while this process is ready (/readyz: connected, group membership held)",
+            registry=r,
+            multiprocess_mode="liveall",
+        )
+        self.loop_heartbeat = Gauge(
+            "dueflow_loop_heartbeat_timestamp_seconds",
+            "Wall time the process's main loop last turned (/livez)",
+            registry=r,
+            multiprocess_mode="liveall",
+        )
         self.quarantined = Counter(
             "dueflow_quarantined_total",
             "Malformed records set aside with a reason",
             ["component", "reason"],
+            registry=r,
+        )
+        self.set_aside_trimmed = Counter(
+            "dueflow_set_aside_trimmed_total",
+            "Dead letters and quarantine records cut to fit their topic, by what was cut "
+            "(texts, reference, minimal; value, headers, key)",
+            ["component", "record", "cut"],
+            registry=r,
+        )
+        self.too_large = Counter(
+            "dueflow_records_too_large_total",
+            "Records set aside (quarantined or dead-lettered) because a hop's record "
+            "would exceed its topic's max.message.bytes, by hop",
+            ["component", "hop"],
             registry=r,
         )
         self.skipped = Counter(
@@ -302,37 +487,10 @@ class MetricFamily(NamedTuple):
         return (self.name,)
 
 
-def enable_multiprocess(directory: str | os.PathLike[str], *, clean: bool = True) -> Path:
-    """Switch this process (and children started after) to multiprocess metrics.
-
-    Call it in the parent of ``--processes N`` before any :class:`Metrics` is
-    built. prometheus_client picks its value store when it is first imported,
-    so setting ``PROMETHEUS_MULTIPROC_DIR`` later is not enough: this also
-    re-selects the store. ``clean`` removes files of an earlier run (stale
-    counters would otherwise be summed in).
-    """
-    path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
-    if clean:
-        for stale in path.glob("*.db"):
-            stale.unlink()
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(path)
-    values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
-    return path
-
-
-def process_exited(pid: int) -> None:
-    """Drop the live gauges of a child that exited (multiprocess mode only)."""
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
-
-
 def exposition_registry(metrics: Metrics) -> CollectorRegistry:
     """The registry to expose: the merged multiprocess view when enabled, else ``metrics``'."""
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-        return registry
+    if multiprocess_enabled():
+        return merged_registry()
     return metrics.registry
 
 
@@ -341,76 +499,17 @@ def render(metrics: Metrics) -> tuple[bytes, str]:
     return generate_latest(exposition_registry(metrics)), CONTENT_TYPE_LATEST
 
 
-def observe_many(histogram: Histogram, samples: Iterable[float]) -> None:
-    """``histogram.observe(v)`` for each value, with one lock round per bucket.
-
-    Workers record a duration per job; at tens of thousands of jobs per
-    second, observing them one by one costs a microsecond each. This adds
-    them up per bucket first (using the client's per-bucket counters when
-    it has them, else plain ``observe``).
-    """
-    bounds = getattr(histogram, "_upper_bounds", None)
-    buckets = getattr(histogram, "_buckets", None)
-    total = getattr(histogram, "_sum", None)
-    if bounds is None or buckets is None or total is None:
-        for value in samples:
-            histogram.observe(value)
-        return
-    counts = [0] * len(bounds)
-    summed = 0.0
-    index = bisect.bisect_left
-    for value in samples:
-        summed += value
-        counts[index(bounds, value)] += 1
-    for bucket, count in zip(buckets, counts, strict=True):
-        if count:
-            bucket.inc(count)
-    total.inc(summed)
-
-
-def observe_ages(histogram: Histogram, now_ms: int, starts_ms: list[int]) -> None:
-    """``histogram.observe(max(0, now_ms - start) / 1000)`` for each start, in seconds.
-
-    For a batch that ends at one instant (the emitter's lateness at commit):
-    the starts are sorted once and each bucket's count is one bisection, so a
-    batch of thousands costs about as much as a sort.
-    """
-    bounds = getattr(histogram, "_upper_bounds", None)
-    buckets = getattr(histogram, "_buckets", None)
-    total = getattr(histogram, "_sum", None)
-    if bounds is None or buckets is None or total is None:
-        observe_many(histogram, [max(0, now_ms - s) / 1000.0 for s in starts_ms])
-        return
-    starts = sorted(starts_ms)
-    n = len(starts)
-    below = 0  # counted in lower buckets (the smallest ages: the latest starts)
-    for bound, bucket in zip(bounds, buckets, strict=True):
-        within = (
-            n if bound == float("inf") else n - bisect.bisect_left(starts, now_ms - _max_ms(bound))
-        )
-        if within > below:
-            bucket.inc(within - below)
-            below = within
-    overdue = bisect.bisect_left(starts, now_ms)  # starts before now: a positive age
-    total.inc((overdue * now_ms - sum(starts[:overdue])) / 1000.0)
-
-
-def _max_ms(bound_s: float) -> int:
-    """The largest whole number of milliseconds ``a`` with ``a / 1000 <= bound_s``."""
-    a = int(bound_s * 1000)
-    while (a + 1) / 1000.0 <= bound_s:
-        a += 1
-    while a / 1000.0 > bound_s:
-        a -= 1
-    return a
-
-
-def serve(metrics: Metrics, port: int, *, addr: str = "127.0.0.1") -> int:
-    """Serve ``/metrics`` on ``addr:port`` (0 picks a free port); return the port.
+def serve(
+    metrics: Metrics,
+    port: int,
+    *,
+    addr: str = "127.0.0.1",
+    health: HealthSource | None = None,
+) -> int:
+    """Serve ``/metrics`` (and with ``health``, ``/livez`` and ``/readyz``) on
+    ``addr:port`` (0 picks a free port); return the port.
 
     With ``PROMETHEUS_MULTIPROC_DIR`` set, serves the merged view of all
     processes that write there instead of this process's registry.
     """
-    registry = exposition_registry(metrics)
-    server, _thread = start_http_server(port, addr=addr, registry=registry)
-    return int(server.server_port)
+    return start_listener(exposition_registry(metrics), port, addr=addr, health=health)

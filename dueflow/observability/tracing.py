@@ -403,6 +403,7 @@ def provider_from_env(env: Mapping[str, str], *, service_name: str) -> TracerPro
             path = env.get("DUEFLOW_TRACES_JSONL")
             if not path:
                 raise ConfigError("DUEFLOW_TRACES_JSONL", path, "a file path (for jsonl)")
+            # imported here: the SDK's export modules load only for this exporter
             from dueflow.observability.trace_export import JsonLinesSpanExporter
 
             provider.add_span_processor(SimpleSpanProcessor(JsonLinesSpanExporter(path)))

@@ -1,16 +1,18 @@
 """Encode and decode dueflow records with fastavro.
 
 Values are plain Avro binary (no registry framing) of the schemas in this
-folder. The writer's schema travels in the ``df-schema`` header as
-``<full name>/<version>`` (e.g. ``dueflow.Job/1``); a reader resolves it
-against its own current schema, so writers and readers of different released
-versions interoperate (rolling upgrades). Every released version of every
-schema is kept under ``v<N>/``; the files at the top are the current ones.
+folder; a job value may also come in the Confluent wire format
+(:func:`decode_job_value`, :mod:`dueflow.records.framing`). The writer's
+schema travels in the ``df-schema`` header as ``<full name>/<version>``
+(e.g. ``dueflow.Job/1``); a reader resolves it against its own current
+schema, so writers and readers of different released versions interoperate
+(rolling upgrades). Every released version of every schema is kept under
+``v<N>/``; the files at the top are the current ones.
 
 A reader resolves only the versions it knows, so writers write the oldest
 version that holds what they write: a record that needs nothing of version 2
 is written as version 1 (``encode(..., version=1)``, or the hand-written
-encoders of :mod:`dueflow.records.fast`), and a process of the previous
+encoders of :mod:`dueflow.records.worker_codec`), and a process of the previous
 release still reads it. Only records that need the new field or symbol
 (a reschedule, an ``expired`` outcome, a retry handed on) are written as
 the version that has it.
@@ -30,16 +32,19 @@ from typing import Any
 import fastavro
 
 from dueflow.errors import UndecodableRecord
+from dueflow.records.framing import unframe_job
 
 # short name -> (full Avro name, file name, current version)
 SCHEMAS: dict[str, tuple[str, str, int]] = {
     "job": ("dueflow.Job", "job.avsc", 1),
     "schedule": ("dueflow.Schedule", "schedule.avsc", 2),
-    "outcome": ("dueflow.Outcome", "outcome.avsc", 2),
-    "dead_letter": ("dueflow.DeadLetter", "dead_letter.avsc", 1),
+    "outcome": ("dueflow.Outcome", "outcome.avsc", 3),
+    "dead_letter": ("dueflow.DeadLetter", "dead_letter.avsc", 2),
     "idempotency": ("dueflow.IdempotencyRecord", "idempotency_record.avsc", 3),
     "quarantined": ("dueflow.Quarantined", "quarantined.avsc", 1),
     "queue": ("dueflow.Queue", "queue.avsc", 1),
+    "command": ("dueflow.Command", "command.avsc", 1),
+    "steering_state": ("dueflow.SteeringState", "steering_state.avsc", 1),
 }
 _BY_FULL_NAME = {full: short for short, (full, _, _) in SCHEMAS.items()}
 
@@ -125,6 +130,14 @@ def decode(name: str, data: bytes, *, writer_version: int | None = None) -> dict
     if not isinstance(out, dict):
         raise UndecodableRecord(f"value is not a {SCHEMAS[name][0]} record")
     return out
+
+
+def decode_job_value(data: bytes, schema: bytes | None) -> dict[str, Any]:
+    """A ``dueflow.Job`` value, plain Avro or in the Confluent wire format
+    (:mod:`dueflow.records.framing`), with its ``df-schema`` header (None when
+    absent). Raises :class:`UndecodableRecord` when it is neither."""
+    avro, plain, _schema_id = unframe_job(data, schema)
+    return decode("job", avro, writer_version=parse_schema_header(plain, expected="job"))
 
 
 class AvroCodec:

@@ -12,7 +12,8 @@ Its record is built as the scheduling client builds one:
 :func:`~dueflow.records.job_request.prepare_job` checks the request (task name,
 payload encoding and NaN refusal, queue, due-time limits, ...) and
 :func:`~dueflow.records.timer_record.timer_record` makes the record, whose size is
-checked against the timer topic's limit. Only its partition is chosen again
+checked against the size budget of its queue (every hop of the job must fit,
+:mod:`dueflow.records.size_budget`). Only its partition is chosen again
 when the batch is written (:func:`place_follow_up`): placement depends on the
 time of writing, and a handler may run on for a long time after the call.
 
@@ -28,18 +29,26 @@ follow-up has the same key and is skipped as a duplicate by the worker.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import NamedTuple
 
 from dueflow import headers as hdr
+from dueflow.control_chars import escape_text
 from dueflow.errors import InvalidInput
-from dueflow.records.job_request import MAX_NAME_CHARS, JobRequest, JobRules, prepare_job
+from dueflow.records.job_request import (
+    MAX_NAME_CHARS,
+    JobRequest,
+    JobRules,
+    bad_name,
+    is_name,
+    prepare_job,
+)
+from dueflow.records.size_budget import JobBudget, job_shape
 from dueflow.records.timer_record import (
     TimerPlacer,
     TimerRecord,
-    record_too_large,
     spread_of,
     timer_record,
 )
@@ -55,16 +64,22 @@ def follow_up_key(parent_key: str, index: int) -> str:
     ``<parent_key>/<index>``; a result longer than a key may be (255
     characters) keeps the start of the parent key and a hash of all of it:
     ``<start>~<16 hex>/<index>``, so a chain of any length has bounded keys.
+    A parent key that is no usable name (control characters: written by a
+    client without dueflow's checks) gives ``<start, escaped>~<16 hex>/<index>``,
+    so its follow-ups still get a key the doors accept.
     """
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:
         raise InvalidInput("index", index, "an integer >= 0")
     suffix = f"/{index}"
     key = parent_key + suffix
-    if len(key) <= MAX_NAME_CHARS:
+    usable = is_name(parent_key)
+    if usable and len(key) <= MAX_NAME_CHARS:
         return key
-    digest = hashlib.blake2b(parent_key.encode(), digest_size=_HASH_HEX // 2).hexdigest()
+    raw = parent_key.encode("utf-8", "surrogatepass")
+    digest = hashlib.blake2b(raw, digest_size=_HASH_HEX // 2).hexdigest()
     tail = f"~{digest}{suffix}"
-    return parent_key[: MAX_NAME_CHARS - len(tail)] + tail
+    start = parent_key if usable else escape_text(parent_key)
+    return start[: MAX_NAME_CHARS - len(tail)] + tail
 
 
 class FollowUp(NamedTuple):
@@ -86,10 +101,12 @@ class FollowUp(NamedTuple):
 
 
 class PlannedFollowUp(NamedTuple):
-    """A checked follow-up and its timer record (partition as of the call)."""
+    """A checked follow-up and its timer record (partition as of the call);
+    ``pass_result``: it receives its parent's result (``df-parent-result``)."""
 
     follow_up: FollowUp
     record: TimerRecord
+    pass_result: bool = False
 
     def same_job(self, other: PlannedFollowUp) -> bool:
         """Whether ``other`` asks for the same job (a repeat of the call)."""
@@ -112,8 +129,7 @@ def plan_follow_up(
     now_ms: int,
     rules: JobRules,
     placer: TimerPlacer,
-    max_record_bytes: int,
-    timers_topic: str,
+    budget: Callable[[str], JobBudget],
     trace_headers: Sequence[tuple[str, bytes]] = (),
 ) -> PlannedFollowUp:
     """Check follow-up ``index`` of the job ``parent_job_id`` (key ``parent_key``)
@@ -124,9 +140,12 @@ def plan_follow_up(
 
     ``trace_headers`` (``traceparent``/``tracestate``) continue the parent's
     trace: they go on the record and into the job's ``trace`` field.
+    ``budget(queue)``: the size budget of the follow-up's queue
+    (:class:`~dueflow.records.size_budget.RecordTooLarge` when a hop would not fit).
     """
     key = req.idempotency_key
     job_id = req.job_id
+    id_from_key = job_id is None and key is not None
     if key is None and job_id is None:
         job_id = key = follow_up_key(parent_key, index)
     elif job_id is None:
@@ -142,17 +161,23 @@ def plan_follow_up(
         )
     req = replace(req, job_id=job_id, idempotency_key=key)
     trace = {k: v.decode("ascii", "replace") for k, v in trace_headers}
-    job = prepare_job(req, now_ms=now_ms, rules=rules, new_job_id=_unused, trace=trace)
+    try:
+        job = prepare_job(req, now_ms=now_ms, rules=rules, new_job_id=_unused, trace=trace)
+    except InvalidInput as exc:
+        if exc.field == "job_id" and id_from_key:
+            raise bad_name("idempotency_key", key) from None  # the caller gave the key
+        raise
     record = timer_record(
         job,
         now_ms=now_ms,
         placer=placer,
         trace_headers=[*trace_headers, (hdr.PARENT, parent_job_id.encode())],
     )
-    if record.size > max_record_bytes:
-        raise record_too_large(
-            len(job.payload), record.size, limit=max_record_bytes, topic=timers_topic
-        )
+    refusal = budget(job.queue).refusal(
+        job_shape(record.key, record.value, record.headers, payload=len(job.payload))
+    )
+    if refusal is not None:
+        raise refusal
     follow_up = FollowUp(
         job.job_id,
         job.idempotency_key,

@@ -19,6 +19,7 @@ The clock and the random job id are arguments (``now_ms``, ``new_job_id``).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -31,25 +32,28 @@ from typing import Any, NamedTuple
 import orjson
 
 from dueflow.config import Settings
+from dueflow.control_chars import CONTROL_CHARS_TEXT, has_control
 from dueflow.errors import InvalidInput, UnknownQueue
 from dueflow.model import Backoff, BackoffKind, Job
 from dueflow.rules.deadline import job_deadline
 from dueflow.rules.jitter import deterministic_jitter_ms
 from dueflow.rules.routing import Router
+
+# The limits every reader of the wire accepts (MAX_DUE_MS: 9999-12-31T23:59:59.999Z,
+# the last millisecond a datetime holds), here for the SDK's callers too.
+from dueflow.rules.wire_bounds import MAX_DUE_MS as MAX_DUE_MS
+from dueflow.rules.wire_bounds import MAX_INT32 as MAX_INT32
+from dueflow.rules.wire_bounds import MAX_LONG as MAX_LONG
+from dueflow.rules.wire_bounds import MAX_NAME_CHARS as MAX_NAME_CHARS
 from dueflow.task_name import TASK_NAME_ACCEPTED, is_task_name
 from dueflow.timeutil import format_utc, parse_duration, to_utc_ms
 
 JSON = "application/json"
 OCTET_STREAM = "application/octet-stream"
-MAX_NAME_CHARS = 255
-MAX_INT32 = (1 << 31) - 1  # an Avro int
-MAX_LONG = (1 << 63) - 1  # an Avro long
-# The latest due time: 9999-12-31T23:59:59.999Z, the last millisecond a datetime
-# holds (results and logs show due times as datetimes), far inside an Avro long.
-MAX_DUE_MS = 253_402_300_799_999
 
 Instant = datetime | str
 Duration = timedelta | float | int | str
+BackoffSpec = Backoff | str | Mapping[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +77,7 @@ class JobRequest:
     job_id: str | None = None
     idempotency_key: str | None = None
     max_attempts: int | None = None
-    backoff: Backoff | str | Mapping[str, Any] | None = None
+    backoff: BackoffSpec | None = None
     timeout: Duration | None = None
     jitter: Duration | None = None
     labels: Mapping[str, str] | None = None
@@ -81,17 +85,24 @@ class JobRequest:
     max_lateness: Duration | None = None
 
 
+# The fields of a JobRequest: task, payload and the keywords of RequestOptions
+# (dueflow.records.job_options; tests/unit/test_scheduling_options.py checks it, and
+# mypy checks every ``JobRequest(task, payload, **options)``).
 REQUEST_FIELDS = frozenset(f.name for f in fields(JobRequest))
 
 
 @dataclass(frozen=True, slots=True)
 class JobRules:
     """What the cluster accepts: its queues, the default attempt count, and how a
-    job without a queue is routed."""
+    job without a queue is routed. ``known_tasks``: the tasks of the producer's app
+    (``app=``, ``--app``, ``DUEFLOW_APP``); with them, a task the app does not
+    declare and the route table does not name is refused (a misspelled name would
+    reach the DLQ as ``unknown_task``); ``None``: any valid name."""
 
     queues: frozenset[str]
     default_max_attempts: int = 4
     router: Router = field(default_factory=Router)
+    known_tasks: frozenset[str] | None = None
 
     @classmethod
     def from_settings(
@@ -100,14 +111,24 @@ class JobRules:
         *,
         queues: Iterable[str] | None = None,
         declared: Mapping[str, str] | None = None,
+        known_tasks: Iterable[str] | None = None,
     ) -> JobRules:
         """Rules of ``settings``; ``queues``: the known queues (default: the static
-        ones), ``declared``: ``@task`` queues by task name (see :mod:`dueflow.rules.routing`)."""
+        ones), ``declared``: ``@task`` queues by task name (see :mod:`dueflow.rules.routing`),
+        ``known_tasks``: the app's tasks, when the producer knows them."""
         return cls(
             frozenset(settings.queue_names if queues is None else queues),
             settings.worker.default_max_attempts,
             Router(settings.routes, declared),
+            None if known_tasks is None else frozenset(known_tasks),
         )
+
+    def check_task(self, task: str) -> None:
+        """Refuse ``task`` when the producer knows its app's tasks and this is none of
+        them, nor one the route table names (:class:`InvalidInput`, with a suggestion)."""
+        known = self.known_tasks
+        if known is not None and task not in known and not self.router.routed(task):
+            raise unknown_task(task, known)
 
     def with_queues(self, queues: Iterable[str]) -> JobRules:
         return replace(self, queues=frozenset(queues))
@@ -178,59 +199,39 @@ def prepare_job(
     rules: JobRules,
     new_job_id: Callable[[int], str],
     trace: Mapping[str, str] | None = None,
+    check_queue: Callable[[object], None] | None = None,
 ) -> PreparedJob:
     """Check ``req`` and build its job; :class:`InvalidInput` names the first bad field.
 
     The due time is ``run_at``, ``now + delay``, or ``now``; jitter adds a
     deterministic offset in ``[0, jitter]`` derived from the job id, so the
     same job is always placed at the same time. ``new_job_id(now_ms)`` draws
-    an id when the request has none. (Written for speed: ``schedule_many``
-    runs it for every job.)
+    an id when the request has none. ``check_queue``: how a queue that is not
+    among ``rules.queues`` is looked up (the client reads the queue registry)
+    before it is refused; without it, it is refused at once. The one planning
+    path of every client (the SDK's ``schedule``, ``ctx.schedule``, the CLI), so
+    written for speed: a request with none of the rarer fields costs a few
+    ``None`` tests for them.
     """
     task = req.task
     if not is_task_name(task):
         raise bad_task(task)
-    queue = req.queue
-    if queue is None:
-        queue = rules.router.queue_for(task)
-    if queue not in rules.queues:
-        raise unknown_queue(queue, rules.queues)
+    queue = _queue_of(req.queue, task, rules, check_queue)
     payload = req.payload
     if type(payload) is bytes:
         content_type = OCTET_STREAM
     else:
         payload, content_type = encode_payload(payload)
-    job_id = req.job_id
-    if job_id is None:
-        job_id = new_job_id(now_ms)
-    elif not is_name(job_id):
-        raise bad_name("job_id", job_id)
-    key = req.idempotency_key
-    if key is None:
-        key = job_id
-    elif not is_name(key):
-        raise bad_name("idempotency_key", key)
-    due_ms = _due_ms(req, now_ms)
-    jitter_ms = 0
-    if req.jitter is not None:
-        jitter_ms = parse_duration(req.jitter, field="jitter")
-        if jitter_ms > MAX_DUE_MS - due_ms:
-            raise InvalidInput(
-                "jitter",
-                req.jitter,
-                f"a window ending at or before {format_utc(MAX_DUE_MS)} "
-                f"(at most {MAX_DUE_MS - due_ms} ms after the due time)",
-            )
-        if jitter_ms:
-            due_ms += deterministic_jitter_ms(job_id, jitter_ms)
+    job_id, key = _ids_of(req, now_ms, new_job_id)
+    due_ms = _due_of_request(req, now_ms)
+    jitter_ms = 0 if req.jitter is None else _jitter_ms(req.jitter, due_ms)
+    if jitter_ms:
+        due_ms += deterministic_jitter_ms(job_id, jitter_ms)
     max_attempts = req.max_attempts
     if max_attempts is None:
         max_attempts = rules.default_max_attempts
     elif type(max_attempts) is not int or not 1 <= max_attempts <= MAX_INT32:
         raise bad_attempts(max_attempts)
-    backoff = None if req.backoff is None else parse_backoff(req.backoff)
-    timeout_ms = None if req.timeout is None else parse_timeout(req.timeout)
-    labels = NO_STRINGS if req.labels is None else _labels(req.labels)
     return _new_prepared(
         PreparedJob,
         (
@@ -242,17 +243,71 @@ def prepare_job(
             due_ms,
             key,
             max_attempts,
-            backoff,
-            timeout_ms,
+            None if req.backoff is None else parse_backoff(req.backoff),
+            None if req.timeout is None else parse_timeout(req.timeout),
             jitter_ms,
             now_ms,
             trace or NO_STRINGS,
             None,
             None,
             content_hash(task, payload, content_type),
-            labels,
+            NO_STRINGS if req.labels is None else _labels(req.labels),
         ),
     )
+
+
+def _queue_of(
+    queue: str | None, task: str, rules: JobRules, check_queue: Callable[[object], None] | None
+) -> str:
+    """The job's queue (``queue``, else the task's route), checked to exist, then the
+    task checked to be known (after the queue: a task routed elsewhere passes)."""
+    if queue is None:
+        queue = rules.router.queue_for(task)
+    if queue not in rules.queues:
+        if check_queue is None:
+            raise unknown_queue(queue, rules.queues)
+        check_queue(queue)
+    if rules.known_tasks is not None:
+        rules.check_task(task)
+    return queue
+
+
+def _ids_of(req: JobRequest, now_ms: int, new_job_id: Callable[[int], str]) -> tuple[str, str]:
+    """The job id (drawn when the request has none) and idempotency key (default: the id)."""
+    job_id = req.job_id
+    if job_id is None:
+        job_id = new_job_id(now_ms)
+    elif not is_name(job_id):
+        raise bad_name("job_id", job_id)
+    key = req.idempotency_key
+    if key is None:
+        key = job_id
+    elif not is_name(key):
+        raise bad_name("idempotency_key", key)
+    return job_id, key
+
+
+def _due_of_request(req: JobRequest, now_ms: int) -> int:
+    """The request's due time before jitter: ``run_at``, ``now + delay``, or ``now``."""
+    if req.run_at is not None:
+        return due_of(req.run_at, req.delay, now_ms=now_ms)
+    if req.delay is not None:
+        return due_after(req.delay, now_ms=now_ms)
+    return now_ms
+
+
+def _jitter_ms(jitter: Duration, due_ms: int) -> int:
+    """The jitter window of a job due at ``due_ms``, in ms: :class:`InvalidInput`
+    names ``jitter`` when it is no duration or the window ends after :data:`MAX_DUE_MS`."""
+    jitter_ms = parse_duration(jitter, field="jitter")
+    if jitter_ms > MAX_DUE_MS - due_ms:
+        raise InvalidInput(
+            "jitter",
+            jitter,
+            f"a window ending at or before {format_utc(MAX_DUE_MS)} "
+            f"(at most {MAX_DUE_MS - due_ms} ms after the due time)",
+        )
+    return jitter_ms
 
 
 def deadline_of(req: JobRequest, due_ms: int) -> int | None:
@@ -433,12 +488,20 @@ def _checked_backoff(b: Backoff, shown: object) -> Backoff:
     return b
 
 
+NAME_ACCEPTED = (
+    f"a non-empty string of at most {MAX_NAME_CHARS} chars (valid UTF-8), " + CONTROL_CHARS_TEXT
+)
+
+
 def is_name(value: object) -> bool:
-    """Whether ``value`` is a usable job id or idempotency key: 1 to 255 characters
-    that UTF-8 can encode (no lone surrogates)."""
+    """Whether ``value`` is a usable job id, idempotency key, schedule id or label key:
+    1 to 255 characters that UTF-8 can encode (no lone surrogates), none of them a
+    control character (:data:`~dueflow.control_chars.CONTROL_CHARS`)."""
     if type(value) is not str or not 0 < len(value) <= MAX_NAME_CHARS:
         return False
-    return value.isascii() or _utf8(value)
+    if value.isascii():
+        return value.isprintable()  # ASCII: printable is "no C0, no DEL"
+    return _utf8(value) and not has_control(value)
 
 
 def _utf8(value: str) -> bool:
@@ -450,15 +513,35 @@ def _utf8(value: str) -> bool:
 
 
 def bad_name(field: str, value: object) -> InvalidInput:
-    """The error for a job id or key that is not a usable name."""
-    return InvalidInput(
-        field, value, f"a non-empty string of at most {MAX_NAME_CHARS} chars (valid UTF-8)"
-    )
+    """The error for a job id, key or schedule id that is not a usable name (the
+    message shows the value with its control characters escaped)."""
+    return InvalidInput(field, value, NAME_ACCEPTED)
+
+
+def check_name(field: str, value: object) -> str:
+    """``value`` when it is a usable name (:func:`is_name`), else :func:`bad_name`."""
+    if not is_name(value):
+        raise bad_name(field, value)
+    return value  # type: ignore[return-value]
 
 
 def bad_task(value: object) -> InvalidInput:
     """The error for a task name a worker would not accept (:mod:`dueflow.task_name`)."""
     return InvalidInput("task", value, TASK_NAME_ACCEPTED)
+
+
+def unknown_task(task: str, known: Iterable[str]) -> InvalidInput:
+    """The error for a task the producer's app does not declare (:meth:`JobRules.check_task`)."""
+    names = sorted(known)
+    shown = ", ".join(repr(n) for n in names[:10]) + (", ..." if len(names) > 10 else "")
+    close = difflib.get_close_matches(task, names, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return InvalidInput(
+        "task",
+        task,
+        f"a task of the app ({shown}) or one the route table names "
+        f"([routes], DUEFLOW_ROUTES){hint}",
+    )
 
 
 def due_too_late(field: str, value: object, *, now_ms: int) -> InvalidInput:
@@ -480,10 +563,6 @@ def unknown_queue(queue: object, queues: frozenset[str]) -> UnknownQueue:
 
 def bad_attempts(value: object) -> InvalidInput:
     return InvalidInput("max_attempts", value, f"an integer from 1 to {MAX_INT32}")
-
-
-def _due_ms(req: JobRequest, now_ms: int) -> int:
-    return due_of(req.run_at, req.delay, now_ms=now_ms)
 
 
 def due_of(
@@ -518,14 +597,6 @@ def due_after(delay: Duration, *, now_ms: int) -> int:
     return due_ms
 
 
-def _max_attempts(value: int | None, default: int) -> int:
-    if value is None:
-        return default
-    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_INT32:
-        raise InvalidInput("max_attempts", value, f"an integer from 1 to {MAX_INT32}")
-    return value
-
-
 TIMEOUT_ACCEPTED = f"a duration of at least 1 ms and at most {MAX_LONG} ms, or None"
 
 
@@ -545,4 +616,8 @@ def _labels(value: Mapping[str, str]) -> Mapping[str, str]:
         for k, v in value.items()
     ):
         raise InvalidInput("labels", value, "a dict of strings to strings (valid UTF-8)")
-    return dict(value)
+    for key in value:
+        check_name(f"labels[{key!r}]", key)
+    # Sorted by key (code points: UTF-8 byte order), so that equal labels are
+    # equal bytes whatever order the caller's map has; every client does the same.
+    return dict(sorted(value.items()))

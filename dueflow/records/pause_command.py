@@ -20,11 +20,19 @@ from dataclasses import dataclass
 
 import orjson
 
-from dueflow.errors import InvalidInput, UndecodableRecord
+from dueflow.errors import FieldOutOfRange, InvalidInput, UndecodableRecord
+from dueflow.rules.wire_bounds import (
+    MAX_DUE_MS,
+    MAX_NAME_CHARS,
+    MIN_TIME_MS,
+    MS_ACCEPTED,
+    in_range,
+)
 
 QUEUE_TARGET = "queue:"
 ACTIONS = ("pause", "resume")
 VERSION = 1
+MAX_REASON_CHARS = 1_000  # an operator's reason for a pause
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +67,10 @@ def encode_control(control: QueueControl) -> tuple[bytes, bytes]:
     """``(key, value)`` of the control record."""
     if not control.queue:
         raise InvalidInput("queue", control.queue, "a queue name")
+    if len(control.by) > MAX_NAME_CHARS:
+        raise InvalidInput("by", control.by, f"at most {MAX_NAME_CHARS} characters")
+    if len(control.reason) > MAX_REASON_CHARS:
+        raise InvalidInput("reason", control.reason, f"at most {MAX_REASON_CHARS} characters")
     value = orjson.dumps(
         {
             "v": VERSION,
@@ -97,14 +109,18 @@ def decode_control(key: bytes | None, value: bytes | None) -> QueueControl | Non
         raise UndecodableRecord(f"control value has no action of {ACTIONS}: {value[:120]!r}")
     if doc.get("queue", queue) != queue:
         raise UndecodableRecord(f"control value names queue {doc.get('queue')!r}, key {queue!r}")
-    at_ms = doc.get("at_ms", 0)
-    return QueueControl(
-        queue,
-        paused=doc["action"] == "pause",
-        by=str(doc.get("by", "")),
-        at_ms=at_ms if isinstance(at_ms, int) else 0,
-        reason=str(doc.get("reason", "")),
+    at_ms = in_range(
+        doc.get("at_ms", 0), "at_ms", low=MIN_TIME_MS, high=MAX_DUE_MS, accepted=MS_ACCEPTED
     )
+    by = doc.get("by", "")
+    if not isinstance(by, str) or len(by) > MAX_NAME_CHARS:
+        raise FieldOutOfRange("by", by, f"a string of at most {MAX_NAME_CHARS} characters")
+    reason = doc.get("reason", "")
+    if not isinstance(reason, str) or len(reason) > MAX_REASON_CHARS:
+        raise FieldOutOfRange(
+            "reason", reason, f"a string of at most {MAX_REASON_CHARS} characters"
+        )
+    return QueueControl(queue, paused=doc["action"] == "pause", by=by, at_ms=at_ms, reason=reason)
 
 
 def paused_queues(controls: Iterable[QueueControl]) -> dict[str, QueueControl]:

@@ -23,22 +23,21 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from dueflow import headers as hdr
-from dueflow.errors import InvalidInput
 from dueflow.records.codec import schema_header
+from dueflow.records.framing import frame_confluent, framed_header
 from dueflow.records.job_binary import JobFields, JobValues, encode_job_values, job_values
+from dueflow.records.record_size import (
+    BATCH_HEADER,
+    RECORD_FIXED,
+    record_size,
+    sized,
+    varint_size,
+)
 from dueflow.rules.wheel import WheelGeometry
 
 JOB_SCHEMA = schema_header("job")
 _KIND_JOB = hdr.KIND_JOB.encode()
 _KIND_CRON = hdr.KIND_CRON.encode()
-
-# Kafka's record-batch header is 61 bytes; a record adds at most ~21 bytes of
-# varints and attributes, and each header a few more. Sizes are estimated
-# before compression, so the check errs on the safe side.
-BATCH_OVERHEAD = 61
-RECORD_OVERHEAD = 21
-HEADER_OVERHEAD = 10
-
 
 # NamedTuple's generated __new__ is a Python function; the scheduling client
 # builds one record per job, so it builds the tuple directly.
@@ -46,7 +45,8 @@ _new_tuple = tuple.__new__
 
 
 class TimerRecord(NamedTuple):
-    """One record for the timer topic, and its estimated size in a batch."""
+    """One record for the timer topic, and its size as the broker counts it
+    (:func:`dueflow.records.record_size.record_size`)."""
 
     partition: int
     key: bytes
@@ -120,28 +120,49 @@ class TimerPlacer:
 
 KIND_JOB_HEADER = (hdr.KIND, _KIND_JOB)
 SCHEMA_HEADER = (hdr.SCHEMA, JOB_SCHEMA)
-# Size of the headers that do not vary, plus the record and batch overhead: the
-# estimated size of a job's record is this, the names' size (name_headers),
-# and the lengths of key, value, due header text and job id.
-FIXED_RECORD_SIZE = (
-    BATCH_OVERHEAD
-    + RECORD_OVERHEAD
-    + sum(HEADER_OVERHEAD + len(n) for n in (hdr.DUE, hdr.QUEUE, hdr.KIND, hdr.JOB_ID, hdr.TASK))
-    + len(_KIND_JOB)
-    + HEADER_OVERHEAD
-    + len(hdr.SCHEMA)
-    + len(JOB_SCHEMA)
+# The bytes of a plain job's timer record (its six headers) that do not vary:
+# the record's fixed part, the header count, the six names, df-kind's and
+# df-schema's values, and the length of df-due's value (at most 19 digits). The
+# record's body is this, the names' values (name_headers) and the key, value,
+# df-due and job id with their lengths (plain_record_size).
+PLAIN_FIXED_BODY = (
+    RECORD_FIXED
+    + 1
+    + sum(sized(len(n)) for n in (hdr.DUE, hdr.QUEUE, hdr.KIND, hdr.JOB_ID, hdr.TASK, hdr.SCHEMA))
+    + sized(len(_KIND_JOB))
+    + sized(len(JOB_SCHEMA))
+    + 1
 )
+
+
+def plain_record_size(key: int, value: int, job_id: int, names: int, due: int) -> int:
+    """:func:`~dueflow.records.record_size.record_size` of a plain job's timer record
+    from the lengths of its key, value, job id, df-due and (``names``) its queue and
+    task headers' values with their lengths."""
+    body = (
+        PLAIN_FIXED_BODY
+        + names
+        + due
+        + (key + 1 if key < 64 else key + 2 if key < 8192 else sized(key))
+        + (job_id + 1 if job_id < 64 else job_id + 2 if job_id < 8192 else sized(job_id))
+        + (value + 1 if value < 64 else value + 2 if value < 8192 else sized(value))
+    )
+    return (
+        BATCH_HEADER + (2 if body < 8192 else 3 if body < 1_048_576 else varint_size(body)) + body
+    )
+
+
 # (queue, task) -> their two header pairs and their size: they repeat.
 _NAME_HEADERS: dict[tuple[str, str], tuple[tuple[str, bytes], tuple[str, bytes], int]] = {}
 
 
 def name_headers(queue: str, task: str) -> tuple[tuple[str, bytes], tuple[str, bytes], int]:
-    """The ``df-queue`` and ``df-task`` header pairs, and their values' size."""
+    """The ``df-queue`` and ``df-task`` header pairs, and their values' size in a
+    record (with their lengths)."""
     found = _NAME_HEADERS.get((queue, task))
     if found is None:
         q, t = queue.encode(), task.encode()
-        found = ((hdr.QUEUE, q), (hdr.TASK, t), len(q) + len(t))
+        found = ((hdr.QUEUE, q), (hdr.TASK, t), sized(len(q)) + sized(len(t)))
         if len(_NAME_HEADERS) < 4096:
             _NAME_HEADERS[queue, task] = found
     return found
@@ -186,7 +207,7 @@ def record_of(
         task_header,
         SCHEMA_HEADER,
     ]
-    size = FIXED_RECORD_SIZE + names_size + len(key) + len(value) + len(due) + len(job_id)
+    size = plain_record_size(len(key), len(value), len(job_id), names_size, len(due))
     if schedule_id is not None or trace_headers:
         if schedule_id is not None:
             headers[2] = (hdr.KIND, _KIND_CRON)
@@ -199,25 +220,18 @@ def record_of(
     return _new_tuple(TimerRecord, (partition, key, value, headers, size))
 
 
-def record_size(
-    key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]]
-) -> int:
-    """Upper estimate of the bytes one record takes in a batch of its own (uncompressed)."""
-    size = BATCH_OVERHEAD + RECORD_OVERHEAD + len(key or b"") + len(value or b"")
-    for name, raw in headers:
-        size += HEADER_OVERHEAD + len(name) + len(raw)
-    return size
+FRAMED_SCHEMA_HEADER = (hdr.SCHEMA, framed_header(JOB_SCHEMA))
 
 
-def record_too_large(
-    payload_bytes: int, record_bytes: int, *, limit: int, topic: str
-) -> InvalidInput:
-    """The error for a payload whose timer record exceeds ``limit`` (the
-    ``max.message.bytes`` of the timer topic ``topic``)."""
-    return InvalidInput(
-        "payload",
-        f"{payload_bytes} bytes (a timer record of {record_bytes} bytes)",
-        f"a timer record of at most {limit} bytes (max.message.bytes of {topic})",
+def framed_timer(record: TimerRecord, schema_id: int) -> TimerRecord:
+    """``record`` (as :func:`timer_record` builds it) with its value in the Confluent
+    wire format of registry schema ``schema_id`` and ``df-schema`` saying so
+    (:mod:`dueflow.records.framing`); its size counts the framing."""
+    value = frame_confluent(schema_id, record.value)
+    headers = [FRAMED_SCHEMA_HEADER if h[0] == hdr.SCHEMA else h for h in record.headers]
+    return _new_tuple(
+        TimerRecord,
+        (record.partition, record.key, value, headers, record_size(record.key, value, headers)),
     )
 
 

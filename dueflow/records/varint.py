@@ -1,7 +1,7 @@
 """Avro's zig-zag varint (``int`` and ``long``), encoded from tables.
 
 Both hand-written encoders (:mod:`dueflow.records.job_binary` for Job records,
-:mod:`dueflow.records.fast` for Outcome and IdempotencyRecord) write their
+:mod:`dueflow.records.worker_codec` for Outcome and IdempotencyRecord) write their
 numbers with :func:`varint`, so the two cannot disagree on a byte.
 
 A long ``n`` is written as ``z = (n << 1) ^ (n >> 63)`` in groups of 7 bits,

@@ -66,6 +66,16 @@ class _FieldSpec:
     names: dict[str, int]
     accepted: str
 
+    @property
+    def max_step(self) -> int:
+        """The largest step: the number of values in the field's range (a step that
+        large selects only its start; a larger one is refused, not wrapped)."""
+        return self.hi - self.lo + 1
+
+    @property
+    def step_accepted(self) -> str:
+        return f"step must be an integer from 1 to {self.max_step}"
+
 
 _SECOND = _FieldSpec("second", 0, 59, {}, "values 0-59")
 _MINUTE = _FieldSpec("minute", 0, 59, {}, "values 0-59")
@@ -232,41 +242,70 @@ def _bad(expr: str, detail: str) -> InvalidInput:
     return InvalidInput("cron", expr, detail)
 
 
-def _value(expr: str, spec: _FieldSpec, text: str, token: str) -> int:
+def _value(expr: str, spec: _FieldSpec, text: str, token: str, *, strict: bool) -> int:
     if token.isdigit() and token.isascii():
-        value = int(token)
+        digits = token if strict else token.lstrip("0") or "0"
+        if len(digits) > len(str(spec.hi)):  # also keeps int() away from huge texts
+            why = "has more digits than any value" if strict else "is out of range"
+            raise _bad(
+                expr, f"{spec.name} field {_short(text)}: {_short(token)} {why}; {spec.accepted}"
+            )
+        value = int(digits)
     elif token.upper() in spec.names:
         value = spec.names[token.upper()]
     else:
-        raise _bad(expr, f"{spec.name} field {text!r}: {token!r} is not a number; {spec.accepted}")
+        raise _bad(
+            expr,
+            f"{spec.name} field {_short(text)}: {_short(token)} is not a number; {spec.accepted}",
+        )
     if not spec.lo <= value <= spec.hi:
-        raise _bad(expr, f"{spec.name} field {text!r}: {spec.accepted}")
+        raise _bad(expr, f"{spec.name} field {_short(text)}: {spec.accepted}")
     return value
 
 
-def _parse_field(expr: str, spec: _FieldSpec, text: str) -> int:
+def _step(expr: str, spec: _FieldSpec, text: str, step_text: str, *, strict: bool) -> int:
+    """The step after ``/``: 1 to :attr:`_FieldSpec.max_step` in at most as many digits
+    as that takes (``*/05`` is fine; ``*/0005``, ``*/61`` and ``*/99999999999999999999``
+    in the minute field are not). Not ``strict`` (a stored schedule), any step >= 1 is
+    read, a larger one as the largest: the same values."""
+    if step_text.isdigit() and step_text.isascii():
+        if not strict:
+            digits = step_text.lstrip("0")
+            if digits:
+                return spec.max_step if len(digits) > 3 else min(int(digits), spec.max_step)
+        elif len(step_text) <= len(str(spec.max_step)) and 1 <= int(step_text) <= spec.max_step:
+            return int(step_text)
+    raise _bad(expr, f"{spec.name} field {_short(text)}: {spec.step_accepted}")
+
+
+def _short(text: str, limit: int = 40) -> str:
+    """``text`` quoted for a message, cut to ``limit`` characters."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + "..."
+
+
+def _parse_field(expr: str, spec: _FieldSpec, text: str, *, strict: bool) -> int:
     mask = 0
     for item in text.split(","):
         if not item:
-            raise _bad(expr, f"{spec.name} field {text!r}: empty list item")
+            raise _bad(expr, f"{spec.name} field {_short(text)}: empty list item")
         base, slash, step_text = item.partition("/")
         step = 1
         if slash:
-            if not (step_text.isdigit() and step_text.isascii()) or int(step_text) < 1:
-                raise _bad(expr, f"{spec.name} field {text!r}: step must be an integer >= 1")
-            step = int(step_text)
+            step = _step(expr, spec, text, step_text, strict=strict)
         if base == "*":
             lo, hi = spec.lo, spec.hi
         elif "-" in base:
             start, _, end = base.partition("-")
-            lo = _value(expr, spec, text, start)
-            hi = _value(expr, spec, text, end)
+            lo = _value(expr, spec, text, start, strict=strict)
+            hi = _value(expr, spec, text, end, strict=strict)
             if spec is _DOW and hi == 0 and lo > 0:
                 hi = 7  # MON-SUN: Sunday closes the week
             if lo > hi:
-                raise _bad(expr, f"{spec.name} field {text!r}: range start {lo} is after end {hi}")
+                raise _bad(
+                    expr, f"{spec.name} field {_short(text)}: range start {lo} is after end {hi}"
+                )
         else:
-            lo = _value(expr, spec, text, base)
+            lo = _value(expr, spec, text, base, strict=strict)
             hi = spec.hi if slash else lo
         for v in range(lo, hi + 1, step):
             mask |= 1 << v
@@ -275,29 +314,39 @@ def _parse_field(expr: str, spec: _FieldSpec, text: str) -> int:
     return mask
 
 
-def parse_cron(expr: str) -> CronExpr:
+def parse_cron(expr: str, *, strict: bool = True) -> CronExpr:
     """Parse a cron expression; raises ``InvalidInput("cron", expr, ...)`` naming
-    the field and what is wrong (``minute field '61': values 0-59``)."""
+    the field and what is wrong (``minute field '61': values 0-59``).
+
+    ``strict`` (every door: the SDK, the CLI, the test mode) refuses absurd
+    numbers: a value or step with more digits than the field's largest (``0005``
+    in the minute field), a step larger than the field's range (``*/61``). Not
+    ``strict`` is for schedules read back from the schedules topic, which writers
+    without those checks may hold: such a number is read for the values it
+    selects (``0005`` is 5, a step past the range selects only its start), so a
+    stored schedule keeps firing as it did.
+    """
     if not isinstance(expr, str):
         raise _bad(expr, "a string: " + _SHAPE)
-    return _parse(expr)
+    return _parse(expr, strict)
 
 
 @lru_cache(maxsize=4096)
-def _parse(expr: str) -> CronExpr:
+def _parse(expr: str, strict: bool) -> CronExpr:
     text = expr.strip()
     if text.startswith("@"):
         macro = MACROS.get(text.lower())
         if macro is None:
-            raise _bad(expr, f"{_SHAPE}; unknown macro {text!r}")
+            raise _bad(expr, f"{_SHAPE}; unknown macro {_short(text)}")
         text = macro
     parts = text.split()
     if len(parts) == 5:
         parts = ["0", *parts]
     elif len(parts) != 6:
-        raise _bad(expr, f"{_SHAPE}; got {len(parts)} fields")
+        year = "; a year field is not supported" if len(parts) == 7 else ""
+        raise _bad(expr, f"{_SHAPE}; got {len(parts)} fields{year}")
     second, minute, hour, day, month, weekday = (
-        _parse_field(expr, spec, part)
+        _parse_field(expr, spec, part, strict=strict)
         for spec, part in zip((_SECOND, _MINUTE, _HOUR, _DOM, _MONTH, _DOW), parts, strict=True)
     )
     return CronExpr(second, minute, hour, day, month, weekday, source=expr.strip())

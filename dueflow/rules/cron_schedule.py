@@ -19,12 +19,15 @@ from enum import StrEnum
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from dueflow.errors import InvalidInput
+from dueflow.errors import FieldOutOfRange, InvalidInput
 from dueflow.model import Backoff
 from dueflow.rules.cron_expr import CronExpr, parse_cron
 from dueflow.rules.cron_overlap import OverlapPolicy
 from dueflow.rules.cron_time import MAX_MS, next_fire, zone
 from dueflow.rules.jitter import occurrence_jitter_ms
+from dueflow.rules.wire_bounds import MAX_INT32 as _MAX_INT32
+from dueflow.rules.wire_bounds import MAX_NAME_CHARS as _MAX_ID_CHARS
+from dueflow.rules.wire_bounds import check_backoff
 from dueflow.timeutil import format_utc
 
 
@@ -82,7 +85,7 @@ class CronSchedule:
     def __post_init__(self) -> None:
         for name in ("schedule_id", "queue", "task", "content_type"):
             _text(name, getattr(self, name))
-        parse_cron(self.cron)
+        parse_cron(self.cron, strict=False)  # the doors check strictly (schedule_fields)
         zone(self.timezone)
         if not isinstance(self.payload, bytes):
             raise InvalidInput("payload", self.payload, "bytes")
@@ -105,6 +108,14 @@ class CronSchedule:
             raise InvalidInput("end_ms", self.end_ms, f">= start_ms ({self.start_ms})")
         _int("version", self.version, low=0)
         _int("max_attempts", self.max_attempts, low=1)
+        if self.max_attempts > _MAX_INT32:  # an Avro int: the occurrence's job holds it
+            raise InvalidInput(
+                "max_attempts", self.max_attempts, f"an integer in [1, {_MAX_INT32}]"
+            )
+        if len(self.schedule_id) > _MAX_ID_CHARS:
+            raise InvalidInput(
+                "schedule_id", self.schedule_id, f"a string of 1 to {_MAX_ID_CHARS} characters"
+            )
         _int("timeout_ms", self.timeout_ms, low=1, optional=True)
         _int("created_ms", self.created_ms, low=0)
         _int("updated_ms", self.updated_ms, low=0)
@@ -112,6 +123,11 @@ class CronSchedule:
             raise InvalidInput("paused", self.paused, "a boolean")
         if self.backoff is not None and not isinstance(self.backoff, Backoff):
             raise InvalidInput("backoff", self.backoff, "a Backoff or null")
+        if self.backoff is not None:
+            try:
+                check_backoff(self.backoff)
+            except FieldOutOfRange as exc:  # the workers would refuse its occurrences
+                raise InvalidInput(exc.field, exc.value, exc.accepted) from None
         if not isinstance(self.labels, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in self.labels.items()
         ):
@@ -120,7 +136,7 @@ class CronSchedule:
     @property
     def expr(self) -> CronExpr:
         """The parsed expression (parsing is cached)."""
-        return parse_cron(self.cron)
+        return parse_cron(self.cron, strict=False)
 
     @property
     def tz(self) -> ZoneInfo:

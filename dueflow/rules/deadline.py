@@ -17,12 +17,15 @@ retries run whatever the time (Temporal's schedule-to-start; use the task's
 ``max_attempts`` and backoff to bound retries). The emitter does not drop
 expired timers: a job can only expire on the worker, where "not started" is
 known. A deadline before the due time is refused (the job could never run).
-A reschedule keeps the job's window (deadline minus due time).
+A reschedule keeps the job's window (deadline minus due time). A deadline
+after 9999-12-31T23:59:59.999Z is that instant (the last a ``df-expires``
+holds: docs/wire-format.md#accepted-ranges).
 """
 
 from __future__ import annotations
 
 from dueflow.errors import InvalidInput
+from dueflow.rules.wire_bounds import MAX_DUE_MS
 from dueflow.timeutil import format_utc
 
 
@@ -42,6 +45,8 @@ def job_deadline(*, due_ms: int, expires_ms: int | None, max_lateness_ms: int | 
                 "deadline would never let it run",
             )
         deadline = expires_ms if deadline is None else min(deadline, expires_ms)
+    if deadline is not None and deadline > MAX_DUE_MS:
+        return MAX_DUE_MS  # the last time a df-expires holds: no deadline in effect
     return deadline
 
 
@@ -51,5 +56,6 @@ def expired(deadline_ms: int | None, *, attempt: int, now_ms: int) -> bool:
 
 
 def moved_deadline(deadline_ms: int, *, old_due_ms: int, new_due_ms: int) -> int:
-    """A rescheduled job's deadline: the same window after its new due time."""
-    return new_due_ms + max(0, deadline_ms - old_due_ms)
+    """A rescheduled job's deadline: the same window after its new due time (at most
+    the last time a ``df-expires`` holds)."""
+    return min(new_due_ms + max(0, deadline_ms - old_due_ms), MAX_DUE_MS)

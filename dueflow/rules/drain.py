@@ -38,7 +38,9 @@ from typing import Any
 
 from dueflow import headers as hdr
 from dueflow import reasons
+from dueflow.errors import FieldOutOfRange
 from dueflow.rules.wheel import NEAR_LEVEL, WheelGeometry
+from dueflow.rules.wire_bounds import MAX_DUE_MS, MAX_LONG, decimal, header_ms
 
 # (due_ms, partition, offset): a total order every emitter computes alike.
 TimerKey = tuple[int, int, int]
@@ -253,10 +255,13 @@ def classify_timer(
                 part_raw = value
     if due_raw is None:
         return reasons.MISSING_DUE
-    try:
+    if len(due_raw) == 13 and due_raw.isdigit():  # 2001 to 2286: the common case
         due = int(due_raw)
-    except ValueError:
-        return reasons.with_detail(reasons.BAD_DUE, repr(due_raw[:40]))
+    else:
+        found = _due_of(due_raw)
+        if isinstance(found, str):
+            return found
+        due = found
     if queue_raw is None:
         return reasons.MISSING_QUEUE
     topic = exec_topics.get(queue_raw)
@@ -280,8 +285,49 @@ def classify_timer(
             )
         return due, topic, False, partition
     if kind_raw == _CRON:
+        bad = _bad_cron_headers(headers)
+        if bad is not None:
+            return bad
         return due, topic, True, -1
     return reasons.with_detail(reasons.UNKNOWN_KIND, repr(kind_raw[:40]))
+
+
+def _due_of(raw: bytes) -> int | str:
+    """``df-due`` as an integer in range, or the quarantine reason."""
+    digits = raw[1:] if raw[:1] == b"-" else raw
+    if not digits.isdigit():
+        return reasons.with_detail(reasons.BAD_DUE, repr(raw[:40]))
+    try:
+        return header_ms(raw, hdr.DUE)
+    except FieldOutOfRange as exc:
+        return reasons.with_detail(reasons.DUE_OUT_OF_RANGE, exc)
+
+
+def _bad_cron_headers(headers: Any) -> str | None:
+    """Why the bookkeeping headers of a cron occurrence cannot be used (``df-sv``,
+    ``df-occurrence``; an occurrence without them runs as a plain job), else None."""
+    try:
+        version = hdr.header(headers, hdr.SCHEDULE_VERSION)
+        if version is not None:
+            decimal(
+                version,
+                hdr.SCHEDULE_VERSION,
+                low=0,
+                high=MAX_LONG,
+                accepted=f"an integer from 0 to {MAX_LONG}",
+            )
+        occurrence = hdr.header(headers, hdr.OCCURRENCE)
+        if occurrence is not None:  # from 1970: the cron rules start there
+            decimal(
+                occurrence,
+                hdr.OCCURRENCE,
+                low=0,
+                high=MAX_DUE_MS,
+                accepted=f"an integer from 0 to {MAX_DUE_MS} (UTC epoch ms)",
+            )
+    except FieldOutOfRange as exc:
+        return reasons.with_detail(reasons.BAD_CRON_HEADER, exc)
+    return None
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -343,3 +389,24 @@ def latest_fired(checkpoints: Sequence[Checkpoint | None]) -> TimerKey | None:
     """The global last fired key: the greatest over the partitions' checkpoints."""
     keys = [c.fired for c in checkpoints if c is not None and c.fired is not None]
     return max(keys) if keys else None
+
+
+Committed = tuple[int, Checkpoint | None]  # (offset or -1: none, its checkpoint)
+
+
+def newer_commit(a: Committed, b: Committed) -> Committed:
+    """Of two commits of one timer partition (from the two groups the emitter may
+    have committed into: its lease group, without transactions; its offsets group,
+    with them), the one to go on from.
+
+    Each is true on its own: the records below its offset were handled, those
+    below its ``read_to`` with a key up to its ``fired`` fired, whichever emitter
+    made it. So the later one in the partition, the higher offset (then the higher
+    ``read_to``), leaves the least to read again; any choice loses nothing.
+    """
+
+    def rank(c: Committed) -> tuple[int, int]:
+        offset, ck = c
+        return offset, ck.read_to if ck is not None else offset
+
+    return b if rank(b) > rank(a) else a

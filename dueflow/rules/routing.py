@@ -75,6 +75,10 @@ class Router:
             return Route(declared, "task")
         return Route(self.default, "default")
 
+    def routed(self, task: str) -> bool:
+        """True when the route table names ``task``, exactly or by a glob."""
+        return task in self._exact or any(regex.match(task) for _, regex, _ in self._globs)
+
     def queue_for(self, task: object) -> str:
         """:meth:`resolve` without an explicit queue, memoized (the bulk path)."""
         if not isinstance(task, str):

@@ -81,10 +81,11 @@ DEFAULT_LEVELS: tuple[WheelLevel, ...] = (
 class WheelGeometry:
     """The shape of the wheel. Validate with :meth:`validate` before use."""
 
+    # The levels, lowest first: slots x slot width (ms), one partition per slot.
     levels: tuple[WheelLevel, ...] = DEFAULT_LEVELS
-    near_partitions: int = 4
-    near_window_ms: int = 2_000
-    lookahead_ms: int = 500
+    near_partitions: int = 4  # partitions of the timers due within near_window_ms
+    near_window_ms: int = 2_000  # a timer due this soon goes to a near partition
+    lookahead_ms: int = 500  # a slot partition is read this long before its slot
     # The timer topic holds ``shards`` wheels of this shape side by side: shard s
     # is partitions [s * shard_partitions, (s + 1) * shard_partitions). Each has
     # its own lease partition and active emitter (docs/emitter.md#shards).

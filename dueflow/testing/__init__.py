@@ -17,15 +17,18 @@
   letters, a job's state).
 - :func:`make_context`: a :class:`~dueflow.TaskContext` for calling a handler
   directly (``TaskContext.for_test``).
-- ``pytest_plugins = ["dueflow.testing.pytest_plugin"]``: the ``dueflow`` and
-  ``dueflow_eager`` fixtures.
+- ``pytest_plugins = ["dueflow.testing.pytest_plugin"]``: the fixtures
+  ``dueflow_pipeline`` (an :class:`InMemoryPipeline` on a fake clock) and
+  ``dueflow_eager`` (each job runs when it is scheduled), which run the handlers
+  of the ``dueflow_tasks`` fixture with the settings of ``dueflow_settings``
+  (override both in your tests).
 
 Scheduling checks, retries, backoff and jitter, dead letters, timeouts,
 idempotency keys, cron occurrences and misfires, follow-up jobs
 (``ctx.schedule``) and worker hooks are computed by dueflow's own code, the
 same that runs against Kafka; where memory differs (one job at a time, no
-rate limits, process isolation in-process) the modules say so. The README's
-"Testing your handlers" has the details.
+rate limits, process isolation in-process) the modules say so. The user guide's
+"Testing your handlers" (docs/testing.md) has the details.
 
 Not to be confused with :mod:`dueflow.consumers.testing`: helpers that write
 exec records to a real broker, for dueflow's own integration tests and

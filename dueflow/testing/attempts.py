@@ -29,6 +29,7 @@ from dueflow.consumers.execution import HandlerThreads
 from dueflow.consumers.failures import Failure, failure_of, timeout_failure
 from dueflow.consumers.isolation import _resolve
 from dueflow.consumers.registry import RegisteredTask
+from dueflow.records.job_result import to_json
 
 # An async handler that blocks its loop cannot be cancelled: given up this much
 # after its deadline.
@@ -72,12 +73,12 @@ class HandlerLoop:
 
 def run_attempt(
     task: RegisteredTask, payload: Any, ctx: TaskContext, timeout_s: float, loop: HandlerLoop
-) -> tuple[Failure | None, float]:
-    """Run one attempt; ``(failure or None, seconds)``."""
+) -> tuple[Failure | None, float, Any]:
+    """Run one attempt; ``(failure or None, seconds, what the handler returned)``."""
     if task.spec.isolation == "process":
         refused = _child_would_refuse(task, payload, ctx)
         if refused is not None:
-            return refused, 0.0
+            return refused, 0.0, None
     if task.is_async:
         return _run_async(task, payload, ctx, timeout_s, loop)
     return _run_thread(task, payload, ctx, timeout_s, loop.threads)
@@ -104,22 +105,25 @@ def _child_would_refuse(task: RegisteredTask, payload: Any, ctx: TaskContext) ->
 
 def _run_thread(
     task: RegisteredTask, payload: Any, ctx: TaskContext, timeout_s: float, threads: HandlerThreads
-) -> tuple[Failure | None, float]:
-    result: list[Failure | None] = []
+) -> tuple[Failure | None, float, Any]:
+    result: list[tuple[Failure | None, Any]] = []
     done = threading.Event()
     lock = threading.Lock()
     given_up = False
     started = time.perf_counter()
 
     def work() -> None:
+        returned: Any = None
         try:
-            task.fn(payload, ctx)
+            returned = task.fn(payload, ctx)
         except BaseException as exc:  # reported, like the worker's threads do
             failure: Failure | None = failure_of(exc)
         else:
             failure = None
+        if task.spec.isolation == "process" and failure is None and returned is not None:
+            returned = to_json(returned)  # a child process answers with JSON
         with lock:
-            result.append(failure)
+            result.append((failure, returned))
             late = given_up
         done.set()
         if late:  # the thread serves again
@@ -133,32 +137,35 @@ def _run_thread(
     seconds = time.perf_counter() - started
     if given_up:
         threads.orphaned()
-        return timeout_failure(timeout_s), seconds
-    return result[0], seconds
+        return timeout_failure(timeout_s), seconds, None
+    return result[0][0], seconds, result[0][1]
 
 
 def _run_async(
     task: RegisteredTask, payload: Any, ctx: TaskContext, timeout_s: float, loop: HandlerLoop
-) -> tuple[Failure | None, float]:
+) -> tuple[Failure | None, float, Any]:
     started = time.perf_counter()
     coro: Coroutine[Any, Any, Any] = task.fn(payload, ctx)
     future = asyncio.run_coroutine_threadsafe(_with_deadline(coro, timeout_s), loop.loop())
+    returned: Any = None
     try:
-        failure = future.result(timeout_s + _STUCK_LOOP_S)
+        failure, returned = future.result(timeout_s + _STUCK_LOOP_S)
     except TimeoutError:  # the handler blocks the loop: it cannot even be cancelled
         future.cancel()
         failure = timeout_failure(timeout_s)
-    return failure, time.perf_counter() - started
+    return failure, time.perf_counter() - started, returned
 
 
-async def _with_deadline(coro: Coroutine[Any, Any, Any], timeout_s: float) -> Failure | None:
+async def _with_deadline(
+    coro: Coroutine[Any, Any, Any], timeout_s: float
+) -> tuple[Failure | None, Any]:
     try:
         async with asyncio.timeout(timeout_s) as deadline:
-            await coro
+            returned = await coro
     except TimeoutError as exc:
         if deadline.expired():
-            return timeout_failure(timeout_s)
-        return failure_of(exc)  # the handler's own TimeoutError
+            return timeout_failure(timeout_s), None
+        return failure_of(exc), None  # the handler's own TimeoutError
     except BaseException as exc:  # CancelledError too: the worker reports it as a failure
-        return failure_of(exc)
-    return None
+        return failure_of(exc), None
+    return None, returned

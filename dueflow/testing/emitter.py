@@ -6,8 +6,11 @@ reads its headers (a malformed one is quarantined with the reason), it
 fires once due, never before, with ``df-fired`` and ``df-src``, its value
 bytes unchanged, keyed into the exec topic of its queue. Cron schedules go
 through the emitter's own :class:`~dueflow.streams.emitter.cron_keeper.CronKeeper`
-and :class:`~dueflow.streams.emitter.schedules.ScheduleTable`: placement,
-stale versions, pauses, deletions and misfire plans are theirs.
+and :class:`~dueflow.streams.emitter.schedule_table.ScheduleTable`: placement,
+stale versions, pauses, deletions and misfire plans are theirs. Every timer
+fires through the emitter's own :class:`~dueflow.streams.emitter.firing.Firing`
+(with the broker's default record size limits: a timer whose exec record would
+not fit is quarantined, ``record too large``).
 """
 
 from __future__ import annotations
@@ -16,18 +19,20 @@ import heapq
 import itertools
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from dueflow import headers as hdr
+from confluent_kafka import Message
+
 from dueflow.config import Settings
 from dueflow.kafka.topics import names
 from dueflow.observability.metrics import Metrics
 from dueflow.records.cron_occurrence import CronState
 from dueflow.rules.drain import classify_timer
 from dueflow.streams.emitter.cron_keeper import CronKeeper
-from dueflow.streams.emitter.drainer import Emit
-from dueflow.streams.emitter.quarantine import quarantine_record
-from dueflow.streams.emitter.schedules import ScheduleTable
+from dueflow.streams.emitter.firing import Firing
+from dueflow.streams.emitter.limits import EmitterLimits
+from dueflow.streams.emitter.quarantine_records import quarantine_record
+from dueflow.streams.emitter.schedule_table import ScheduleTable
 from dueflow.testing.log import MemoryLog, MemoryRecord, as_message, as_messages
 
 
@@ -88,6 +93,16 @@ class MemoryEmitter:
                 state[key] = decoded
         self._keeper = CronKeeper(settings, self._metrics, self._table, self)
         self._keeper.start(state=state, quarantined_to={}, now_ms=now_ms)
+        self._firing = Firing(
+            sender=self,
+            timer_topic=n.timers,
+            partitions=self._log.partitions(n.timers),
+            limits=EmitterLimits(settings, read=lambda topics: {}),
+            metrics=self._metrics,
+            quarantine=self._quarantine_timer,
+            queue_of_topic={},
+            cron=self._keeper,
+        )
 
     # ------------------------------------------------------------ the Sender
     def send(
@@ -123,8 +138,13 @@ class MemoryEmitter:
         timer = PendingTimer(due, record, topic, cron, partition)
         heapq.heappush(self._cron if cron else self._jobs, (due, next(self._seq), timer))
 
+    def _quarantine_timer(
+        self, message: Message, partition: int, offset: int, reason: str, now_ms: int
+    ) -> None:
+        self._quarantine(cast(MemoryRecord, message), reason, now_ms)
+
     def _quarantine(self, record: MemoryRecord, reason: str, now_ms: int) -> None:
-        value, headers = quarantine_record(
+        quarantined = quarantine_record(
             reason=reason,
             topic=record.topic(),
             partition=record.partition(),
@@ -134,7 +154,9 @@ class MemoryEmitter:
             headers=list(record.headers()),
             at_ms=now_ms,
         )
-        self._log.append(self._names.quarantine, record.key(), value, headers)
+        self._log.append(
+            self._names.quarantine, quarantined.key, quarantined.value, quarantined.headers
+        )
         self.quarantined.append(
             Quarantined(record.topic(), record.partition(), record.offset(), reason)
         )
@@ -173,36 +195,15 @@ class MemoryEmitter:
 
     def _fire(self, timer: PendingTimer, now_ms: int) -> None:
         record = timer.record
-        headers = record.headers()
-        if timer.cron:
-            self._keeper.fire_occurrence(
-                as_message(record),
-                timer.due_ms,
-                timer.exec_topic,
-                headers,
-                now_ms,
-                self._emit(now_ms),
-            )
-            return
-        hdr.fired(
-            headers,
-            fired_at=str(now_ms).encode(),
-            source=hdr.source_of(record.topic(), record.partition(), record.offset()),
+        fire = self._firing.at(now_ms)
+        fire(
+            as_message(record),
+            record.partition(),
+            record.offset(),
+            timer.due_ms,
+            timer.exec_topic,
+            timer.cron,
+            record.headers(),
+            timer.partition,
         )
-        self._log.append(timer.exec_topic, record.key(), record.value(), headers, timer.partition)
-
-    def _emit(self, now_ms: int) -> Emit:
-        fired_at = str(now_ms).encode()
-
-        def emit(
-            topic: str,
-            value: bytes | None,
-            key: bytes | None,
-            headers: list[Any],
-            due: int,
-            partition: int = -1,
-        ) -> None:
-            hdr.fired(headers, fired_at=fired_at)
-            self._log.append(topic, key, value, headers, None if partition < 0 else partition)
-
-        return emit
+        self._firing.take_fired()  # fires are counted by the real emitter only

@@ -48,7 +48,7 @@ from dueflow.errors import DueflowError
 from dueflow.kafka.topics import names
 from dueflow.observability.metrics import Metrics
 from dueflow.records import codec
-from dueflow.rules.job_state import JobView, apply_outcome
+from dueflow.rules.job_state import JobView, apply_outcome, header_ms
 from dueflow.testing.clock import FakeClock, _instant_ms
 from dueflow.testing.emitter import MemoryEmitter, PendingTimer, Quarantined
 from dueflow.testing.hooks import HookError
@@ -239,6 +239,10 @@ class InMemoryPipeline:
         # occurrence after the time of the change, not after the next run_due.
         if record.topic() == names(self.settings).schedules:
             self.emitter.poll(self.clock())
+        # The worker applies a command (cancel, move, update) as soon as it is
+        # written: the call that wrote it can read the verdict.
+        elif hdr.is_command(record.headers()):
+            self.worker.poll(self.clock())
 
     def _after_write(self) -> None:
         if self.eager and not self._running.is_set():
@@ -260,6 +264,8 @@ class InMemoryPipeline:
                 self.worker.poll(now)
                 run = self.worker.run_next(now, ignore_due=eager)
                 if run is None:
+                    if self._timers_written(now, eager=eager):
+                        continue  # a command the worker applied wrote a due timer
                     return out
                 out.append(run)
                 self._history.append(run)
@@ -270,6 +276,13 @@ class InMemoryPipeline:
                     )
         finally:
             self._running.clear()
+
+    def _timers_written(self, now_ms: int, *, eager: bool) -> bool:
+        """Whether the worker wrote timers that are due now (a group's callback, a
+        member's end on its way to its group) since the emitter last fired."""
+        self.emitter.poll(now_ms)
+        due = self.emitter.next_due(jobs_only=eager)
+        return due is not None and (eager or due <= now_ms)
 
     # ------------------------------------------------------------ inspection
     @property
@@ -348,7 +361,12 @@ class InMemoryPipeline:
                 hdr.header(record.headers(), hdr.SCHEMA), expected="outcome"
             )
             outcome = codec.decode("outcome", record.value() or b"", writer_version=version)
-            view = apply_outcome(view, outcome, partition=record.partition())
+            view = apply_outcome(
+                view,
+                outcome,
+                partition=record.partition(),
+                next_due_ms=header_ms(hdr.header(record.headers(), hdr.NEXT_DUE)),
+            )
         return view
 
     def job(self, job_id: str) -> JobState:

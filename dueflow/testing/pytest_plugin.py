@@ -51,6 +51,7 @@ def dueflow_pipeline(
 ) -> Iterator[InMemoryPipeline]:
     """dueflow in memory on a fake clock: ``.scheduler``, ``.clock``, ``advance``,
     ``run_due``, ``run_until_idle``, and what ran (``runs``, ``job``, ...)."""
+    # imported here: the in-memory pipeline (over a second) loads only when it is used
     from dueflow.testing import InMemoryPipeline
 
     with InMemoryPipeline(dueflow_tasks, settings=dueflow_settings) as pipeline:
@@ -63,7 +64,7 @@ def dueflow_eager(
 ) -> Iterator[InMemoryPipeline]:
     """Like ``dueflow_pipeline``, eager: ``schedule`` runs the job (and its retries)
     before it returns, whatever the due times."""
-    from dueflow.testing import InMemoryPipeline
+    from dueflow.testing import InMemoryPipeline  # as in dueflow_pipeline
 
     with InMemoryPipeline(dueflow_tasks, settings=dueflow_settings, eager=True) as pipeline:
         yield pipeline

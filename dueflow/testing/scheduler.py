@@ -18,16 +18,27 @@ from typing import Any, cast
 from confluent_kafka import Producer
 
 from dueflow.config import Settings
+from dueflow.errors import InvalidInput, ResultTimeout
 from dueflow.kafka.topics import names
 from dueflow.observability.tracing import JobTracer
 from dueflow.producers.core import DEFAULT_MAX_MESSAGE_BYTES, JobIds, TimerPlanner
+from dueflow.producers.fan_in_commands import GroupScheduled
+from dueflow.producers.finalized import AllFinalized
 from dueflow.producers.recent import DEFAULT_CAPACITY, RecentJobs
-from dueflow.producers.results import BulkResult, Cancelled, Rescheduled, Scheduled
+from dueflow.producers.result_wait import check_timeout, settled
+from dueflow.producers.results import (
+    BulkResult,
+    Cancelled,
+    JsonValue,
+    Rescheduled,
+    Scheduled,
+    Updated,
+)
+from dueflow.producers.schedule_client import ScheduleStore, StoredSchedule
 from dueflow.producers.scheduler import App, Scheduler, declared_queues
-from dueflow.producers.schedules import ScheduleStore, StoredSchedule
 from dueflow.records.job_request import Duration, Instant, JobRequest, JobRules
 from dueflow.testing.log import MemoryLog, MemoryProducer, MemoryRecord
-from dueflow.testing.lookup import MemoryLookup, MemoryTimerFinder
+from dueflow.testing.lookup import MemoryLookup, MemoryTimerFinder, MemoryVerdicts
 
 
 class MemoryScheduleStore(ScheduleStore):
@@ -75,6 +86,7 @@ class InMemoryScheduler(Scheduler):
         on_record: Callable[[MemoryRecord], None] | None = None,
         scheduled_outcomes: bool = True,
         app: App = None,
+        check_existing_ids: bool = False,
     ) -> None:
         super().__init__(
             settings,
@@ -84,6 +96,7 @@ class InMemoryScheduler(Scheduler):
             tracer=JobTracer(),
             scheduled_outcomes=scheduled_outcomes,
             app=app,
+            check_existing_ids=check_existing_ids,
         )
         self._log = log
         self._after_write = after_write or (lambda: None)
@@ -120,6 +133,9 @@ class InMemoryScheduler(Scheduler):
         )
         self._lookup = MemoryLookup(self.settings, self._log)
         self._timers = MemoryTimerFinder(self.settings, self._log)
+        # Its worker applies commands: every queue is steered with them.
+        self._verdicts = MemoryVerdicts(self.settings, self._log)
+        self._finalized = AllFinalized()
         return self
 
     def reconfigure(self, settings: Settings) -> None:
@@ -144,12 +160,52 @@ class InMemoryScheduler(Scheduler):
         self._after_write()
         return result
 
-    def cancel(
-        self, job_id: str, *, queue: str | None = None, idempotency_key: str | None = None
-    ) -> Cancelled:
-        result = super().cancel(job_id, queue=queue, idempotency_key=idempotency_key)
+    def _after_unique(self) -> None:
+        self._after_write()
+
+    def group(
+        self,
+        members: Iterable[JobRequest | Mapping[str, Any]],
+        *,
+        then: JobRequest | Mapping[str, Any],
+        group_id: str | None = None,
+    ) -> GroupScheduled:
+        result = super().group(members, then=then, group_id=group_id)
         self._after_write()
         return result
+
+    def cancel(
+        self,
+        job_id: str,
+        *,
+        queue: str | None = None,
+        idempotency_key: str | None = None,
+        wait: float | None = None,
+    ) -> Cancelled:
+        # Its worker answers at once: the verdict is there without waiting.
+        wait = 0.0 if wait is None else wait
+        result = super().cancel(job_id, queue=queue, idempotency_key=idempotency_key, wait=wait)
+        self._after_write()
+        return result
+
+    def result(self, job_id: str, *, timeout: float | None = 30.0) -> JsonValue:
+        """:meth:`dueflow.Scheduler.result` in memory: nothing runs while a call waits
+        (the pipeline runs jobs when told to), so a job that has not ended raises
+        :class:`~dueflow.errors.ResultTimeout` at once."""
+        if not isinstance(job_id, str) or not job_id:
+            raise InvalidInput("job_id", job_id, "a non-empty string")
+        timeout_s = check_timeout(timeout)
+        status = self.status(job_id)
+        done, value = settled(job_id, status)
+        if done:
+            return value
+        raise ResultTimeout(
+            job_id,
+            "unknown" if status is None else status.state,
+            0.0 if timeout_s is None else timeout_s,
+            hint="; in memory nothing runs while a call waits: run the pipeline first "
+            "(run_until_idle, advance, or eager mode)",
+        )
 
     def reschedule(
         self,
@@ -158,7 +214,26 @@ class InMemoryScheduler(Scheduler):
         run_at: Instant | None = None,
         delay: Duration | None = None,
         queue: str | None = None,
+        wait: float | None = None,
     ) -> Rescheduled:
-        result = super().reschedule(job_id, run_at=run_at, delay=delay, queue=queue)
+        wait = 0.0 if wait is None else wait
+        result = super().reschedule(job_id, run_at=run_at, delay=delay, queue=queue, wait=wait)
+        self._after_write()
+        return result
+
+    def update(
+        self,
+        job_id: str,
+        *,
+        payload: Any,
+        run_at: Instant | None = None,
+        delay: Duration | None = None,
+        queue: str | None = None,
+        wait: float | None = None,
+    ) -> Updated:
+        wait = 0.0 if wait is None else wait
+        result = super().update(
+            job_id, payload=payload, run_at=run_at, delay=delay, queue=queue, wait=wait
+        )
         self._after_write()
         return result

@@ -48,6 +48,10 @@ class JobRun:
     # The jobs its handler scheduled with ctx.schedule, written with its success
     # (a failed attempt's were dropped: empty then).
     follow_ups: tuple[FollowUp, ...] = ()
+    # outcome succeeded: what the handler returned, as JSON gives it back (None: it
+    # returned None, or the value was not kept: result_error says why)
+    result: Any = None
+    result_error: str | None = None
 
     @property
     def started(self) -> datetime:
@@ -135,3 +139,23 @@ class JobState:
     def due_ms(self) -> int | None:
         """When it may start next (pending), else None."""
         return min((p.due_ms for p in self.pending), default=None)
+
+    @property
+    def result(self) -> Any:
+        """What its handler returned when it succeeded (JSON's value; None: nothing)."""
+        return None if self.view is None else self.view.get("result")
+
+    @property
+    def result_error(self) -> str | None:
+        """Why the handler's return value was not kept (not JSON, over the cap)."""
+        return None if self.view is None else self.view.get("result_error")
+
+    @property
+    def progress(self) -> float | None:
+        """The newest progress fraction its handler reported (``ctx.progress``)."""
+        return None if self.view is None else self.view.get("progress")
+
+    @property
+    def progress_detail(self) -> Any:
+        """The newest progress detail its handler reported (``ctx.progress``)."""
+        return None if self.view is None else self.view.get("progress_detail")

@@ -1,13 +1,16 @@
 """The worker over the in-memory log: the real decisions, one delivery at a time.
 
 For each exec or retry record, in order of its "not before" (``df-due``), at
-or after it, never before: the worker's own code decides, as in
-:mod:`dueflow.consumers.runtime` -- :func:`~dueflow.consumers.feeds.prepare`
-decodes the record (undecodable value or payload, unknown task: dead letter),
-the key store says whether the key is final already (``duplicate``,
-``cancelled``) or rescheduled to another due time (``rescheduled``),
-:func:`~dueflow.consumers.feeds.attempt_limits` gives the
-attempts and the timeout, the handler runs, and the
+or after it, never before: the worker's own code decides --
+:func:`~dueflow.consumers.feeds.prepare` decodes the record, and
+:func:`~dueflow.consumers.decision.decide`, the function
+:mod:`dueflow.consumers.runtime` calls, gives the verdict: the key is final
+already (``duplicate``, ``cancelled``), the job was moved or rescheduled to
+another due time (``rescheduled``), undecodable, out of range or an unknown
+task (dead letter), a first attempt past its deadline (``expired``), or run.
+Each verdict is carried out as the worker does:
+:func:`~dueflow.consumers.feeds.attempt_limits` gives the attempts and the
+timeout, the handler runs, and the
 :class:`~dueflow.consumers.recorder.BatchRecorder` writes what a commit
 writes: idempotency ``done``/``dead``, the retry record in its tier with the
 next attempt's due time (the task's backoff and jitter, drawn from the
@@ -15,11 +18,20 @@ pipeline's seeded random source), the dead letter with its reason, and the
 outcome. Those records go back into the log, where the next poll reads them.
 
 Differences from a worker on Kafka, by design: one delivery runs at a time
-(no concurrency, so no "same key running" hold, and a cron schedule's
-overlap policy never finds a previous occurrence still running); a record runs at its "not
-before" exactly, where on Kafka it may wait behind an earlier record of its
-tier partition; rate limits are not applied (time does not pass by itself);
-``isolation="process"`` runs in-process (see :mod:`dueflow.testing.attempts`).
+(no concurrency, so no replay waits for its key to finish, and a cron
+schedule's overlap policy never finds a previous occurrence still running);
+the key store has read every key record written before a delivery is
+decided (so a redriven record needs no wait for it); a record runs at its
+"not before" exactly, where on Kafka it may wait behind an earlier record of
+its tier partition; rate limits are not applied (time does not pass by
+itself); ``isolation="process"`` runs in-process (see
+:mod:`dueflow.testing.attempts`).
+
+Commands (cancel, move, update: :mod:`dueflow.records.command`) are applied
+by the worker's own applier (:mod:`dueflow.consumers.commands`) as soon as
+they are read, so ``cancel``/``reschedule``/``update`` answer at once; a
+delivery of a steered job is judged by the same rule as on a worker
+(superseded, cancelled, or written again with a move or update).
 
 ``ctx.schedule`` works as on a worker (:mod:`dueflow.consumers.follow_ups`):
 the follow-ups of an attempt go into the log with its success, as timer
@@ -38,23 +50,38 @@ from typing import Any
 
 from dueflow import headers as hdr
 from dueflow.config import QueueSpec, Settings
+from dueflow.consumers.commands import CommandApplier, SteeringBook
 from dueflow.consumers.context import TaskContext
+from dueflow.consumers.decision import Kind, decide
 from dueflow.consumers.failures import Failure
-from dueflow.consumers.feeds import Delivery, PartitionFeed, attempt_limits, int_or, prepare
+from dueflow.consumers.feed_states import FeedState
+from dueflow.consumers.feeds import (
+    Delivery,
+    PartitionFeed,
+    WireLimits,
+    attempt_limits,
+    int_or,
+    prepare,
+)
 from dueflow.consumers.follow_ups import FollowUpPlanner
 from dueflow.consumers.hooks import will_retry
-from dueflow.consumers.lifecycle import FeedState
 from dueflow.consumers.overlap import OverlapGuard
+from dueflow.consumers.progress import ProgressBudget, ProgressReporter
 from dueflow.consumers.recorder import BatchRecorder
 from dueflow.consumers.registry import TaskRegistry
-from dueflow.consumers.store import MemoryKeyStore, is_final, skips, state_of
-from dueflow.consumers.worker import select_queues
+from dueflow.consumers.steering_store import memory_steering_stores
+from dueflow.consumers.store import MemoryKeyStore, is_final, state_of
+from dueflow.consumers.verdict_ends import SETTLE
+from dueflow.consumers.worker_process import select_queues
 from dueflow.errors import UndecodableRecord
 from dueflow.kafka.topics import names, tier_label
 from dueflow.observability.metrics import Metrics
 from dueflow.observability.tracing import JobTracer
 from dueflow.records import codec, reschedule
-from dueflow.records.fast import (
+from dueflow.records.follow_up import FollowUp
+from dueflow.records.job_result import decode_result
+from dueflow.records.timer_record import TimerPlacer
+from dueflow.records.worker_codec import (
     F_DUE_MS,
     F_JOB_ID,
     F_KEY,
@@ -63,15 +90,17 @@ from dueflow.records.fast import (
     decode_key_record,
     decode_key_state,
 )
-from dueflow.records.follow_up import FollowUp
-from dueflow.rules.cron_overlap import Admission
-from dueflow.rules.deadline import expired
+from dueflow.rules.wire_bounds import MAX_DUE_MS
 from dueflow.testing.attempts import HandlerLoop, run_attempt
 from dueflow.testing.hooks import MemoryHooks
 from dueflow.testing.log import MemoryLog, MemoryRecord, as_message
 from dueflow.testing.views import JobRun, PendingJob
 
 WORKER_ID = "in-memory"
+
+
+# Eager runs ignore due times: a record's times may lie anywhere ahead of the clock.
+_EAGER_LIMITS = WireLimits(skew_ms=MAX_DUE_MS)
 
 
 @dataclass
@@ -81,6 +110,8 @@ class _Queue:
     feeds: list[PartitionFeed]
     tiers: dict[str, int]  # retry topic -> tier ms
     planner: FollowUpPlanner  # ctx.schedule of its jobs
+    limits: WireLimits  # what its records' times may be (prepare's checks)
+    steering: CommandApplier  # commands and steered jobs
 
 
 class InMemoryWorker:
@@ -157,6 +188,17 @@ class InMemoryWorker:
             clock=self._clock,
             running=lambda d: d is self._current,
         )
+        # ctx.progress: one delivery runs at a time and no cut happens while it runs,
+        # so an attempt's newest value goes with its final outcome.
+        reporter = ProgressReporter(
+            queue=spec.name,
+            outcomes_topic=self._names.outcomes,
+            worker_id=WORKER_ID,
+            interval_ms=self._settings.worker.progress_interval_ms,
+            running_after_ms=0,
+            budget=ProgressBudget(self._settings.worker.progress_max_per_s, now_ms=0),
+            clock=lambda: float(self._clock()),
+        )
         recorder = BatchRecorder(
             self._settings,
             spec,
@@ -165,17 +207,39 @@ class InMemoryWorker:
             tracer=self._tracer,
             rng=self._rng,
             follow_ups=planner,
+            progress=reporter,
         )
         tiers = {n.retry(spec.name, t): t for t in spec.retry_tiers_ms}
+        book = SteeringBook(
+            spec.name, self._settings.worker.steering_grace(spec), memory_steering_stores()
+        )
+        pending_final = recorder.pending_final
+        steering = CommandApplier(
+            queue=spec.name,
+            book=book,
+            recorder=recorder,
+            topics=n,
+            placer=TimerPlacer(self._settings.wheel),
+            worker_id=WORKER_ID,
+            metrics=self._metrics,
+            key_state=lambda feed, key: pending_final.get(key, feed.keys.get(key)),
+        )
+        recorder.steering = steering
+        steering.groups.book.owns_all = True
         feeds = []
         for p in range(spec.partitions):
+            book.attach(p)  # the only owner: its state is in memory from the start
             store = self._stores[(spec.name, p)] = MemoryKeyStore(spec.idempotency_retention_ms)
             for topic, tier in [(n.exec(spec.name), None), *tiers.items()]:
                 feed = self._feeds[(topic, p)] = PartitionFeed(topic, p, tier, store, planner)
+                feed.reporter = reporter
                 feed.advance(FeedState.LOADING)  # the keys are in memory: loaded at once
                 feed.advance(FeedState.LOADED)
                 feeds.append(feed)
-        self._queues[spec.name] = _Queue(spec, recorder, feeds, tiers, planner)
+        limits = WireLimits(
+            skew_ms=self._settings.worker.max_clock_skew_ms, tiers_ms=tuple(spec.retry_tiers_ms)
+        )
+        self._queues[spec.name] = _Queue(spec, recorder, feeds, tiers, planner, limits, steering)
 
     def close(self) -> None:
         self._loop.close()
@@ -196,6 +260,9 @@ class InMemoryWorker:
                     feed = self._feeds[(topic, record.partition())]
                     d = Delivery(feed, as_message(record), record.offset())
                     feed.tracker.add(record.offset())
+                    if hdr.is_command(record.headers()):
+                        self._apply_command(queue, d, now_ms)
+                        continue
                     due = int_or(hdr.header(record.headers(), hdr.DUE), 0)
                     heapq.heappush(self._heap, (due, next(self._seq), d))
 
@@ -236,6 +303,21 @@ class InMemoryWorker:
             return  # the real tail quarantines it
         store.apply([(key, state_of(state, attempts), at_ms)], None)
 
+    def _apply_command(self, queue: _Queue, d: Delivery, now_ms: int) -> None:
+        """A command, applied as soon as it is read (the real worker applies it when it
+        reaches the head of its partition: here nothing is ahead of it for long)."""
+        prepare(d, self._registry, now_ms=now_ms, limits=queue.limits)
+        running = () if self._current is None else (self._current.key,)
+        queue.steering.command(d, now_ms, running=running)  # not a command: ignored
+        d.feed.tracker.finish(d.offset)
+        cut = queue.recorder.cut(queue.feeds)
+        if cut is not None:
+            batch, finals, marks = cut
+            for _feed, topic, partition, key, value, headers in batch.records:
+                self._log.append(topic, key, value, headers, partition if partition >= 0 else None)
+            queue.recorder.committed(finals, marks)
+        queue.recorder.flush_metrics()
+
     def _queue_of_idempotency(self, topic: str) -> str:
         return topic[len(self._names.idempotency("")) :]
 
@@ -266,62 +348,79 @@ class InMemoryWorker:
 
     def run_next(self, now_ms: int, *, ignore_due: bool = False) -> JobRun | None:
         """Decide the earliest delivery due at ``now_ms`` (any, with ``ignore_due``)."""
-        if not self._heap or (self._heap[0][0] > now_ms and not ignore_due):
-            return None
-        not_before, _, d = heapq.heappop(self._heap)
-        return self._decide(d, not_before, now_ms)
+        while self._heap and (self._heap[0][0] <= now_ms or ignore_due):
+            not_before, _, d = heapq.heappop(self._heap)
+            run = self._decide(d, not_before, now_ms, eager=ignore_due)
+            if run is not None:
+                return run
+        return None
 
-    def _decide(self, d: Delivery, not_before: int, now_ms: int) -> JobRun:
-        """``QueueRuntime._dispatch`` and ``_start`` for one delivery, synchronously."""
+    def _decide(self, d: Delivery, not_before: int, now_ms: int, *, eager: bool) -> JobRun | None:
+        """The worker's dispatch and start of one delivery, synchronously:
+        :func:`~dueflow.consumers.decision.decide`'s verdict, carried out as the
+        worker does (``eager``: run before its due time, so its times are checked
+        for their ranges only, not against the clock). None when it is not due yet
+        (held: back in the heap at its "not before")."""
         queue = self._queues[self._queue_of(d.feed.topic)]
         recorder = queue.recorder
-        prepare(d, self._registry)
+        prepare(d, self._registry, now_ms=now_ms, limits=_EAGER_LIMITS if eager else queue.limits)
         if d.task is not None and d.fields is not None:  # also for a delivery that is skipped
             d.max_attempts = attempt_limits(d.task, d.fields, self._settings.worker)[0]
-        key = d.key
-        if key:
-            state = recorder.pending_final.get(key)
-            if state is None:
-                state = d.feed.keys.get(key)
-            if state is not None and skips(state, d.attempt):
-                recorder.skipped(d, state, now_ms)
-                return self._commit(queue, d, not_before, now_ms, now_ms, ran=False)
-            if d.fields is not None and reschedule.superseded(
-                d.feed.keys.run_only_due(key), d.fields[F_DUE_MS]
-            ):
-                recorder.superseded(d, now_ms)
-                return self._commit(queue, d, not_before, now_ms, now_ms, ran=False)
-        deadline = d.hmap.get(hdr.EXPIRES)
-        if deadline is not None and expired(
-            int_or(deadline, now_ms), attempt=d.attempt, now_ms=now_ms
-        ):
-            recorder.expired(d, now_ms)
-            return self._commit(queue, d, not_before, now_ms, now_ms, ran=False)
-        if d.bad is not None:
-            reason, bad = d.bad
-            recorder.dead(d, reason, bad, now_ms, started=False)
-            return self._commit(queue, d, not_before, now_ms, now_ms, ran=False, failure=bad)
-        # One delivery at a time: no other occurrence runs now, so an overlap policy
-        # always lets it run here (the decision is the worker's own).
-        if self._overlap.admit(d) is not Admission.RUN:  # pragma: no cover - never in memory
-            raise AssertionError("an occurrence overlapped in memory")
+        if eager:
+            d.not_before = min(d.not_before, now_ms)  # eager: its due time is not waited for
+        while True:
+            verdict = decide(
+                d,
+                store=d.feed.keys,
+                pending=recorder.pending_final,
+                running=_NOTHING_RUNS,
+                occurrences=self._overlap,
+                now_ms=now_ms,
+                steering=queue.steering.book,
+            )
+            if verdict.kind is not Kind.RECHECK:
+                break
+            # A redriven record whose key is final: the worker waits until its key
+            # store has read that far. Here the store has read every key record
+            # written before this delivery (poll): it is up to date, decide again.
+            d.rechecked = True
+        kind = verdict.kind
+        if kind is Kind.HOLD:  # not due yet: the worker holds its partition until then
+            heapq.heappush(self._heap, (verdict.until_ms, next(self._seq), d))
+            return None
+        if kind is Kind.RUN:
+            return self._attempt(queue, d, not_before, now_ms)
+        settle = SETTLE.get(kind)
+        if settle is None:  # pragma: no cover - see _NEVER_HERE
+            raise AssertionError(f"{verdict} in memory: {_NEVER_HERE.get(kind, kind)}")
+        settle(queue.recorder, queue.steering, d, verdict, now_ms)
+        failure = verdict.failure if kind is Kind.DEAD_LETTER else None
+        return self._commit(queue, d, not_before, now_ms, now_ms, ran=False, failure=failure)
+
+    def _attempt(self, queue: _Queue, d: Delivery, not_before: int, now_ms: int) -> JobRun:
+        """A :attr:`~dueflow.consumers.decision.Kind.RUN`: the handler runs, and its end is
+        recorded as the worker's ``_start`` and ``_record`` do."""
+        recorder = queue.recorder
         task, fields = d.task, d.fields
         assert task is not None
         assert fields is not None
         d.max_attempts, timeout_s = attempt_limits(task, fields, self._settings.worker)
         source = (d.feed.topic, d.feed.partition, d.offset)
         ctx = TaskContext(fields, d.attempt, d.max_attempts, d.hmap, source, None, d)
+        overlap = hdr.OVERLAP in d.hmap
         self._current = d
-        self._overlap.started(d)
+        if overlap:
+            self._overlap.started(d)
         try:
-            failure, seconds = run_attempt(task, d.payload, ctx, timeout_s, self._loop)
+            failure, seconds, returned = run_attempt(task, d.payload, ctx, timeout_s, self._loop)
         finally:
             self._current = None  # ended: a late ctx.schedule raises
-            self._overlap.finished(d)
+            if overlap:
+                self._overlap.finished(d)  # nothing waits: no occurrence is buffered here
         finished_ms = max(now_ms, self._clock())  # a handler may have moved the clock
         self._follow_ups = queue.planner.pending(d) if failure is None else ()
         if failure is None:
-            recorder.succeeded(d, seconds, finished_ms)
+            recorder.succeeded(d, seconds, finished_ms, returned)
         else:
             recorder.failed(d, failure, seconds, finished_ms)
             retry = will_retry(
@@ -422,8 +521,29 @@ class InMemoryWorker:
             schedule_id=fields[F_SCHEDULE_ID] if fields else None,
             source=(d.feed.topic, d.feed.partition, d.offset),
             follow_ups=self._follow_ups if ran and failure is None else (),
+            result=decode_result(outcome.get("result")),
+            result_error=outcome.get("result_error"),
         )
 
 
 def _text(raw: bytes | None) -> str:
     return "" if raw is None else raw.decode("utf-8", "replace")
+
+
+# ------------------------------------------------------------ verdicts
+# A verdict that does not run the delivery is carried out by the worker's own
+# table (dueflow.consumers.verdict_ends.SETTLE); the delivery is then finished
+# and its batch committed (_commit).
+
+# Verdicts the worker can give that never reach a delivery decided here, and why.
+_NEVER_HERE = {
+    # One delivery runs at a time and none runs while another is decided: no key
+    # runs here (no replay waits), and no cron occurrence runs beside another (an
+    # overlap policy always admits it, so none is buffered; SKIP_OCCURRENCE is
+    # carried out above all the same).
+    Kind.WAIT: "no attempt runs while a delivery is decided",
+    Kind.BUFFER_OCCURRENCE: "no occurrence runs while a delivery is decided",
+    # Commands are applied as soon as they are read (poll), never queued.
+    Kind.COMMAND: "commands are applied when read",
+}
+_NOTHING_RUNS: frozenset[bytes] = frozenset()

@@ -12,9 +12,10 @@ partition from its low to its last stable offset:
 - ``<prefix>.exec.<queue>``: what was fired (:class:`Fire`), redriven and
   replayed records marked.
 
-From the ledger: runs and effects; from the workload: the accepted jobs and
-the schedules; from the fault driver: its fault log (``kind``, ``at_ms``,
-``until_ms``, ``pids``) and the clock skews (pid -> ms ahead); from the
+From the ledger: runs and effects; from the workload: the accepted jobs, the
+commands that steered some of them, and the schedules; from the fault driver:
+its fault log (``kind``, ``at_ms``, ``until_ms``, ``pids``) and the clock
+skews (pid -> ms ahead); from the
 handlers' task specs and the queue's tiers: each task's retry plan; from each
 worker process's JSON log: when it dropped its uncommitted work
 (:class:`Dropped`).
@@ -132,6 +133,8 @@ def read_fires(settings: Settings, queue: str) -> list[Fire]:
 
     def take(msg: Any) -> None:
         headers = msg.headers()
+        if hdr.is_command(headers):
+            return  # a command to the partition's owner: not a fire
         resent = hdr.header(headers, hdr.REDRIVEN_AT) or hdr.header(headers, hdr.REPLAYED_FROM)
         key = (msg.key() or b"").decode("utf-8", "replace")
         found.append(Fire(key, hdr.header_text(headers, hdr.JOB_ID) or key, resent is not None))
@@ -141,7 +144,7 @@ def read_fires(settings: Settings, queue: str) -> list[Fire]:
 
 
 # Worker log events after which its uncommitted work is forgotten
-# (consumers/dueflow/consumers/runtime.py).
+# (consumers/dueflow/consumers/connection.py, rebalance.py).
 DROP_EVENTS = ("worker restarting queue", "partitions lost")
 
 
@@ -219,6 +222,7 @@ def gather(
         settle(settings, [n.outcomes, n.dlq(queue), n.exec(queue)])
     return Evidence(
         accepted=list(workload.accepted),
+        steered=list(workload.steered),
         cron=list(workload.cron),
         runs=ledger.runs() if full else [],
         effects=ledger.effects() if full else {},

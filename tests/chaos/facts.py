@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.chaos.ledger import Effect, Run
-from tests.chaos.workload import Accepted, CronRun
+from tests.chaos.workload import Accepted, CronRun, Steered
 
 TERMINAL = frozenset({"succeeded", "dead"})
 # Outcomes that close one attempt (the worker commits one of these per attempt).
@@ -154,3 +154,4 @@ class Evidence:
     default_plan: RetryPlan = RetryPlan(1)
     emitter_pids: frozenset[int] = frozenset()
     effect_conflicts: int = 0
+    steered: Sequence[Steered] = ()  # commands the workload sent, with the SDK's answers

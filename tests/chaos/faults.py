@@ -7,8 +7,10 @@ times per run):
   0.5-3 s later. ``takeover_ms``: until another emitter logs ``emitter is
   active``.
 - ``stop_active_emitter``: SIGSTOP of the lease holder for 5-8 s and at least
-  until a standby is active, then SIGCONT: the zombie must write nothing
-  visible (its producers were fenced by the takeover). ``takeover_ms`` as above.
+  until a standby is active, then SIGCONT: whatever the zombie writes before it
+  learns it lost the lease is a copy the workers skip, and its offset commits
+  are refused (firing in transactions: its producers were fenced by the
+  takeover and it writes nothing visible). ``takeover_ms`` as above.
 - ``kill_worker``: kill -9 of a worker, replaced 0-5 s later.
 - ``stop_worker``: SIGSTOP of a worker that has a job in flight (the newest run
   in the handlers' ledger without an effect yet) for 8-11 s and at least until

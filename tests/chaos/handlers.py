@@ -1,6 +1,8 @@
 """Task handlers of the chaos suite (run by `dueflow worker --app tests.chaos.handlers`).
 
-Every handler records its run in the ledger (``DUEFLOW_CHAOS_LEDGER``), then
+Every handler records its run in the ledger (``DUEFLOW_CHAOS_LEDGER``, with the
+delivery's ``df-version`` and the payload's ``v``: which version of a steered job
+ran), then
 makes its idempotent effect, unless it is meant to fail, and records when and
 how the run ended (the judge checks retries against it):
 
@@ -48,6 +50,8 @@ def _attempt(payload: Any, ctx: TaskContext) -> Iterator[Ledger]:
     """Record the run, sleep its ``sleep_ms``, and when the body returns or raises, the end."""
     ledger = _ledger()
     not_before = ctx.headers.get("df-due")
+    version = ctx.headers.get("df-version")
+    payload_v = payload.get("v") if isinstance(payload, dict) else None
     run_id = ledger.record_run(
         Run(
             key=ctx.idempotency_key,
@@ -58,6 +62,8 @@ def _attempt(payload: Any, ctx: TaskContext) -> Iterator[Ledger]:
             due_ms=ctx.due_ms,
             not_before_ms=int(not_before) if not_before else ctx.due_ms,
             pid=os.getpid(),
+            version=version.decode() if version else None,
+            payload_v=payload_v if isinstance(payload_v, int) else None,
         )
     )
     result = "failed"

@@ -3,8 +3,9 @@
 A handler writes like a real application with an external side effect:
 
 - ``runs``: one row per handler invocation (raw executions, with the time it
-  started, the job's due time, the attempt's "not before" and the pid of the
-  process), committed before the effect, so a process killed between the two
+  started, the job's due time, the attempt's "not before", the pid of the
+  process, and which version of a steered job ran: its timer's ``df-version``
+  and its payload's ``v``), committed before the effect, so a process killed between the two
   still shows the run; when the handler returns or raises, the same row gets
   the time it ended and how (``ok``, ``failed``; a run killed first has none);
 - ``effects``: the side effect, written in one SQLite transaction keyed by
@@ -28,7 +29,8 @@ from pathlib import Path
 SCHEMA = (
     "CREATE TABLE IF NOT EXISTS runs (key TEXT NOT NULL, job_id TEXT NOT NULL, task TEXT NOT NULL,"
     " attempt INTEGER NOT NULL, started_ms INTEGER NOT NULL, due_ms INTEGER NOT NULL,"
-    " not_before_ms INTEGER NOT NULL, pid INTEGER NOT NULL, ended_ms INTEGER, result TEXT)",
+    " not_before_ms INTEGER NOT NULL, pid INTEGER NOT NULL, ended_ms INTEGER, result TEXT,"
+    " version TEXT, payload_v INTEGER)",
     "CREATE TABLE IF NOT EXISTS effects (key TEXT PRIMARY KEY, job_id TEXT NOT NULL,"
     " task TEXT NOT NULL, attempt INTEGER NOT NULL, at_ms INTEGER NOT NULL, pid INTEGER NOT NULL)",
     "CREATE TABLE IF NOT EXISTS conflicts (key TEXT NOT NULL, attempt INTEGER NOT NULL,"
@@ -52,6 +54,8 @@ class Run:
     pid: int
     ended_ms: int | None = None  # when the handler returned or raised (its own clock)
     result: str | None = None  # "ok" or "failed"; None: it never ended (killed)
+    version: str | None = None  # the delivery's df-version (None: the original timer)
+    payload_v: int | None = None  # the payload's "v" (2: updated by a command)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +89,7 @@ class Ledger:
         """Insert a run (committed at once); its row id, for :meth:`record_end`."""
         with self._lock:
             cur = self._db.execute(
-                "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     run.key,
                     run.job_id,
@@ -97,6 +101,8 @@ class Ledger:
                     run.pid,
                     run.ended_ms,
                     run.result,
+                    run.version,
+                    run.payload_v,
                 ),
             )
             return int(cur.lastrowid or 0)

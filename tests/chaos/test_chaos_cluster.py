@@ -50,4 +50,8 @@ def test_no_job_is_lost_doubled_or_early_when_cluster_nodes_fail(tmp_path: Path)
         assert report[key] == 0, (key, summary, report[evidence])
     assert report["dlq_expected"] == report["dlq_expected_of"], (summary, report["dlq_problems"])
     assert report["flaky_ok"] == report["flaky_jobs"], summary
+    # commands acknowledged before their job's due time: the rules had cases to judge
+    binding = report["steered_binding"]
+    assert sum(binding.values()) >= 10, (summary, report["steered"])
+    assert binding.get("cancel", 0) >= 1, (summary, report["steered"])
     assert report["jobs"] > 1000, summary

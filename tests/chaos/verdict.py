@@ -77,9 +77,17 @@ occurrences (below). The rules, each a number that must be 0 (or equal):
 - **duplicates**: a key Kafka saw finish more than once: two ``succeeded``
   outcomes, two dead letters (not counting redrives), or a dead letter and a
   success (outcome or ledger effect).
-- **double_fires**: a key with more than one exec record not resent by an
-  operator (``df-redriven-at``/``df-replayed-from``): a one-shot job is fired
-  exactly once, each cron occurrence once.
+- **double_fires** (reported, not a failure): keys with more than one exec
+  record not resent by an operator (``df-redriven-at``/``df-replayed-from``),
+  and ``fires_per_key_max``. An emitter firing without transactions fires
+  again, after a takeover or a restarted active period, what it fired after
+  its last commit, and a stopped one that resumes fires until it learns it
+  lost the lease: legitimate, because the workers skip a copy of a job whose
+  key is final (or that runs in the same process). What must never happen
+  twice is a *run*: the re-execution and duplicate rules above judge the runs
+  and what Kafka committed, whatever the number of copies. (With
+  ``emitter.transactional`` a job is fired once, and 0 double fires is what
+  such a run should show.)
 - **cron**: a schedule's expected occurrences are those strictly after
   ``added_ms`` (its ``add_schedule`` acknowledged) + ``cron_read_margin_ms``
   (2 s) + the largest clock skew ahead of any emitter, up to its deletion -
@@ -94,6 +102,22 @@ occurrences (below). The rules, each a number that must be 0 (or equal):
   Each expected occurrence is an expected job (lost, late, duplicates, ...).
 - **faults_ok**: each kind in ``Rules.fault_minimums`` was injected at least
   that many times (``faults_missing`` lists the others).
+- **steering** (commands the workload sent to the owner of a job's partition,
+  ``Evidence.steered``; one per job): a command is *binding* when the broker
+  acknowledged it (``accepted``) before the job's due time (the ack's time is
+  after the append's, and the emitter fires a job into the same partition only
+  once the broker's clock reached its due time: the command is before it in
+  the log). ``steer_cancel_ran``: a run of a job cancelled by a binding command
+  (it must never start); ``steer_cancel_unconfirmed``: such a job without a
+  committed ``cancelled`` outcome. ``steer_ran_old``: a run of a job moved by a
+  binding command from its original timer (no ``df-version``: it ran at its old
+  time), or of a job updated by one with the old payload (``v`` not 2). A moved
+  job's due time for **early**, **lost** and **late** is its new one: it never
+  starts before it. A command that is not binding (acknowledged after the due
+  time, or its call failed: it may or may not have been written) may or may not
+  take effect: a cancelled job then ends ``cancelled`` or ``succeeded``, and a
+  moved one must not start before the earlier of its two due times and is late
+  from the later. A command the SDK refused wrote nothing and changes nothing.
 """
 
 from __future__ import annotations
@@ -115,7 +139,7 @@ from tests.chaos.facts import (
     Rules,
 )
 from tests.chaos.ledger import Run
-from tests.chaos.workload import CronRun
+from tests.chaos.workload import CronRun, Steered
 
 # kind -> the DLQ reason an always-fail job must end with
 EXPECTED_DEATH = {"doomed": "exhausted", "permanent": "permanent_error"}
@@ -210,6 +234,79 @@ def cron_due(key: str, schedule_ids: set[str]) -> int | None:
     """The occurrence time of a cron occurrence's key ``<schedule>@<ms>``."""
     sid, sep, at = key.rpartition("@")
     return int(at) if sep and sid in schedule_ids and at.isdigit() else None
+
+
+@dataclass(frozen=True, slots=True)
+class SteerView:
+    """What a command means for its job's judgment."""
+
+    command: Steered
+    binding: bool  # accepted before the job's due time: it must take effect
+    early_due_ms: int  # no run before this
+    late_due_ms: int  # lateness counts from this
+    ends: frozenset[str]  # the outcomes that end the job
+
+
+def steering_views(ev: Evidence) -> dict[str, SteerView]:
+    """Each steered job's :class:`SteerView` (refused commands changed nothing)."""
+    out: dict[str, SteerView] = {}
+    for c in ev.steered:
+        if c.state == "refused":
+            continue
+        binding = c.state == "accepted" and 0 <= c.acked_ms < c.old_due_ms
+        early, late = c.old_due_ms, c.old_due_ms
+        ends = TERMINAL
+        if c.op == "cancel":
+            ends = frozenset({"cancelled"}) if binding else TERMINAL | {"cancelled"}
+        elif c.op in ("later", "earlier"):
+            if binding:
+                early = late = c.new_due_ms
+            else:
+                early, late = min(c.old_due_ms, c.new_due_ms), max(c.old_due_ms, c.new_due_ms)
+        out[c.key] = SteerView(c, binding, early, late, ends)
+    return out
+
+
+def judge_steering(
+    ev: Evidence, views: dict[str, SteerView], outcomes: dict[str, list[Outcome]]
+) -> dict[str, Any]:
+    """The steering rules (module docstring)."""
+    runs: dict[str, list[Run]] = defaultdict(list)
+    for r in ev.runs:
+        if r.key in views:
+            runs[r.key].append(r)
+    problems: list[dict[str, Any]] = []
+    cancel_ran = cancel_unconfirmed = ran_old = 0
+    for key, view in views.items():
+        if not view.binding:
+            continue
+        c = view.command
+        own = runs.get(key, [])
+        if c.op == "cancel":
+            if own:
+                cancel_ran += 1
+                problems.append({"key": key, "rule": "cancelled, ran", "runs": len(own)})
+            if not any(o.state == "cancelled" for o in outcomes.get(key, [])):
+                cancel_unconfirmed += 1
+                problems.append({"key": key, "rule": "cancelled, no cancelled outcome"})
+        elif c.op in ("later", "earlier"):
+            old = [r for r in own if r.version is None]
+            if old:
+                ran_old += 1
+                problems.append({"key": key, "rule": f"moved {c.op}, ran its original timer"})
+        elif c.op == "update":
+            old = [r for r in own if r.payload_v != 2]
+            if old:
+                ran_old += 1
+                problems.append({"key": key, "rule": "updated, ran the old payload"})
+    return {
+        "steered": dict(Counter(f"{c.op} {c.state}" for c in ev.steered)),
+        "steered_binding": dict(Counter(v.command.op for v in views.values() if v.binding)),
+        "steer_cancel_ran": cancel_ran,
+        "steer_cancel_unconfirmed": cancel_unconfirmed,
+        "steer_ran_old": ran_old,
+        "steer_problems": problems[:LISTED],
+    }
 
 
 # ------------------------------------------------------------------ rules
@@ -466,7 +563,9 @@ def judge(ev: Evidence, rules: Rules | None = None) -> dict[str, Any]:
         outcomes[o.key].append(o)
     plan_of = {j.key: ev.plans.get(j.task, ev.default_plan) for j in jobs}
     schedule_ids = {c.schedule_id for c in ev.cron}
+    views = steering_views(ev)
     due = {a.key: a.asked_ms for a in ev.accepted}
+    due.update({k: v.early_due_ms for k, v in views.items()})
 
     def due_of(key: str) -> int | None:
         return due[key] if key in due else cron_due(key, schedule_ids)
@@ -478,7 +577,9 @@ def judge(ev: Evidence, rules: Rules | None = None) -> dict[str, Any]:
     late: list[dict[str, Any]] = []
     to_end: list[int] = []
     for job in jobs:
-        ends = [clocks.outcome(o) for o in outcomes.get(job.key, []) if o.state in TERMINAL]
+        view = views.get(job.key)
+        closing = TERMINAL if view is None else view.ends
+        ends = [clocks.outcome(o) for o in outcomes.get(job.key, []) if o.state in closing]
         if not ends:
             lost.append(job.key)
             last = outcomes[job.key][-1].state if outcomes.get(job.key) else "none"
@@ -486,15 +587,16 @@ def judge(ev: Evidence, rules: Rules | None = None) -> dict[str, Any]:
             lost_state[f"{where}, last outcome {last}"] += 1
             continue
         at = ends[0]
-        to_end.append(at - job.due_ms)
+        job_due = job.due_ms if view is None else view.late_due_ms
+        to_end.append(at - job_due)
         outage = sum(
             f.until_ms - f.at_ms
             for f in ev.faults
-            if f.kind in rules.outage_kinds and f.at_ms <= at and f.until_ms >= job.due_ms
+            if f.kind in rules.outage_kinds and f.at_ms <= at and f.until_ms >= job_due
         )
         bound = plan_of[job.key].total_ms + rules.slack_ms + outage
-        if at - job.due_ms > bound:
-            late.append({"key": job.key, "late_ms": at - job.due_ms, "bound_ms": bound})
+        if at - job_due > bound:
+            late.append({"key": job.key, "late_ms": at - job_due, "bound_ms": bound})
 
     early: list[dict[str, Any]] = []
     unknown: set[str] = set()
@@ -537,6 +639,7 @@ def judge(ev: Evidence, rules: Rules | None = None) -> dict[str, Any]:
         "duplicate_keys": duplicates[:LISTED],
         "double_fires": len(doubles),
         "double_fire_keys": doubles[:LISTED],
+        "fires_per_key_max": max(fired.values(), default=0),
         "due_mismatch": sum(
             1 for a in ev.accepted if a.requested_ms >= 0 and a.requested_ms != a.due_ms
         ),
@@ -553,13 +656,17 @@ def judge(ev: Evidence, rules: Rules | None = None) -> dict[str, Any]:
     report.update(judge_flaky([j for j in jobs if j.kind == "flaky"], ev, outcomes))
     report.update(judge_dlq(jobs, ev, outcomes, plan_of))
     report.update(judge_faults(ev, rules))
+    report.update(judge_steering(ev, views, outcomes))
     return report
 
 
 def unfinished(ev: Evidence, rules: Rules | None = None) -> list[str]:
     """Expected jobs without a committed terminal outcome yet (the run waits for these)."""
     jobs, _ = expected_jobs(ev, rules or Rules())
-    done = {o.key for o in ev.outcomes if o.state in TERMINAL}
+    views = steering_views(ev)
+    done = {
+        o.key for o in ev.outcomes if o.state in (views[o.key].ends if o.key in views else TERMINAL)
+    }
     return [j.key for j in jobs if j.key not in done]
 
 
@@ -569,10 +676,12 @@ MUST_BE_ZERO = {
     "unexcused": "unexcused_runs",
     "early": "early_runs",
     "duplicates": "duplicate_keys",
-    "double_fires": "double_fire_keys",
     "dlq_unexpected": "dlq_unexpected_keys",
     "retry_early": "retry_early_runs",
     "flaky_wrong_attempt": "flaky_wrong",
+    "steer_cancel_ran": "steer_problems",
+    "steer_cancel_unconfirmed": "steer_problems",
+    "steer_ran_old": "steer_problems",
 }
 
 

@@ -6,6 +6,12 @@ timer is placed again at every visit). Most succeed; some fail a few times
 first; some always fail (DLQ, ``exhausted``) or fail permanently (DLQ at
 once). A few cron schedules with seconds resolution fire all through the
 run and are deleted at its end.
+
+Some jobs that succeed are steered while they wait, by command to the worker
+that owns their partition (the queue is finalized before the run): cancelled,
+moved later, moved earlier (the SDK reads the job from its timer and replaces
+it), or given a new payload (``v`` 2). :class:`Steered` records what the SDK
+answered and when, for the judge.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from dueflow.config import Settings
 from dueflow.errors import DueflowError, InvalidInput
@@ -45,6 +51,17 @@ CRON = (
     ("chaos-every-3s", "*/3 * * * * *"),
     ("chaos-every-5s", "*/5 * * * * *"),
 )
+# (weight, op) of the steering commands
+STEER_WEIGHTS: tuple[tuple[float, str], ...] = (
+    (40, "cancel"),
+    (30, "later"),
+    (15, "earlier"),
+    (15, "update"),
+)
+STEER_OPS = tuple(op for _w, op in STEER_WEIGHTS)
+STEER_SHARE = 0.12  # of the jobs that succeed and are due at least STEER_MIN_DELAY_S out
+STEER_MIN_DELAY_S = 3.0
+STEER_MIN_LEAD_MS = 800  # a command is not sent this close to its job's due time
 # A failed schedule call is retried (same job id, same due time) for this long.
 RETRY_FOR_S = 120.0
 T = TypeVar("T")
@@ -91,6 +108,52 @@ def plan_jobs(*, rng: random.Random, duration_s: float, rate_per_s: float) -> li
 
 
 @dataclass(frozen=True, slots=True)
+class PlannedSteer:
+    """A command for job ``n``: ``op`` (cancel, later, earlier, update), sent ``at_s``
+    after the run's start; ``share``: a later move adds ``share`` x 10 s to the due
+    time, an earlier one puts it ``share`` of the time left from the command on."""
+
+    n: int
+    op: str
+    at_s: float
+    share: float
+
+
+def plan_steering(jobs: list[PlannedJob], *, rng: random.Random) -> list[PlannedSteer]:
+    """The commands of a run, by send time (pure): for a share of the jobs that succeed
+    and are due at least :data:`STEER_MIN_DELAY_S` after they are sent, one command
+    sent while they wait (at least 1.5 s before they are due, as planned)."""
+    out = []
+    for job in jobs:
+        if job.kind != "ok" or job.delay_s < STEER_MIN_DELAY_S or rng.random() >= STEER_SHARE:
+            continue
+        _w, op = STEER_WEIGHTS[_weighted(rng, [o[0] for o in STEER_WEIGHTS])]
+        at = job.send_at_s + rng.uniform(0.3, job.delay_s - 1.5)
+        out.append(PlannedSteer(job.n, op, at, rng.uniform(0.2, 0.8)))
+    out.sort(key=lambda s: s.at_s)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Steered:
+    """A command the workload sent for job ``key``, and what the SDK answered.
+
+    ``state``: ``accepted`` (the broker acknowledged the command at ``acked_ms``),
+    ``refused`` (the SDK wrote nothing: ``reason``), ``unknown`` (the call failed:
+    the command may or may not be written). ``new_due_ms``: a move's new due time
+    (else the old one)."""
+
+    key: str
+    op: str  # cancel, later, earlier, update
+    sent_ms: int
+    acked_ms: int
+    old_due_ms: int
+    new_due_ms: int
+    state: str
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Accepted:
     """A job the broker acknowledged.
 
@@ -126,7 +189,9 @@ class Workload:
     settings: Settings
     plan: list[PlannedJob]
     duration_s: float
+    steer_plan: list[PlannedSteer] = field(default_factory=list)
     accepted: list[Accepted] = field(default_factory=list)
+    steered: list[Steered] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     cron: list[CronRun] = field(default_factory=list)
     errors: int = 0
@@ -176,6 +241,37 @@ class Workload:
                 time.sleep(0.5)
         return None
 
+    def _steer(self, scheduler: Scheduler, cmd: PlannedSteer, job: Accepted) -> None:
+        """Send ``cmd`` for ``job`` (once: a failed call is recorded as ``unknown``)."""
+        sent = now_ms()
+        old = job.asked_ms
+        left = old - sent
+        if left < STEER_MIN_LEAD_MS:
+            return  # the workload fell behind its plan: too close to the due time
+        new = old
+        try:
+            if cmd.op == "cancel":
+                done: Any = scheduler.cancel(job.key, queue=QUEUE)
+                ok, reason = done.cancelled, done.reason
+            elif cmd.op in ("later", "earlier"):
+                shift = round(cmd.share * 10_000) if cmd.op == "later" else -round(cmd.share * left)
+                new = old + max(1, shift) if cmd.op == "later" else old + min(-1, shift)
+                done = scheduler.reschedule(job.key, run_at=from_utc_ms(new), queue=QUEUE)
+                ok, reason = done.rescheduled, done.reason
+                new = int(done.due_ms) if ok else new
+            else:
+                payload = {"n": int(job.key.rsplit("-", 1)[-1]), "sleep_ms": 0, "v": 2}
+                done = scheduler.update(job.key, payload=payload, queue=QUEUE)
+                ok, reason = done.updated, done.reason
+        except DueflowError as exc:
+            self.errors += 1
+            self.steered.append(Steered(job.key, cmd.op, sent, -1, old, new, "unknown", str(exc)))
+            return
+        state = "accepted" if ok else "refused"
+        self.steered.append(
+            Steered(job.key, cmd.op, sent, now_ms(), old, new, state, str(reason or ""))
+        )
+
     def _run(self) -> None:
         began = time.monotonic()
         scheduler = Scheduler(self.settings, delivery_timeout_s=20.0)
@@ -197,10 +293,22 @@ class Workload:
                 )
                 if done is not None:
                     added[schedule_id] = now_ms()
-            for job in self.plan:
-                wait = began + job.send_at_s - time.monotonic()
+            events = sorted(
+                [(j.send_at_s, 0, j) for j in self.plan]
+                + [(c.at_s, 1, c) for c in self.steer_plan],
+                key=lambda e: (e[0], e[1]),
+            )
+            by_n: dict[int, Accepted] = {}
+            for at_s, _order, item in events:
+                wait = began + at_s - time.monotonic()
                 if wait > 0 and self._stop.wait(wait):
                     break
+                if isinstance(item, PlannedSteer):
+                    target = by_n.get(item.n)
+                    if target is not None:
+                        self._steer(scheduler, item, target)
+                    continue
+                job = item
                 # Whole milliseconds: the judge compares run starts with this exact time.
                 requested = now_ms() + round(job.delay_s * 1000)
                 result = self._retry(
@@ -215,16 +323,16 @@ class Workload:
                     ),
                 )
                 if result is not None:
-                    self.accepted.append(
-                        Accepted(
-                            job.job_id,
-                            job.kind,
-                            result.due_ms,
-                            requested_ms=requested,
-                            task=job.task,
-                            fail_times=job.payload.get("fail_times", 0),
-                        )
+                    accepted = Accepted(
+                        job.job_id,
+                        job.kind,
+                        result.due_ms,
+                        requested_ms=requested,
+                        task=job.task,
+                        fail_times=job.payload.get("fail_times", 0),
                     )
+                    self.accepted.append(accepted)
+                    by_n[job.n] = accepted
             # The schedules are deleted once the driver says the cluster is healthy
             # and caught up: a deletion drops occurrences that are still pending,
             # also those missed while no emitter ran.

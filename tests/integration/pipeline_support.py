@@ -18,8 +18,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -254,3 +255,12 @@ def scrape(port: int) -> Samples | None:
         for family in text_string_to_metric_families(text)
         for s in family.samples
     )
+
+
+def log_ms(event: Mapping[str, Any]) -> int:
+    """A JSON log line's time (``2026-12-05T01:02:03.456Z``) in epoch ms; 0 if unreadable."""
+    try:
+        at = datetime.strptime(str(event.get("ts", "")), "%Y-%m-%dT%H:%M:%S.%fZ")
+    except ValueError:
+        return 0
+    return int(at.replace(tzinfo=UTC).timestamp() * 1000)

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -79,14 +80,15 @@ class ViewProcess:
     port: int
     log_path: Path
     token: str | None = None  # the configured token (None: the view makes one)
+    tls: ssl.SSLContext | None = None  # the view serves HTTPS: a context trusting it
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'http' if self.tls is None else 'https'}://127.0.0.1:{self.port}"
 
     def get(self, path: str) -> tuple[int, Any]:
         try:
-            with urllib.request.urlopen(self.url + path, timeout=5) as resp:
+            with urllib.request.urlopen(self.url + path, timeout=5, context=self.tls) as resp:
                 body = resp.read()
                 status = int(resp.status)
                 ctype = resp.headers.get("Content-Type", "")
@@ -101,7 +103,7 @@ class ViewProcess:
             headers["Authorization"] = f"Bearer {self.token}"
         req = urllib.request.Request(self.url + path, method="POST", data=b"{}", headers=headers)
         try:
-            with urllib.request.urlopen(req, timeout=5) as resp:
+            with urllib.request.urlopen(req, timeout=5, context=self.tls) as resp:
                 return int(resp.status), json.loads(resp.read())
         except urllib.error.HTTPError as exc:
             return int(exc.code), json.loads(exc.read())
@@ -167,9 +169,12 @@ def start_view(
     env: dict[str, str] | None = None,
     bind: str = "127.0.0.1",
     token: str | None = "status-view-token-of-the-tests",
+    tls: ssl.SSLContext | None = None,
+    args: tuple[str, ...] = (),
 ) -> ViewProcess:
     """``dueflow status-view`` as a process; ``token``: its configured token (``None``:
-    none configured, the view makes one and prints it)."""
+    none configured, the view makes one and prints it); ``tls``: a client context
+    trusting the certificate it serves (its files in ``env`` or ``args``)."""
     cmd = [
         sys.executable,
         "-m",
@@ -189,6 +194,7 @@ def start_view(
         "json",
         "--bind",
         bind,
+        *args,
     ]
     full_env = dict(os.environ)
     full_env.pop("DUEFLOW_OBSERVABILITY_STATUS_TOKEN", None)
@@ -198,4 +204,4 @@ def start_view(
     full_env.update(env or {})
     with log_path.open("ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env)
-    return ViewProcess(proc, port, log_path, token)
+    return ViewProcess(proc, port, log_path, token, tls)

@@ -12,9 +12,9 @@ from dueflow.config import Settings
 from dueflow.errors import ConflictError, DueflowError, InvalidInput
 from dueflow.kafka.topics import names
 from dueflow.producers.aio import AsyncScheduler
-from dueflow.records.fast import decode_key_state
 from dueflow.records.job_request import JobRequest
 from dueflow.records.reschedule import reschedule_key
+from dueflow.records.worker_codec import decode_key_state
 from tests.conftest import KafkaCluster
 from tests.integration.records import headers_of, read_all
 from tests.integration.test_scheduler import WHEEL, check_edge_result, edge_jobs

@@ -25,7 +25,7 @@ from dueflow.consumers.testing import ExecWriter, exec_headers, make_job
 from dueflow.kafka.clients import make_transactional_producer
 from dueflow.kafka.topics import names
 from dueflow.records import codec
-from dueflow.records.fast import OUTCOME_V1, encode_outcome
+from dueflow.records.worker_codec import OUTCOME_V1, encode_outcome
 from tests.chaos import evidence, handlers
 from tests.chaos.facts import DeadLetter, Fire, Outcome
 from tests.chaos.ledger import Ledger

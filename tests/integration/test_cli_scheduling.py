@@ -262,3 +262,68 @@ def test_the_installed_command(settings: Settings, env: dict[str, str]) -> None:
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["task"] == "ping"
     assert len(read_all(settings, names(settings).timers)) == 1
+
+
+def _timers_of(settings: Settings, job_id: str) -> list[Any]:
+    return [
+        m
+        for m in read_all(settings, names(settings).timers)
+        if hdr.header(headers_of(m), hdr.JOB_ID) == job_id.encode()
+    ]
+
+
+@pytest.mark.timeout(180)
+def test_a_job_id_reused_with_other_content_is_reported_across_processes(
+    settings: Settings, env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each CLI call is a new process with an empty memory: the job id is looked up in
+    the cluster (its `scheduled` outcome's content hash), so the second call with
+    another payload exits 2 with a message instead of exiting 0 unrun."""
+    argv = ["schedule", "send_email", "--job-id", "reused-1", "--delay", "1h"]
+    code, out, err = run(capsys, *argv, "--payload", '{"n": 1}')
+    assert code == 0, err
+    assert out.startswith("scheduled job reused-1 due ")
+    # another payload, from a fresh process
+    proc = subprocess.run(
+        [sys.executable, "-m", "dueflow", *argv, "--payload", '{"n": 2}'],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    assert proc.stderr.startswith("dueflow: job_id 'reused-1' already exists with other content")
+    assert "not scheduled again" in proc.stderr
+    # the same payload again: the earlier job, nothing written (exit 0)
+    code, data, err = run(capsys, *argv, "--payload", '{"n": 1}', "--json")
+    assert code == 0, err
+    assert (data["job_id"], data["duplicate"]) == ("reused-1", True)
+    # another task under the id: refused too
+    code, _out, err = run(capsys, "schedule", "other_task", "--job-id", "reused-1")
+    assert code == 2
+    assert "task 'send_email'" in err
+    assert len(_timers_of(settings, "reused-1")) == 1
+
+    # The SDK behaves the same with check_existing_ids (off by default: it costs a
+    # lookup per call with a job id the client does not remember).
+    from dueflow.errors import ConflictError
+    from dueflow.producers.aio import AsyncScheduler
+    from dueflow.producers.scheduler import Scheduler
+
+    with Scheduler(settings, check_existing_ids=True) as s:
+        with pytest.raises(ConflictError):
+            s.schedule("send_email", {"n": 3}, job_id="reused-1", delay="1h")
+        assert s.schedule("send_email", {"n": 1}, job_id="reused-1", delay="1h").duplicate
+
+    async def from_asyncio() -> None:
+        async with AsyncScheduler(settings, check_existing_ids=True) as a:
+            with pytest.raises(ConflictError):
+                await a.schedule("send_email", {"n": 4}, job_id="reused-1")
+            assert (await a.schedule("send_email", {"n": 1}, job_id="reused-1")).duplicate
+
+    import asyncio
+
+    asyncio.run(from_asyncio())
+    assert len(_timers_of(settings, "reused-1")) == 1

@@ -6,7 +6,7 @@ The broker and this test keep the true clock. Every run is recorded by the
 handler with its own (skewed) clock and its pid; the test knows each pid's
 skew, so it judges on the true clock: no job starts before the due time the
 client asked for, and no retry starts before its backoff has passed since
-the failed attempt. Without the clock probe (``dueflow.rules.clock``) the fast
+the failed attempt. Without the clock probe (``dueflow.rules.clock_offset``) the fast
 processes start jobs up to 2 s early and the slow worker's retries run
 almost 2 s before their backoff ends.
 """

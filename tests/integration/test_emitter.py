@@ -13,9 +13,11 @@ from dueflow import headers as hdr
 from dueflow.config import Settings
 from dueflow.kafka.topics import names
 from dueflow.records import codec
+from dueflow.rules.cron_schedule import CronSchedule
 from dueflow.rules.wheel import NEAR_LEVEL, place_timer
 from tests.conftest import KafkaCluster
 from tests.support.emitters import FAST_EMITTER, SMALL_WHEEL, ensure_topics, threaded_emitter
+from tests.support.schedules import put_schedule
 from tests.support.timers import ExecLog, now_ms, timer_producer, write_timers
 
 
@@ -154,6 +156,58 @@ def test_malformed_timers_are_quarantined_and_the_next_one_fires(
         assert reasons[b"no-due"] == "missing df-due header"
         assert reasons[b"unknown-queue"] == "unknown queue: 'nope'"
         assert all(r["component"] == "emitter" and r["source_topic"] == topic for r in found)
+    finally:
+        log.close()
+
+
+@pytest.mark.timeout(90)
+def test_a_cron_occurrence_with_an_occurrence_out_of_range_is_quarantined(
+    kafka: KafkaCluster, prefix: str
+) -> None:
+    """A timer of a schedule the emitter keeps, with df-sv its version and a
+    df-occurrence of -10**30: its misfire plan raised InvalidInput inside the
+    emitter, which ended the emitter (and its successor, on the same record)."""
+    s = _settings(kafka, prefix)
+    topic = names(s).timers
+    producer = timer_producer(s)
+    yearly = CronSchedule(
+        schedule_id="yearly",
+        cron="0 0 1 1 *",
+        timezone="UTC",
+        queue="default",
+        task="tick",
+        payload=b"{}",
+        version=7,
+        created_ms=now_ms(),
+        updated_ms=now_ms(),
+    )
+    log = ExecLog(s).start()
+    try:
+        with threaded_emitter(s) as em:
+            em.wait_active()
+            put_schedule(producer, s, yearly)
+            deadline = time.monotonic() + 30
+            while em.process is not None and em.process.schedules.get("yearly") is None:
+                assert time.monotonic() < deadline, "the emitter did not read the schedule"
+                time.sleep(0.05)  # polling the emitter's table, with a deadline
+            headers: list[tuple[str, str | bytes | None]] = [
+                (hdr.DUE, str(now_ms()).encode()),
+                (hdr.QUEUE, b"default"),
+                (hdr.KIND, b"cron"),
+                (hdr.SCHEDULE, b"yearly"),
+                (hdr.SCHEDULE_VERSION, b"7"),
+                (hdr.OCCURRENCE, b"-" + b"1" + b"0" * 30),
+            ]
+            producer.produce(topic, b"v", b"yearly@forged", 0, headers=headers)
+            write_timers(producer, s, [("good", now_ms() + 200)])
+            log.wait_for(1, timeout_s=20)
+            (found,) = _quarantined(s, 1)
+            assert em.error is None
+            assert em.thread is not None
+            assert em.thread.is_alive()
+        assert [r.job_id for r in log.settle(quiet_s=0.5)] == ["good"]
+        assert found["key"] == b"yearly@forged"
+        assert found["reason"].startswith("bad cron header: df-occurrence: ")
     finally:
         log.close()
 

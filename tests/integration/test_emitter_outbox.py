@@ -1,8 +1,10 @@
-"""The emitter's transactional outbox against a real broker: transactions opened ahead."""
+"""The emitter's outboxes against a real broker: the transactional one (transactions
+opened ahead, fencing) and the one without transactions (acknowledged turns)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -11,8 +13,10 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from dueflow.config import Settings
-from dueflow.errors import FencedError
+from dueflow.errors import FencedError, KafkaOperationError
+from dueflow.kafka.topic_limits import is_too_large
 from dueflow.kafka.topics import names
+from dueflow.streams.emitter.acked_outbox import AckedOutbox, DeliveryFailed
 from dueflow.streams.emitter.outbox import Outbox
 from dueflow.streams.emitter.wheel_source import WheelSource
 from tests.conftest import KafkaCluster
@@ -170,6 +174,46 @@ def test_a_new_outbox_fences_every_producer_of_the_old_one(
         source.close()
 
 
+def test_an_outbox_without_transactions_fences_every_producer_of_a_transactional_one(
+    kafka: KafkaCluster, prefix: str
+) -> None:
+    """A takeover by an emitter that fires without transactions aborts what an older
+    transactional holder left open (fires and offsets: never visible, no longer
+    pending) and leaves it nothing it can commit, before it reads an offset."""
+    s = _settings(kafka, prefix)
+    timers = names(s).timers
+    exec_topic = names(s).exec("default")
+    source = WheelSource(s)
+    source.start()
+    old = Outbox(s)
+    old.start()
+    new = AckedOutbox(s)
+    try:
+        gm = source.group_metadata()
+        old.send(exec_topic, b"v", b"first", [])
+        assert old.commit([TopicPartition(timers, 0, 3, "df1:3")], gm) is not None
+        # A zombie's open transaction with records and an offset pending, as an
+        # emitter stopped (SIGSTOP) between two commits leaves it.
+        old.send(exec_topic, b"v", b"zombie", [])
+        new.prepare()
+        new.start()
+        # The offsets are settled at once: the fetch does not wait for the
+        # zombie's transaction to time out (10 s here).
+        started = time.monotonic()
+        assert source.committed(range(1), timeout_s=5.0)[0][0] == 3
+        assert time.monotonic() - started < 5.0
+        old.submit([TopicPartition(timers, 0, 9, "df1:9")], gm)
+        with pytest.raises(FencedError):
+            old.wait()
+        assert _visible(s) == [b"first"]
+        assert _settles_at(s, {0: (3, "df1:3")}) == {0: (3, "df1:3")}
+        assert new.fenced_ms is not None
+    finally:
+        old.close()
+        new.close()
+        source.close()
+
+
 def test_one_producer_waits_for_each_commit(kafka: KafkaCluster, prefix: str) -> None:
     s = _settings(kafka, prefix, producers=1)
     timers = names(s).timers
@@ -185,3 +229,87 @@ def test_one_producer_waits_for_each_commit(kafka: KafkaCluster, prefix: str) ->
         assert outbox.commit([], gm) is not None
         assert _settles_at(s, {2: (3, "df1:3")}) == {2: (3, "df1:3")}
         assert _visible(s) == [b"a", b"b"]
+
+
+def _wait(check: Any, outbox: AckedOutbox, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        outbox.poll(force=True)
+        time.sleep(0.005)
+
+
+def test_without_transactions_a_seal_is_acked_once_every_record_before_it_is(
+    kafka: KafkaCluster, prefix: str
+) -> None:
+    s = _settings(kafka, prefix)
+    exec_topic = names(s).exec("default")
+    visible: list[tuple[dict[str, list[int]], int]] = []
+    outbox = AckedOutbox(s, on_acked=lambda fired, at: visible.append((fired, at)))
+    outbox.prepare()
+    outbox.start()
+    try:
+        outbox.send(exec_topic, b"v", b"a", [])
+        outbox.send(exec_topic, b"v", b"b", [])
+        outbox.cut({exec_topic: [1, 2]})
+        outbox.send(exec_topic, b"v", b"c", [])
+        assert outbox.records == 3
+        first = outbox.seal()  # covers the open turn too
+        assert outbox.records == 0
+        outbox.send(exec_topic, b"v", b"d", [])
+        second = outbox.seal()
+        assert not outbox.acked(first)
+        _wait(lambda: outbox.acked(second), outbox)
+        assert outbox.acked(first)
+        assert outbox.pending == 0
+        # Visible without a commit: read_committed sees them at once.
+        assert _visible(s) == [b"a", b"b", b"c", b"d"]
+        # The fired due times of each acknowledged turn, once.
+        assert [fired for fired, _ in visible] == [{exec_topic: [1, 2]}]
+    finally:
+        outbox.close()
+
+
+def test_without_transactions_a_record_not_delivered_fails_the_turn(
+    kafka: KafkaCluster, prefix: str
+) -> None:
+    s = _settings(kafka, prefix)
+    outbox = AckedOutbox(s)
+    outbox.start()
+    try:
+        outbox.send(names(s).exec("default"), b"v", b"a", [], partition=7)  # 3 partitions
+        seal = outbox.seal()
+        with pytest.raises(DeliveryFailed):
+            _wait(lambda: outbox.acked(seal), outbox)
+        assert not outbox.acked(seal)
+    finally:
+        outbox.close()
+
+
+def test_a_record_refused_as_too_large_is_known_whatever_error_ends_the_transaction(
+    kafka: KafkaCluster, prefix: str
+) -> None:
+    """Once the broker refused a record, the transaction's next write fails with
+    librdkafka's "erroneous state", which does not say why: the outbox knows from
+    the failed delivery (so the emitter measures every record, and quarantines the
+    refused one when it reads it again, instead of firing it again and again)."""
+    s = _settings(kafka, prefix)
+    exec_topic = names(s).exec("default")
+    with _started(s) as (_, outbox):
+        assert not outbox.refused_too_large()
+        outbox.send(exec_topic, os.urandom(1_100_000), b"big", [], 0)  # over 1,048,588
+        failed = _until_a_write_fails(outbox, exec_topic)
+        assert not is_too_large(failed)  # the error alone does not say it
+        assert outbox.refused_too_large(wait_s=5)
+
+
+def _until_a_write_fails(outbox: Outbox, topic: str) -> KafkaOperationError:
+    """Write small records into the open transaction until one fails (30 s at most)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            outbox.send(topic, b"small", b"k", [], 0)
+        except KafkaOperationError as exc:
+            return exc
+        time.sleep(0.01)  # a write every 10 ms, until the refusal has come back
+    raise AssertionError("every write went through")

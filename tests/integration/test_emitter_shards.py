@@ -42,10 +42,16 @@ def _shard_of(settings: Settings, job_id: str) -> int:
     return shard_for(zlib.crc32(job_id.encode()), settings.wheel.shards)
 
 
-def _check_once_and_in_shard(settings: Settings, log: ExecLog, dues: dict[str, int]) -> None:
+def _check_once_and_in_shard(
+    settings: Settings, log: ExecLog, dues: dict[str, int], *, refires: float = 0.0
+) -> None:
+    """Every timer fired, in its shard, never early; twice at most, and no more
+    copies than the emitters counted as re-fires after a takeover (0 without one)."""
     counts = Counter(r.job_id for r in log.records)
     assert set(counts) == set(dues), f"lost {len(set(dues) - set(counts))}"
-    assert set(counts.values()) == {1}, "duplicates on the exec topic"
+    assert max(counts.values()) <= 2, "a third copy"
+    copies = sum(n - 1 for n in counts.values())
+    assert copies <= refires, f"{copies} copies on the exec topic, {refires} re-fires counted"
     geo = settings.wheel
     for r in log.records:
         assert r.fired_ms >= r.due_ms, f"{r.job_id} fired early"
@@ -119,11 +125,13 @@ def test_the_owner_of_one_shard_dies_and_the_other_shard_keeps_firing(
         reading.set()
         reader.join(10)
         log.settle(quiet_s=1.5)
-        _check_once_and_in_shard(settings, log, load.dues)
+        refires = survivor.metric("dueflow_emitter_refires_total")
+        assert refires is not None
+        _check_once_and_in_shard(settings, log, load.dues, refires=refires)
         # Shard 0 went on firing: its timers due while shard 1 had no emitter were
-        # fired on time, not after the takeover. Consumers see them once the dead
-        # owner's open transaction is aborted (read_committed stops at it on the
-        # exec partitions it wrote to): at the takeover, which fences it.
+        # fired on time, not after the takeover, and consumers saw them at once:
+        # without transactions nothing of the dead owner holds a read_committed
+        # reader back.
         window = (killed_ms + 200, taken_ms - 200)
         during = [r for r in log.records if window[0] <= r.due_ms <= window[1]]
         kept = [r for r in during if _shard_of(settings, r.job_id) == 0]
@@ -136,11 +144,12 @@ def test_the_owner_of_one_shard_dies_and_the_other_shard_keeps_firing(
         bound = min(1_000, (taken_ms - killed_ms) // 2)
         assert p99 < bound, f"shard 0 fired late by p99 {p99} ms while shard 1 failed over"
         assert all(r.fired_ms >= taken_ms - 1_000 for r in stalled), "shard 1 fired by whom?"
-        seen_late = max(r.seen_ms for r in kept) - taken_ms
-        assert seen_late < 2_000, f"shard 0's fires seen {seen_late} ms after the takeover"
+        seen_late = sorted(r.seen_ms - r.due_ms for r in kept)
+        seen_p99 = seen_late[int(len(seen_late) * 0.99) - 1]
+        assert seen_p99 < bound, f"shard 0's fires seen p99 {seen_p99} ms late during the takeover"
         print(
             f"takeover of shard 1 after kill -9: {taken_ms - killed_ms} ms; shard 0 meanwhile: "
-            f"{len(kept)} timers fired, p99 {p99} ms late; seen by {seen_late} ms after it"
+            f"{len(kept)} timers fired, p99 {p99} ms late, seen p99 {seen_p99} ms late"
         )
     finally:
         log.close()
@@ -166,7 +175,10 @@ def test_a_third_emitter_takes_shards_by_handover_without_loss_or_doubles(
             )
         log.wait_for(len(load.dues), timeout_s=40)
         log.settle(quiet_s=1.5)
-        _check_once_and_in_shard(settings, log, load.dues)
+        # A handover commits what was fired; if its commit is refused (a rebalance
+        # going on), the next holder fires again what came after the last one.
+        refires = sum(p.metric("dueflow_emitter_refires_total") or 0 for p in (third, *shard_pair))
+        _check_once_and_in_shard(settings, log, load.dues, refires=refires)
     finally:
         third.stop()
         log.close()

@@ -31,7 +31,13 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+from confluent_kafka.admin import (
+    AdminClient,
+    ClusterMetadata,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
 
 from dueflow.broker.cluster import (
     OFFSETS_TOPIC,
@@ -208,7 +214,7 @@ def test_topics_ensure_replicates_every_topic_three_ways(cluster: LocalCluster) 
     settings = KafkaCluster(cluster.bootstrap, None).settings(prefix, queues="billing:4")
     expected = {s.name for s in topic_layout(settings)}
     assert set(json.loads(res.stdout)["created"]) == expected
-    md = cluster.metadata()
+    md = _metadata_naming(cluster, expected)
     for name in expected:
         parts = md.topics[name].partitions.values()
         assert parts, name
@@ -217,6 +223,20 @@ def test_topics_ensure_replicates_every_topic_three_ways(cluster: LocalCluster) 
     admin = _admin(cluster)
     for f in admin.delete_topics(sorted(expected)).values():
         f.result()
+
+
+def _metadata_naming(c: LocalCluster, topics: set[str], timeout_s: float = 30.0) -> ClusterMetadata:
+    """A metadata answer that names every one of ``topics`` with its partitions. A node
+    learns of a topic created through another node a moment later, so an answer from
+    it may not name the topic yet."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        md = c.metadata()
+        missing = sorted(t for t in topics if t not in md.topics or not md.topics[t].partitions)
+        if not missing:
+            return md
+        assert time.monotonic() < deadline, f"metadata never named {missing}"
+        time.sleep(0.2)
 
 
 def _rdkafka_log(name: str) -> tuple[logging.Logger, list[str]]:

@@ -25,6 +25,7 @@ from dueflow.producers.scheduler import Scheduler
 from dueflow.records import codec
 from tests.conftest import KafkaCluster
 from tests.integration.pipeline_support import QUEUE, Pipeline, Samples, scrape, wait_for
+from tests.integration.test_health_probes import probe, status_of
 from tests.integration.test_worker_processes import group_assignment
 from tests.integration.worker_support import outcomes_of, read_topic
 
@@ -90,7 +91,7 @@ def test_metrics_and_job_logs_of_one_emitter_and_one_worker(pipeline: Pipeline) 
     jobs = schedule(p, plan)
     n = len(jobs)
     outs = final_outcomes(p, jobs)
-    assert Counter(o["state"] for o in outs if o["state"] != "retrying") == {
+    assert Counter(o["state"] for o in outs if o["state"] not in ("retrying", "started")) == {
         "scheduled": 17,  # the client's, one per job
         "succeeded": 16,
         "dead": 1,
@@ -100,12 +101,15 @@ def test_metrics_and_job_logs_of_one_emitter_and_one_worker(pipeline: Pipeline) 
     em = scrape_until(
         em_port,
         "fires of every job",
-        lambda s: s.value("dueflow_fire_lateness_seconds_count", queue=QUEUE) == n,
+        lambda s: (s.value("dueflow_fire_lateness_seconds_count", queue=QUEUE) or 0) >= n,
     )
-    assert em.value("dueflow_fires_total", queue=QUEUE) == n
-    assert em.value("dueflow_fire_lateness_seconds_bucket", queue=QUEUE, le="+Inf") == n
+    # (a takeover after CPU starvation may fire again what came after the last commit)
+    refires = em.value("dueflow_emitter_refires_total") or 0
+    fired = em.value("dueflow_fires_total", queue=QUEUE) or 0
+    assert n <= fired <= n + refires
+    assert em.value("dueflow_fire_lateness_seconds_bucket", queue=QUEUE, le="+Inf") == fired
     # Sane lateness: none early (no negative sum), none later than 10 s on a busy machine.
-    assert em.value("dueflow_fire_lateness_seconds_bucket", queue=QUEUE, le="10.0") == n
+    assert em.value("dueflow_fire_lateness_seconds_bucket", queue=QUEUE, le="10.0") == fired
     lateness_sum = em.value("dueflow_fire_lateness_seconds_sum", queue=QUEUE)
     assert lateness_sum is not None
     assert 0 <= lateness_sum < 10 * n
@@ -114,8 +118,9 @@ def test_metrics_and_job_logs_of_one_emitter_and_one_worker(pipeline: Pipeline) 
     activations = emitter.events("emitter is active")
     assert em.value("dueflow_emitter_failovers_total") == len(activations) >= 1
     assert {e["role"] for e in activations} == {"active"}
-    committed = em.value("dueflow_emitter_transactions_total", result="committed") or 0
+    committed = em.value("dueflow_emitter_offset_commits_total", result="committed") or 0
     assert committed >= 1
+    assert (em.value("dueflow_emitter_transactions_total", result="committed") or 0) == 0
     # Every commit's duration is observed, and none took longer than the 30 s timeout.
     assert em.value("dueflow_emitter_commit_seconds_count") == committed
     assert em.value("dueflow_emitter_commit_seconds_bucket", le="10.0") == committed
@@ -232,6 +237,16 @@ def test_worker_processes_serve_one_merged_view_and_text_logs(pipeline: Pipeline
     assert wk.value("dueflow_job_attempts_total", queue=QUEUE, task="ok") == 30
     assert wk.value("dueflow_job_duration_seconds_count", queue=QUEUE, task="ok") == 30
     assert wk.value("dueflow_jobs_in_flight", queue=QUEUE) == 0  # summed over live children
+
+    # The parent's probes judge its children's published gauges: a series per child,
+    # and the parent's own (ready when the whole is).
+    def all_ready(s: Samples) -> bool:
+        values = [v for n, _l, v in s.rows if n == "dueflow_ready"]
+        return len(values) == 3 and set(values) == {1.0}
+
+    scrape_until(wk_port, "the parent and both children ready", all_ready)
+    assert probe(wk_port, "/readyz") == (200, {"ok": True, "reasons": {}})
+    assert status_of(wk_port, "/livez") == 200
     # Text log lines, for humans: "<time> info    dueflow.worker: job.succeeded  job_id=..."
     text = worker.log()
     assert not worker.json_lines()

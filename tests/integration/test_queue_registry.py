@@ -60,6 +60,7 @@ def test_create_makes_the_topics_then_registers_and_list_and_describe_show_it(
         f"{prefix}.retry.billing.5s",
         f"{prefix}.dlq.billing",
         f"{prefix}.idempotency.billing",
+        f"{prefix}.steering.billing",
     }
     assert created["registered"] is True
     assert set(created["topics_created"]) == topics

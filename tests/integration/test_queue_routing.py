@@ -28,7 +28,7 @@ from confluent_kafka import Producer
 
 from dueflow import headers as hdr
 from dueflow.apps.cli.main import main
-from dueflow.apps.ops.queues import topics_of
+from dueflow.apps.ops.queue_admin import topics_of
 from dueflow.config import QueueSpec, Settings
 from dueflow.consumers import TaskContext, TaskRegistry, task
 from dueflow.errors import UnknownQueue

@@ -1,4 +1,4 @@
-"""The Python example of the README's "Scheduling jobs" section runs as written."""
+"""The Python examples of docs/scheduling.md run as written."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from dueflow.producers import Scheduler
 from tests.conftest import KafkaCluster
 from tests.integration.records import high_watermarks
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "scheduling.md"
 
 
 @pytest.mark.timeout(300)
@@ -27,7 +27,7 @@ def test_readme_python_example(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    section = README.read_text().split("## Scheduling jobs", 1)[1].split("\n## ", 1)[0]
+    section = README.read_text().split("# Scheduling jobs\n", 1)[1].split("\n## ", 1)[0]
     (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
     env = {
         "DUEFLOW_BOOTSTRAP": kafka.bootstrap,

@@ -26,7 +26,9 @@ from dueflow.consumers import TaskRegistry
 from dueflow.consumers.testing import ExecWriter, exec_headers, make_job
 from dueflow.kafka.clients import make_producer
 from dueflow.kafka.topics import names
+from dueflow.producers.steering_commands import command_records
 from dueflow.records import codec
+from dueflow.steering_model import Command
 from dueflow.timeutil import format_utc
 from tests.conftest import KafkaCluster
 from tests.integration.worker_support import (
@@ -94,14 +96,18 @@ def test_replay_runs_what_never_ran_and_skips_what_is_done(
     with WorkerThread(settings, _registry(ledger), queues=[QUEUE]):
         wait_for("the first jobs", lambda: len(ledger.effects()) == 6, 60)
     writer.write(make_job("note", {}, queue=QUEUE, key=f"lost-{i}") for i in range(4))
+    # a command in the range: applied when first read, never replayed
+    cmd = Command(uuid.uuid4().hex, "cancel", "other-job", "other-key", QUEUE, started)
+    (rec,) = command_records(n, cmd, partitions=3)
+    writer.write_raw(QUEUE, rec.key, rec.value, rec.headers, partition=rec.partition or 0)
     writer.flush()
     _skip_to_end(settings)  # the lost jobs will never be read
 
     topic = n.exec(QUEUE)
     dry = _replay(kafka, prefix, capsys, "--topic", topic, "--from", "5m", "--dry-run")
-    assert dry["records"] == 10
+    assert (dry["records"], dry["commands_skipped"]) == (10, 1)
     assert dry["replayed"] == 0
-    assert len(read_topic(settings, topic)) == 10  # nothing written
+    assert len(read_topic(settings, topic)) == 11  # nothing written
 
     with WorkerThread(settings, _registry(ledger), queues=[QUEUE]):
         done = _replay(
@@ -114,7 +120,9 @@ def test_replay_runs_what_never_ran_and_skips_what_is_done(
         **{f"done-{i}": 1 for i in range(6)},
         **{f"lost-{i}": 1 for i in range(4)},
     }
-    records = read_topic(settings, topic)
+    records = [
+        r for r in read_topic(settings, topic) if not hdr.is_command(list(r.headers.items()))
+    ]
     originals = {(r.partition, r.offset): r for r in records if hdr.REPLAYED_FROM not in r.headers}
     copies = [r for r in records if hdr.REPLAYED_FROM in r.headers]
     assert len(copies) == 10

@@ -7,13 +7,16 @@ from typing import Any
 
 import pytest
 
+from dueflow import headers as hdr
 from dueflow.config import Settings
 from dueflow.kafka.topics import names
+from dueflow.producers import bulk as bulk_module
 from dueflow.producers.aio import AsyncScheduler
 from dueflow.producers.scheduler import Scheduler
 from dueflow.records import codec
 from tests.conftest import KafkaCluster
-from tests.integration.records import read_all
+from tests.integration.records import headers_of, read_all
+from tests.integration.worker_support import decode_outcome
 from tests.support.emitters import ensure_topics
 
 WHEEL = {"levels": "10x1000,10x5000", "near_partitions": 2, "near_window_ms": 1500}
@@ -28,7 +31,7 @@ def settings(kafka: KafkaCluster, prefix: str) -> Settings:
 
 def outcomes(settings: Settings) -> list[dict[str, Any]]:
     return [
-        codec.decode("outcome", m.value() or b"")
+        decode_outcome(m.value() or b"", hdr.header(m.headers() or [], hdr.SCHEMA))  # type: ignore[arg-type]
         for m in read_all(settings, names(settings).outcomes)
     ]
 
@@ -66,3 +69,37 @@ def test_one_outcome_per_scheduled_job_by_default(settings: Settings) -> None:
     assert first["due_ms"] == one.due_ms
     assert first["attempt"] == 0
     assert all(got[j]["due_ms"] == d for j, d in zip(bulk.job_ids, bulk.due_ms, strict=True) if j)
+
+
+def test_a_bulk_call_writes_one_outcome_per_job_in_bounded_batches(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # batches of 100 jobs: the producer is flushed, then their outcomes are written
+    monkeypatch.setattr(bulk_module, "OUTCOMES_PER_FLUSH", 100)
+    with Scheduler(settings) as s:
+        bulk = s.schedule_many(
+            [{"task": "bulk", "payload": {"i": i}, "delay": 60 + i} for i in range(450)],
+            poll_every=25,
+        )
+    assert bulk.scheduled == 450
+    jobs = {
+        job["job_id"]: job
+        for job in (
+            codec.decode("job", m.value() or b"")
+            for m in read_all(settings, names(settings).timers)
+        )
+    }
+    written = read_all(settings, names(settings).outcomes)
+    assert sorted((m.key() or b"").decode() for m in written) == sorted(jobs)  # one per job
+    for m in written:
+        outcome = decode_outcome(m.value() or b"", hdr.header(headers_of(m), hdr.SCHEMA))
+        job = jobs[outcome["job_id"]]
+        assert outcome["state"] == "scheduled"
+        # when the job was planned, and what its timer says
+        assert outcome["at_ms"] == job["created_ms"]
+        assert (outcome["due_ms"], outcome["idempotency_key"]) == (
+            job["due_ms"],
+            job["idempotency_key"],
+        )
+        assert (outcome["queue"], outcome["task"]) == ("default", "bulk")
+        assert hdr.header(headers_of(m), hdr.CONTENT_HASH) == job["content_hash"].encode()

@@ -26,6 +26,7 @@ from dueflow.rules.wheel import place_timer
 from dueflow.timeutil import from_utc_ms
 from tests.conftest import KafkaCluster
 from tests.integration.records import headers_of, high_watermarks, read_all
+from tests.integration.worker_support import decode_outcome
 from tests.support.emitters import ensure_topics
 
 # A small wheel: 2 near partitions and 2 levels of 10 slots (22 partitions).
@@ -260,7 +261,7 @@ def bad_inputs(clock: FixedClock) -> list[tuple[dict[str, Any], str, str]]:
         ({"max_attempts": 0}, "max_attempts", "an integer from 1"),
         ({"backoff": "linear"}, "backoff", "exponential, fixed or none"),
         ({"payload": object()}, "payload", "JSON-serializable"),
-        ({"payload": b"x" * 1_100_000}, "payload", "max.message.bytes of"),
+        ({"payload": b"x" * 1_100_000}, "payload", "over max.message.bytes 1048588 of"),
         ({"jitter": "soon"}, "jitter", "'30s'"),
     ]
 
@@ -304,15 +305,15 @@ def test_payload_limit_is_the_timer_topics_max_message_bytes(
     settings: Settings, clock: FixedClock
 ) -> None:
     topic = names(settings).timers
-    set_topic_config(settings, topic, "max.message.bytes", "4000")
+    set_topic_config(settings, topic, "max.message.bytes", "20000")
     with Scheduler(settings, clock=clock) as s:
-        ok = s.schedule("t", b"x" * 3_000)
+        ok = s.schedule("t", b"x" * 12_000)
         before = high_watermarks(settings, [topic])
         with pytest.raises(InvalidInput) as info:
-            s.schedule("t", b"x" * 4_000)
+            s.schedule("t", b"x" * 20_000)
         assert info.value.field == "payload"
-        assert "4000 bytes" in str(info.value)
-        assert f"at most 4000 bytes (max.message.bytes of {topic})" in str(info.value)
+        assert str(info.value).startswith("payload: got 20000 bytes: the ")
+        assert f"over max.message.bytes 20000 of {topic}" in str(info.value)
         assert high_watermarks(settings, [topic]) == before
     assert [m.key() for m in timers(settings)] == [ok.job_id.encode()]
 
@@ -381,7 +382,10 @@ def test_cancel_lands_on_the_partition_of_the_exec_record(
         assert (rec["state"], rec["job_id"]) == ("cancelled", f"job-{key}")
         assert idem[key].partition() == exec_partition[key]
         assert rec["content_hash"]
-    decoded = [codec.decode("outcome", m.value() or b"") for m in read_all(settings, n.outcomes)]
+    decoded = [
+        decode_outcome(m.value() or b"", hdr.header(m.headers() or [], hdr.SCHEMA))  # type: ignore[arg-type]
+        for m in read_all(settings, n.outcomes)
+    ]
     cancels = [o for o in decoded if o["state"] == "cancelled"]
     assert sorted(o["job_id"] for o in cancels) == sorted(f"job-{k}" for k in keys)
     assert {o["state"] for o in decoded} == {"scheduled", "cancelled"}  # and the client's own

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from dueflow.broker.ports import free_port
 from dueflow.producers.scheduler import Scheduler
 from tests.conftest import KafkaCluster
 from tests.integration.pipeline_support import QUEUE, Pipeline, scrape, wait_for
-from tests.integration.status_support import ViewProcess
+from tests.integration.status_support import ViewProcess, outcome, write_outcomes
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -104,6 +105,18 @@ def _queue_row(driver: WebDriver) -> list[str]:
     return row
 
 
+def _progress_of(driver: WebDriver, job_id: str) -> tuple[float, str] | None:
+    """The value of the job's progress bar and its cell's text, when it has one."""
+    script = (
+        "const td = document.querySelector("
+        "`#recent-jobs tr[data-job-id='${arguments[0]}'] td.progress`);"
+        "const bar = td ? td.querySelector('progress') : null;"
+        "return bar ? [bar.value, td.textContent] : null;"
+    )
+    got: list[Any] | None = driver.execute_script(script, job_id)
+    return None if got is None else (float(got[0]), str(got[1]))
+
+
 def _click_redrive(driver: WebDriver) -> bool:
     """Click the queue's redrive button once it is enabled (found afresh each try)."""
     try:
@@ -162,6 +175,31 @@ def test_page_follows_a_real_job_to_succeeded_without_reloading(
     )
     until(browser, "the job succeeded", lambda d: _state_of(d, job.job_id) == "succeeded", view)
     assert browser.execute_script("return window.__sameDocument") == "yes", "page was reloaded"
+
+    # A running job's progress (a worker's started outcome with ctx.progress): a bar.
+    now = int(time.time() * 1000)
+    write_outcomes(
+        p.settings,
+        [
+            outcome("running-job", "started", at_ms=now, queue=QUEUE, attempt=1),
+            outcome(
+                "running-job",
+                "started",
+                at_ms=now + 1,
+                queue=QUEUE,
+                attempt=1,
+                progress=0.4,
+                progress_detail=b'{"rows":40}',
+            ),
+        ],
+    )
+    until(browser, "a progress bar at 40%", lambda d: _progress_of(d, "running-job"), view)
+    shown = _progress_of(browser, "running-job")
+    assert shown is not None
+    bar, text = shown
+    assert bar == 0.4
+    assert text.startswith("40%")
+    assert '{"rows":40}' in text
     until(browser, "the doomed job dead", lambda d: _state_of(d, doomed.job_id) == "dead", view)
     texts = _queue_row(browser)
     assert texts[0] == QUEUE

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from dueflow.broker.ports import free_port
 from dueflow.config import Settings
 from dueflow.kafka.clients import make_admin, make_consumer
 from dueflow.kafka.topics import names
+from dueflow.producers.scheduler import Scheduler
 from dueflow.records import codec
 from tests.conftest import KafkaCluster
 from tests.integration.status_support import (
@@ -170,6 +172,53 @@ def test_folds_outcomes_and_answers_over_http(
     assert "job-zzz: unknown: no outcome found" in capsys.readouterr().out
 
 
+@pytest.mark.timeout(150)
+def test_a_jobs_progress_and_result_are_in_its_view(
+    settings: Settings, view: ViewProcess, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What a worker writes for ctx.progress and a handler's return value (Outcome v3):
+    /jobs/{id} has both, the overview's job list the progress but not the result
+    (a result may be large), and dueflow job --result prints it."""
+    t = _now()
+    write_outcomes(
+        settings,
+        [
+            outcome("job-p", "scheduled", at_ms=t),
+            outcome("job-p", "started", at_ms=t + 1_000, attempt=1),
+            outcome(
+                "job-p",
+                "started",
+                at_ms=t + 2_000,
+                attempt=1,
+                progress=0.4,
+                progress_detail=b'{"rows":40}',
+            ),
+        ],
+    )
+    running = view.wait_job("job-p", "started")
+    assert (running["progress"], running["progress_detail"]) == (0.4, {"rows": 40})
+    assert running["started_ms"] == t + 1_000
+    common = ["--bootstrap", settings.bootstrap, "--topic-prefix", settings.topic_prefix]
+    assert main(["job", "job-p", *common, "--url", view.url]) == 0
+    assert 'progress      40% {"rows":40}' in capsys.readouterr().out
+    assert main(["job", "job-p", *common, "--url", view.url, "--result"]) == 1  # not ended
+
+    write_outcomes(
+        settings,
+        [outcome("job-p", "succeeded", at_ms=t + 3_000, attempt=1, result=b'{"total":99}')],
+    )
+    done = view.wait_job("job-p", "succeeded")
+    assert (done["result"], done["result_error"], done["progress"]) == ({"total": 99}, None, 0.4)
+    status, overview = view.get("/api/overview")
+    assert status == 200
+    (listed,) = [j for j in overview["recent_jobs"] if j["job_id"] == "job-p"]
+    assert listed["progress"] == 0.4
+    assert "result" not in listed
+    capsys.readouterr()
+    assert main(["job", "job-p", *common, "--url", view.url, "--result"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"total": 99}
+
+
 @pytest.mark.timeout(200)
 def test_table_survives_a_restart_from_its_changelog(settings: Settings, tmp_path: Path) -> None:
     port = free_port()
@@ -235,20 +284,39 @@ def test_finished_jobs_leave_the_table_after_the_retention(
     t = _now()
     try:
         first.wait_ready()
+        year = 365 * 86_400_000
         write_outcomes(
             settings,
             [
                 outcome("done", "succeeded", at_ms=t, attempt=1),
                 outcome("busy", "started", at_ms=t, attempt=1),
+                # scheduled long ago, due in ten years: pending, never swept
+                outcome("waiting", "scheduled", at_ms=t - year, due_ms=t + 10 * year),
             ],
         )
+        first.wait_job("done", "succeeded")  # (each partition is folded as it is fetched)
         first.wait_job("busy", "started")
-        deadline = time.monotonic() + 30
-        while first.get("/jobs/done")[0] != 404:
-            assert time.monotonic() < deadline, f"finished job never swept:\n{first.log()}"
-            time.sleep(0.2)
+        first.wait_job("waiting", "scheduled")
+        asking = replace(
+            settings, observability=replace(settings.observability, status_url=first.url)
+        )
+        with Scheduler(asking) as s:
+            done = s.status("done")
+            assert done is not None
+            assert (done.state, done.source) == ("succeeded", "status-view")
+            deadline = time.monotonic() + 30
+            while first.get("/jobs/done")[0] != 404:
+                assert time.monotonic() < deadline, f"finished job never swept:\n{first.log()}"
+                time.sleep(0.2)
+            assert s.status("done") is None, "gone after the retention"
+            waiting = s.status("waiting")
+            assert waiting is not None
+            assert (waiting.state, waiting.due_ms) == ("scheduled", t + 10 * year)
         assert first.get("/jobs/busy")[0] == 200, "unfinished jobs stay"
-        assert first.get("/queues")[1]["queues"]["default"]["counts"] == {"started": 1}
+        assert first.get("/queues")[1]["queues"]["default"]["counts"] == {
+            "started": 1,
+            "scheduled": 1,
+        }
     finally:
         assert first.stop() == 0
     second = start_view(
@@ -258,7 +326,11 @@ def test_finished_jobs_leave_the_table_after_the_retention(
         second.wait_ready()
         assert second.get("/jobs/done")[0] == 404, "the removal is in the changelog"
         assert second.get("/jobs/busy")[0] == 200
-        assert second.get("/queues")[1]["queues"]["default"]["counts"] == {"started": 1}
+        assert second.get("/jobs/waiting")[0] == 200
+        assert second.get("/queues")[1]["queues"]["default"]["counts"] == {
+            "started": 1,
+            "scheduled": 1,
+        }
     finally:
         assert second.stop() == 0
 

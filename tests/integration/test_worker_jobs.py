@@ -15,26 +15,33 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import TopicPartition
 
 from dueflow import headers as hdr
 from dueflow.config import Settings
 from dueflow.consumers import TaskContext, TaskRegistry, task
+from dueflow.consumers.outputs import KEY_HEADERS
 from dueflow.consumers.testing import ExecWriter, exec_headers, make_job
 from dueflow.errors import PermanentJobError
 from dueflow.kafka.clients import make_producer
 from dueflow.kafka.topics import names
 from dueflow.observability.metrics import Metrics
 from dueflow.records import codec
-from dueflow.records.fast import decode_key_state
+from dueflow.records.worker_codec import decode_key_state, encode_key_state
+from dueflow.wall_clock import wall_ms
 from tests.conftest import KafkaCluster
 from tests.integration import worker_app
 from tests.integration.worker_support import (
     Ledger,
+    OpenTransaction,
     WorkerThread,
+    commit_offset,
     ensure_topics,
+    logged,
     outcomes_of,
     read_topic,
     wait_for,
+    waits_for_transaction,
 )
 
 QUEUE = "jobs"
@@ -89,7 +96,9 @@ def gauge(metrics: Metrics, name: str, **labels: str) -> float | None:
 
 
 def states_of(outs: list[dict[str, Any]], key: str) -> list[tuple[str, int]]:
-    rows = [o for o in outs if o["idempotency_key"] == key]
+    """The key's outcomes by time; ``started`` left out (a worker's report that an
+    attempt runs long, not a decision)."""
+    rows = [o for o in outs if o["idempotency_key"] == key and o["state"] != "started"]
     rows.sort(key=lambda o: (o["at_ms"], o["attempt"]))
     return [(o["state"], o["attempt"]) for o in rows]
 
@@ -423,6 +432,60 @@ def test_cancelled_keys_are_skipped_before_and_after_the_worker_loaded_them(
     assert states_of(outs, "k-cancelled-late") == [("cancelled", 1)]
 
 
+def test_a_new_owner_waits_for_the_previous_owners_done_record_before_judging_a_copy(
+    kafka: KafkaCluster, prefix: str
+) -> None:
+    """The previous owner ran a job and committed its key ``done`` with its offset, in one
+    transaction, whose markers are written partition by partition: the offset can count
+    as committed while the idempotency partition has no marker yet (its last stable
+    offset is still before the record). Modelled exactly: the ``done`` record in a
+    transaction kept open, the offset committed. A copy of the job behind it (the same
+    key, as a client's retried schedule writes it) is skipped, not run again."""
+    s = queue_settings(kafka, prefix)
+    n = names(s)
+    metrics = Metrics()
+    ran: list[str] = []
+
+    @task("effect", queue=QUEUE)
+    def effect(payload: Any, ctx: TaskContext) -> None:
+        ran.append(ctx.idempotency_key)
+
+    # The previous owner: it made the group (and left).
+    with WorkerThread(s, TaskRegistry([effect])) as previous:
+        wait_for("the previous owner to own its partitions", lambda: previous.assigned() > 0)
+    key = "k-done-before"
+    job = make_job("effect", queue=QUEUE, key=key)
+    write(s, job, job)  # the job, and a copy of it behind
+    first, copy = [r for r in read_topic(s, n.exec(QUEUE)) if r.key == key.encode()]
+    # The previous owner ran the first: its key done, as it writes it,
+    done = encode_key_state(
+        idempotency_key=key, job_id=job.job_id, state="done", at_ms=wall_ms(), attempts=1
+    )
+    record = (n.idempotency(QUEUE), first.partition, key.encode(), done, KEY_HEADERS)
+    with OpenTransaction(s, f"{prefix}.previous-owner", [record]) as previous_txn:
+        # ... and its offset: that marker is written, the other one not yet.
+        commit_offset(
+            s, n.worker_group(QUEUE), TopicPartition(first.topic, first.partition, copy.offset)
+        )
+        with (
+            logged("dueflow.worker") as events,
+            WorkerThread(s, TaskRegistry([effect]), metrics=metrics),
+        ):
+            wait_for(
+                "the new owner to load the partition (it runs the copy, or waits for the "
+                "transaction)",
+                lambda: bool(ran) or waits_for_transaction(events, "keys"),
+            )
+            previous_txn.commit()
+            outs = outcomes(s, until=lambda o: len(states_of(o, key)) == 1)
+    assert ran == [], "the copy of a job done already ran"
+    assert [state for state, _attempt in states_of(outs, key)] == ["duplicate"]
+    assert gauge(metrics, "dueflow_duplicates_skipped_total", queue=QUEUE) == 1
+    waited = gauge(metrics, "dueflow_store_load_wait_seconds_sum", queue=QUEUE, store="keys")
+    assert waited is not None
+    assert waited > 0
+
+
 def test_the_disk_store_remembers_keys_across_restarts(
     kafka: KafkaCluster, prefix: str, tmp_path: Path
 ) -> None:
@@ -493,7 +556,7 @@ def test_a_job_abandoned_at_shutdown_is_redelivered_and_completed_once(
         wait_for("the job running", lambda: len(ledger.runs()) == 1)
     finally:
         worker.stop()
-    assert outcomes(s) == []  # nothing of it was committed
+    assert states_of(outcomes(s), "k-abandoned") == []  # nothing of it was committed
     with WorkerThread(s, TaskRegistry([worker_app.ledger_effect])):
         outs = outcomes(s, until=lambda o: states_of(o, "k-abandoned") == [("succeeded", 1)])
     assert states_of(outs, "k-abandoned") == [("succeeded", 1)]

@@ -24,7 +24,7 @@ from dueflow.config import Settings, load_settings
 from dueflow.consumers.testing import ExecWriter, make_job
 from dueflow.kafka.topics import names
 from dueflow.model import Backoff, BackoffKind
-from dueflow.records.fast import decode_key_state
+from dueflow.records.worker_codec import decode_key_state
 from tests.conftest import KafkaCluster
 from tests.integration.worker_support import (
     Ledger,
@@ -123,9 +123,31 @@ class Processes:
     def stop_all(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:
+                # A supervisor's children run in process groups of their own: by pid.
+                children = _descendants(proc.pid)
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)  # the CLI and any children it started
+                for pid in children:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
                 proc.wait(10)
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (from /proc), children first."""
+    parent_of: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # pid (comm) state ppid ...: comm may hold spaces, so split after ")"
+            text = stat.read_text()
+            parent_of[int(stat.parent.name)] = int(text.rsplit(")", 1)[1].split()[1])
+    found: list[int] = []
+    frontier = [pid]
+    while frontier:
+        below = [child for child, parent in parent_of.items() if parent in frontier]
+        found += below
+        frontier = below
+    return found
 
 
 @pytest.fixture
@@ -428,7 +450,7 @@ def test_the_supervisor_gives_up_on_children_that_die_at_start(procs: Processes)
             "dueflow",
             "worker",
             "--app",
-            "no_such_module_anywhere",
+            "tests.integration.child_refusing_app",
             "--queues",
             QUEUE,
             "--processes",
@@ -444,4 +466,4 @@ def test_the_supervisor_gives_up_on_children_that_die_at_start(procs: Processes)
     _out, err = proc.communicate(timeout=90)
     assert proc.returncode == 1
     assert b"keep dying at start" in err
-    assert b"no_such_module_anywhere" in err  # the children said why
+    assert b"will not load in a worker child" in err  # the children said why

@@ -85,5 +85,5 @@ def test_a_rolling_restart_with_30s_jobs_runs_every_job_exactly_once(
     assert done == Counter(dict.fromkeys(keys, 1))
     # Nothing of it was dead-lettered or retried on the way.
     states = Counter(o["state"] for o in outcomes_of(read_topic(s, names(s).outcomes)))
-    assert set(states) <= {"succeeded", "duplicate"}, states
+    assert set(states) <= {"succeeded", "duplicate", "started"}, states  # started: runs long
     assert "abandoning" not in procs.logs(), "a job was abandoned"

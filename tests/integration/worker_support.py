@@ -3,26 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
+import logging
 import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 
 from dueflow.config import Settings
 from dueflow.consumers import TaskContext, task
 from dueflow.consumers.registry import TaskRegistry
-from dueflow.consumers.worker import Worker
-from dueflow.kafka.clients import make_admin
+from dueflow.consumers.worker_process import Worker
+from dueflow.kafka.clients import make_admin, make_transactional_producer
 from dueflow.kafka.topic_admin import TopicAdmin
 from dueflow.kafka.topics import topic_layout
 from dueflow.observability.metrics import Metrics
 from dueflow.observability.tracing import JobTracer
+from tests.chaos.facts import Dropped
 from tests.conftest import KafkaCluster
 
 # What a worker reads and writes. Not the timer topic: its hundreds of wheel
@@ -32,6 +36,7 @@ WORKER_ROLES = (
     "retry",
     "dlq",
     "idempotency",
+    "steering",
     "outcomes",
     "quarantine",
     "control",
@@ -68,6 +73,79 @@ def wait_for(what: str, predicate: Callable[[], bool], timeout: float = 60.0) ->
         time.sleep(0.05)
 
 
+@contextlib.contextmanager
+def logged(logger: str) -> Iterator[list[logging.LogRecord]]:
+    """The records ``logger`` and its children log meanwhile, at INFO and above (a
+    handler of its own: whatever another test did to dueflow's root logger)."""
+    got: list[logging.LogRecord] = []
+
+    class Kept(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            got.append(record)
+
+    handler = Kept(logging.INFO)
+    log = logging.getLogger(logger)
+    level = log.level
+    log.setLevel(logging.INFO)
+    log.addHandler(handler)
+    try:
+        yield got
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+
+
+def waits_for_transaction(events: list[logging.LogRecord], store: str) -> bool:
+    """Whether a worker said its ``store`` (keys, steering) load waits for a transaction
+    (dueflow.consumers.stable_end)."""
+    return any(
+        r.getMessage() == "store load waits for a transaction" and getattr(r, "store", "") == store
+        for r in events
+    )
+
+
+# (topic, partition, key, value, headers) of a record a test writes
+RawRecord = tuple[str, int, bytes, bytes | None, list[tuple[str, bytes]]]
+
+
+class OpenTransaction:
+    """``records`` written in a transaction left open until :meth:`commit` (aborted on
+    exit otherwise): a previous owner's last transaction whose commit markers have not
+    reached these partitions yet, so their last stable offset is still before them."""
+
+    def __init__(self, settings: Settings, transactional_id: str, records: list[RawRecord]):
+        self._producer = make_transactional_producer(
+            settings, transactional_id, **{"transaction.timeout.ms": 120_000}
+        )
+        self._producer.init_transactions(30)
+        self._producer.begin_transaction()
+        self.committed = False
+        produce: Any = self._producer.produce  # headers: bytes values
+        for topic, partition, key, value, headers in records:
+            produce(topic, value, key, partition, headers=headers)
+        assert self._producer.flush(30) == 0
+
+    def commit(self) -> None:
+        self._producer.commit_transaction(30)
+        self.committed = True
+
+    def __enter__(self) -> OpenTransaction:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.committed:
+            self._producer.abort_transaction(30)
+
+
+def commit_offset(settings: Settings, group: str, tp: TopicPartition) -> None:
+    """Commit ``tp``'s offset for ``group`` (no member in it now), as the partition's
+    previous owner left it."""
+    admin = make_admin(settings)  # kept until its futures are done
+    done = admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(group, [tp])])
+    for fut in done.values():
+        fut.result(30)
+
+
 class Ledger:
     """The side effects handlers make, in a SQLite file the test owns.
 
@@ -84,6 +162,7 @@ class Ledger:
             db.execute(
                 "CREATE TABLE IF NOT EXISTS runs (key TEXT, attempt INTEGER, at REAL, pid INTEGER)"
             )
+            db.execute("CREATE TABLE IF NOT EXISTS marks (key TEXT, value INTEGER, at REAL)")
 
     def _db(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
@@ -105,6 +184,16 @@ class Ledger:
                 "ON CONFLICT(key) DO UPDATE SET count = count + 1",
                 (key,),
             )
+
+    def mark(self, key: str, value: int) -> None:
+        """A number a handler noted about its run (e.g. its process's memory)."""
+        with self._db() as db:
+            db.execute("INSERT INTO marks VALUES (?, ?, ?)", (key, value, time.time()))
+
+    def marks(self) -> list[tuple[str, int, float]]:
+        with self._db() as db:
+            rows = db.execute("SELECT key, value, at FROM marks ORDER BY at").fetchall()
+        return [(str(k), int(v), float(t)) for k, v, t in rows]
 
     def effects(self) -> dict[str, int]:
         with self._db() as db:
@@ -263,7 +352,51 @@ def _caught_up(consumer: Consumer, topic: str, partition: int) -> bool:
     return bool(high <= low or position >= high)
 
 
-def outcomes_of(records: list[Record]) -> list[dict[str, Any]]:
+def decode_outcome(value: bytes, schema: bytes | None) -> dict[str, Any]:
+    """An outcome record's value, read as the version its ``df-schema`` header names."""
     from dueflow.records import codec
 
-    return [codec.decode("outcome", r.value) for r in records if r.value is not None]
+    version = codec.parse_schema_header(schema, expected="outcome")
+    return codec.decode("outcome", value, writer_version=version)
+
+
+def outcomes_of(records: list[Record]) -> list[dict[str, Any]]:
+    return [
+        decode_outcome(r.value, r.headers.get("df-schema")) for r in records if r.value is not None
+    ]
+
+
+# A worker commits a batch within its commit window (the session timeout less a
+# heartbeat) or drops it; a drop later than this after a run is about something else.
+COMMIT_WINDOW_MS = 30_000
+
+
+def forgotten_reruns(
+    runs: Sequence[tuple[str, int, float, int]], drops: Sequence[Dropped]
+) -> set[str]:
+    """The keys run more than once only because a worker forgot what it had not
+    committed: each later run of an attempt follows a drop ("worker restarting queue",
+    "partitions lost") by the process of the run before it, between that run's start
+    and the later one's, within a commit window (``runs``: :meth:`Ledger.runs` rows).
+    Such a run was not committed; whether exactly one run of each job was committed
+    is for the outcomes topic to say."""
+    by_pid: dict[int, list[int]] = {}
+    for drop in drops:
+        by_pid.setdefault(drop.pid, []).append(drop.at_ms)
+    by_attempt: dict[tuple[str, int], list[tuple[float, int]]] = {}
+    for key, attempt, at, pid in runs:
+        by_attempt.setdefault((key, attempt), []).append((at * 1000, pid))
+    doubled: set[str] = set()
+    excused: set[str] = set()
+    for (key, _attempt), seen in by_attempt.items():
+        if len(seen) < 2:
+            continue
+        seen.sort()
+        if all(
+            any(start <= t <= min(later, start + COMMIT_WINDOW_MS) for t in by_pid.get(pid, ()))
+            for (start, pid), (later, _) in itertools.pairwise(seen)
+        ):
+            excused.add(key)
+        else:
+            doubled.add(key)
+    return excused - doubled

@@ -9,13 +9,16 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import orjson
+from prometheus_client.parser import text_string_to_metric_families
 
+from dueflow.broker.ports import free_port
 from dueflow.config import Settings
 from dueflow.kafka.clients import make_admin
 from dueflow.kafka.topic_admin import TopicAdmin
@@ -133,12 +136,14 @@ class EmitterSubprocess:
     log_path: Path
     extra_env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
+    metrics_port: int = field(default_factory=free_port)
 
     def start(self) -> EmitterSubprocess:
         self._log = self.log_path.open("wb")
+        env = {"DUEFLOW_OBSERVABILITY_METRICS_PORT": str(self.metrics_port), **self.extra_env}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dueflow", "emitter"],
-            env=emitter_env(self.settings, self.extra_env),
+            env=emitter_env(self.settings, env),
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -158,6 +163,21 @@ class EmitterSubprocess:
                 if isinstance(doc, dict):
                     out.append(doc)
         return out
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        """A sample of the process's metrics now (None: not there, or no answer)."""
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5
+            ) as resp:
+                text = resp.read().decode()
+        except OSError:
+            return None
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and dict(sample.labels) == labels:
+                    return float(sample.value)
+        return None
 
     def active_count(self) -> int:
         """How many times this process became the active emitter."""

@@ -1,6 +1,7 @@
-"""The README's example files that also run as tests: a ``python`` block whose
-first line is ``# <path>.py`` in a section, and the copy of it in tests/unit
-whose first line says it is the README's."""
+"""The docs' example files that also run as tests: a ``python`` block whose first
+line is ``# <path>.py`` in a section of a docs page, and the copy of it in
+tests/unit whose first line says where it is shown ("# The README's ..." or
+"# docs/<page>'s ...")."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "tests" / "unit"
 
 
-def readme_files(section: str) -> dict[str, list[str]]:
-    """The named python blocks of the README's ``## section``: path -> lines."""
-    text = (ROOT / "README.md").read_text().split(f"## {section}", 1)[1]
+def readme_files(section: str, page: str = "README.md") -> dict[str, list[str]]:
+    """The named python blocks of ``## section`` of ``page`` (a path from the
+    repository's root): path -> lines."""
+    text = (ROOT / page).read_text().split(f"# {section}\n", 1)[1]
     text = text.split("\n## ", 1)[0]
     out = {}
     for chunk in text.split("```python\n")[1:]:
@@ -23,16 +25,17 @@ def readme_files(section: str) -> dict[str, list[str]]:
 
 
 def unit_file(name: str) -> list[str]:
-    """The lines of ``tests/unit/<name>`` after its "# The README's ..." line."""
+    """The lines of ``tests/unit/<name>`` after its "# The README's ..." or
+    "# docs/<page>'s ..." line."""
     lines = (UNIT / name).read_text().splitlines()
-    assert lines[0].startswith("# The README's"), name
+    assert lines[0].startswith(("# The README's", "# docs/")), name
     return lines[1:]
 
 
 def as_in_readme(name: str, module: str, package: str = "myapp") -> list[str]:
     """:func:`unit_file` with its import of ``tests.unit.<module>`` written as the
     README's ``from <package> import <readme name>``."""
-    short = module.removeprefix("readme_")
+    short = module.removeprefix("readme_").removeprefix("docs_")
     return [
         f"from {package} import {short}"
         if line.startswith(f"from tests.unit import {module}")

@@ -18,6 +18,11 @@ SERIAL_GROUPS: dict[str, tuple[str, ...]] = {
     "chaos": ("tests/chaos/test_chaos.py::", "tests/chaos/test_chaos_cluster.py::"),
     # the demos prefer the same broker port
     "demo": ("tests/integration/test_demo.py::",),
+    # the upgrades and the rollback: each runs ten processes of two releases
+    "upgrade": (
+        "tests/integration/test_upgrade.py::",
+        "tests/integration/test_upgrade_steering.py::",
+    ),
 }
 
 

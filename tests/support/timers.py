@@ -43,7 +43,13 @@ def job_value(job_id: str, *, queue: str, due_ms: int, task: str = "t") -> bytes
 
 
 def timer_record(
-    settings: Settings, job_id: str, *, due_ms: int, at_ms: int, queue: str = "default"
+    settings: Settings,
+    job_id: str,
+    *,
+    due_ms: int,
+    at_ms: int,
+    queue: str = "default",
+    task: str = "t",
 ) -> tuple[int, bytes, bytes, list[tuple[str, bytes]]]:
     """``(partition, key, value, headers)`` of a timer placed at ``at_ms``."""
     key = job_id.encode()
@@ -59,7 +65,8 @@ def timer_record(
             (hdr.SCHEMA, codec.schema_header("job")),
         ]
     )
-    return placement.partition, key, job_value(job_id, queue=queue, due_ms=due_ms), headers
+    value = job_value(job_id, queue=queue, due_ms=due_ms, task=task)
+    return placement.partition, key, value, headers
 
 
 def timer_producer(settings: Settings) -> Producer:
@@ -75,13 +82,15 @@ def write_timers(
     *,
     queue: str = "default",
     at_ms: int | None = None,
+    task: str = "t",
 ) -> int:
-    """Write ``(job_id, due_ms)`` timers, placed as of ``at_ms`` (default: now)."""
+    """Write ``(job_id, due_ms)`` timers of ``task``, placed as of ``at_ms`` (default: now)."""
     topic = names(settings).timers
     count = 0
     for job_id, due in timers:
+        at = now_ms() if at_ms is None else at_ms
         part, key, value, headers = timer_record(
-            settings, job_id, due_ms=due, at_ms=now_ms() if at_ms is None else at_ms, queue=queue
+            settings, job_id, due_ms=due, at_ms=at, queue=queue, task=task
         )
         while True:
             try:
@@ -159,6 +168,8 @@ class ExecLog:
             if m.error() is not None:
                 continue
             h = m.headers() or []
+            if hdr.is_command(h):
+                continue  # a command to the partition's owner: nothing the wheel fired
             due = hdr.header_int(h, hdr.DUE)  # type: ignore[arg-type]
             fired = hdr.header_int(h, hdr.FIRED)  # type: ignore[arg-type]
             src = hdr.header_text(h, hdr.SOURCE) or ""  # type: ignore[arg-type]
@@ -201,7 +212,8 @@ class ExecLog:
 
 class TimerLoad:
     """Writes timers due ``min_ahead_ms`` to ``min_ahead_ms + spread_ms`` ahead at about
-    ``rate`` a second for ``seconds``, on a thread; ``dues`` is every one written."""
+    ``rate`` a second for ``seconds`` (or until :meth:`stop`), on a thread; ``dues`` is
+    every one written."""
 
     def __init__(
         self,
@@ -211,24 +223,33 @@ class TimerLoad:
         *,
         min_ahead_ms: int = 0,
         spread_ms: int = 3_000,
+        queue: str = "default",
+        task: str = "t",
     ) -> None:
         self.settings, self.rate, self.seconds = settings, rate, seconds
         self.min_ahead_ms, self.spread_ms = min_ahead_ms, spread_ms
+        self.queue, self.task = queue, task
         self.dues: dict[str, int] = {}
+        self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         producer = timer_producer(self.settings)
         start = time.monotonic()
         i = 0
-        while time.monotonic() - start < self.seconds:
+        while time.monotonic() - start < self.seconds and not self._stop.is_set():
             batch = {}
             for _ in range(self.rate // 20):
                 batch[f"j{i}"] = now_ms() + self.min_ahead_ms + (i * 37) % self.spread_ms
                 i += 1
-            write_timers(producer, self.settings, batch.items())
+            write_timers(producer, self.settings, batch.items(), queue=self.queue, task=self.task)
             self.dues.update(batch)
             time.sleep(0.05)  # pacing of the load generator, not synchronization
+
+    def stop(self) -> None:
+        """Write no more (the batch being written is finished)."""
+        self._stop.set()
+        self.thread.join(60)
 
     def __enter__(self) -> TimerLoad:
         self.thread.start()

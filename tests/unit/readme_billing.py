@@ -1,4 +1,4 @@
-# The README's myapp/billing.py (test_testing_readme.py keeps them equal)
+# docs/testing.md's myapp/billing.py (test_testing_readme.py keeps them equal)
 from typing import Any
 
 from dueflow import TaskContext, task

@@ -1,4 +1,4 @@
-# The README's myapp/orders.py (test_readme_chain.py keeps them equal)
+# docs/handlers.md's myapp/orders.py (test_readme_chain.py keeps them equal)
 from typing import Any
 
 from dueflow import TaskContext, task

@@ -1,13 +1,17 @@
-"""benchmarks.report: every benchmark's JSON becomes a table row, the README section is
-replaced in place, and the charts are written when matplotlib is there."""
+"""benchmarks.report: the newest result of each benchmark becomes a row of the docs'
+benchmarks page, with its date, command, baseline and host load; the committed page is
+what the committed results give; the charts are written when matplotlib is there."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 from pathlib import Path
+from typing import Any
 
-from benchmarks.report import BEGIN, END, main
+from benchmarks import report
+from benchmarks.output import provenance
+from benchmarks.report import main
 
 PCT = {"p50": 10.0, "p95": 20.0, "p99": 30.0, "max": 40.0}
 RESULTS = {
@@ -103,9 +107,7 @@ RESULTS = {
 }
 
 
-def test_the_report_writes_a_row_per_result_and_replaces_the_readme_section(
-    tmp_path: Path,
-) -> None:
+def _results(tmp_path: Path) -> Path:
     results = tmp_path / "results"
     results.mkdir()
     for name, doc in RESULTS.items():
@@ -122,6 +124,7 @@ def test_the_report_writes_a_row_per_result_and_replaces_the_readme_section(
                 },
                 "runs": {
                     "produce": {
+                        "command": "python -m benchmarks.produce --jobs 1000 --rounds 3",
                         "load_before": [3.5, 1, 1],
                         "load_after": [4.0, 1, 1],
                         "date": "2030-01-01 00:00 UTC",
@@ -130,36 +133,65 @@ def test_the_report_writes_a_row_per_result_and_replaces_the_readme_section(
             }
         )
     )
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n\n## Performance\n\n{BEGIN}\nold\n{END}\n\nafter\n")
-    img = tmp_path / "docs" / "img"
-    assert main(["--results", str(results), "--img", str(img), "--readme", str(readme)]) == 0
+    return results
 
-    text = readme.read_text()
-    assert "old" not in text
-    assert text.endswith(f"{END}\n\nafter\n")
-    table = [line for line in text.splitlines() if line.startswith("| ")]
-    assert len(table) == 1 + len(RESULTS)  # the header and one row each
+
+def test_the_page_has_a_row_per_result_with_its_date_command_and_baseline(
+    tmp_path: Path,
+) -> None:
+    results = _results(tmp_path)
+    page = tmp_path / "docs" / "benchmarks.md"
+    page.parent.mkdir()
+    img = tmp_path / "docs" / "img"
+    assert main(["--results", str(results), "--img", str(img), "--page", str(page)]) == 0
+
+    text = page.read_text()
+    rows = [ln for ln in text.splitlines() if ln.startswith("| ") and "---" not in ln]
+    headers = [ln for ln in rows if ln.startswith("| benchmark |")]
+    assert len(rows) - len(headers) == len(RESULTS)  # one row each
+    assert "| 0.50 | 2030-01-01 00:00 UTC | 3.5 → 4.0 |" in text
+    assert "- `python -m benchmarks.produce --jobs 1000 --rounds 3`: schedule (SDK" in text
     assert "| 3.5 → 4.0 |" in text  # host load from host.json
     assert "| 1.0 → 2.0 |" in text  # ... or from the result itself
+    assert "2030-01-02 03:04 UTC" in text  # the result's own date
     assert "12,345 jobs/s; 0 lost, 0 dup; 110 µs CPU/job" in text
     assert "35,000 / 50,000 jobs/s; 15 / 10 µs CPU/job | raw produce 100,000/s | 0.35 / 0.50 |" in (
         text
     )
-    assert "Measured 2030-01-01 on 2 cores (X), 24 GiB" in text
-    assert (results / "summary.md").read_text() in text
+    assert "**Machine**: 2 cores (X), 24 GiB, Python 3.11; broker: local." in text
     if importlib.util.find_spec("matplotlib") is not None:
         for chart in ("throughput", "lateness", "rss"):
             assert (img / f"{chart}.png").stat().st_size > 10_000
-            assert f"![{chart}](docs/img/{chart}.png)" in text
+            assert f"![{chart}](img/{chart}.png)" in text
 
 
-def test_a_readme_without_the_markers_is_left_alone(tmp_path: Path) -> None:
-    results = tmp_path / "results"
-    results.mkdir()
-    (results / "produce.json").write_text(json.dumps(RESULTS["produce"]))
-    readme = tmp_path / "README.md"
-    readme.write_text("no markers\n")
-    args = ["--results", str(results), "--img", str(tmp_path / "img"), "--readme", str(readme)]
-    assert main(args) == 1
-    assert readme.read_text() == "no markers\n"
+def test_the_newest_result_of_a_benchmark_and_configuration_counts(tmp_path: Path) -> None:
+    results = _results(tmp_path)
+    e2e: dict[str, Any] = json.loads(json.dumps(RESULTS["e2e-p2"]))
+    newer = {**e2e, "throughput_jobs_per_s": 54_321}
+    newer["host"] = {**e2e["host"], "date": "2030-02-01 00:00 UTC"}
+    (results / "e2e-p2-again.json").write_text(json.dumps(newer))
+    other = {**e2e, "processes": 1, "throughput_jobs_per_s": 1_111, "host": {"date": "2029"}}
+    (results / "e2e-p1.json").write_text(json.dumps(other))  # another configuration
+    docs, host = report.load(results)
+    kept = report.current(docs, host)
+    assert "e2e-p2-again" in kept
+    assert "e2e-p2" not in kept
+    assert "e2e-p1" in kept
+    page = report.page(kept, host)
+    assert "54,321 jobs/s" in page
+    assert "12,345 jobs/s" not in page
+
+
+def test_the_committed_page_is_what_the_committed_results_give() -> None:
+    docs, host = report.load(report.RESULTS)
+    assert report.PAGE.read_text() == report.page(report.current(docs, host), host), (
+        "docs/benchmarks.md is stale: run `python -m benchmarks.report`"
+    )
+
+
+def test_a_result_written_by_a_benchmark_says_when_and_how_it_was_measured() -> None:
+    got = provenance(["/x/benchmarks/e2e.py", "--jobs", "10", "--json", "out.json", "--runs=2"])
+    assert got["command"] == "python -m benchmarks.e2e --jobs 10 --runs=2"
+    assert got["date"].endswith(" UTC")
+    assert got["machine"]["cpus"] >= 1

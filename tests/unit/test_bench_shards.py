@@ -101,9 +101,10 @@ def test_table_rows_one_per_configuration_and_the_failover() -> None:
         "failover": {
             "takeover_s": 3.4,
             "shard0_fire_lateness_ms": {"before": _late(1), "during": _late(2)},
-            "shard0_seen_lateness_ms": {"during": _late(900)},
+            "shard0_seen_lateness_ms": {"before": _late(3), "during": _late(4)},
             "lost": 0,
-            "duplicates": 0,
+            "copies": 12,
+            "refires": 40.0,
             "timers": 24_000,
         },
     }
@@ -115,7 +116,8 @@ def test_table_rows_one_per_configuration_and_the_failover() -> None:
     )
     assert rows["drain 2x2 errors"] == "2 x emitter error: CONCURRENT_TRANSACTIONS"
     assert rows["shard 0 fired-due outage"] == "p50 2 / p95 2 / p99 2 / max 2 ms"
-    assert rows["failover lost/duplicates"] == "0 / 0 of 24,000"
+    assert rows["shard 0 seen-due outage"] == "p50 4 / p95 4 / p99 4 / max 4 ms"
+    assert rows["failover lost / copies (refires)"] == "0 / 12 (40) of 24,000"
     del result["failover"]
     result["drain"][0]["emitter_errors"] = {}
     assert list(table_rows(result)) == ["baseline (raw)", "drain 2x2"]

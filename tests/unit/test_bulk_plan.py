@@ -3,7 +3,7 @@
 ``BulkPlanner.plan`` computes per call what repeats between jobs and skips the
 recent-jobs claim for ids it draws; on any request, valid or not, it must
 give the same record (bytes, headers, partition), the same error, or the same
-earlier result as ``TimerPlanner._plan_general``, and leave the recent-jobs
+earlier result as ``TimerPlanner.plan``, and leave the recent-jobs
 memory the same once its drawn ids are remembered.
 """
 
@@ -25,7 +25,8 @@ from dueflow.producers.recent import RecentJobs
 from dueflow.producers.results import Scheduled
 from dueflow.records.codec import decode
 from dueflow.records.job_request import JobRequest
-from tests.unit.test_planner import NOW, PLAIN, SETTINGS
+from dueflow.records.size_budget import RecordTooLarge
+from tests.unit.test_planner import KNOWN, NOW, PLAIN, SETTINGS
 
 
 def planner(
@@ -57,11 +58,15 @@ def outcome(f: Any) -> Any:
         job, rec = got
         return (
             "planned",
-            (job.job_id, job.due_ms, job.queue, job.task, job.idempotency_key),
+            (job.job_id, job.due_ms, job.queue, job.task, job.idempotency_key, job.content_hash),
             (rec.partition, rec.key, rec.value, rec.headers),
         )
-    job_id, due_ms, queue, task, key, partition, key_bytes, value, headers = got
-    return ("planned", (job_id, due_ms, queue, task, key), (partition, key_bytes, value, headers))
+    job_id, due_ms, queue, task, key, partition, key_bytes, value, headers, chash = got
+    return (
+        "planned",
+        (job_id, due_ms, queue, task, key, chash),
+        (partition, key_bytes, value, headers),
+    )
 
 
 REQUESTS = st.one_of(
@@ -80,18 +85,39 @@ REQUESTS = st.one_of(
 
 
 @settings(max_examples=600, deadline=None)
-@given(reqs=st.lists(REQUESTS, min_size=1, max_size=6), now=st.integers(0, 4 * 10**12))
-def test_property_bulk_planner_equals_the_general_path(reqs: list[JobRequest], now: int) -> None:
+@given(
+    reqs=st.lists(REQUESTS, min_size=1, max_size=6),
+    now=st.integers(0, 4 * 10**12),
+    known=st.booleans(),
+)
+def test_property_bulk_planner_equals_the_general_path(
+    reqs: list[JobRequest], now: int, known: bool
+) -> None:
     # one id per draw: ids drawn in bulk and one by one come in the same order
-    fast, general = planner(counting_bytes(), batch=1), planner(counting_bytes(), batch=1)
+    rules = KNOWN if known else None
+    fast = planner(counting_bytes(), batch=1, rules=rules)
+    general = planner(counting_bytes(), batch=1, rules=rules)
     bulk = BulkPlanner(fast)
     for i, req in enumerate(reqs):
         at = now + i
         got = outcome(lambda r=req, t=at: bulk.plan(r, t))
-        assert got == outcome(lambda r=req, t=at: general._plan_general(r, t, ()))
+        assert got == outcome(lambda r=req, t=at: general.plan(r, now_ms=t))
     bulk.remember()
+    assert len(fast.recent) == len(general.recent)  # puts the remembered ones in place
     assert sorted(fast.recent._young.items()) == sorted(general.recent._young.items())
     assert sorted(fast.recent._old.items()) == sorted(general.recent._old.items())
+
+
+def test_a_task_the_app_does_not_declare_is_refused() -> None:
+    bulk = BulkPlanner(planner(rules=KNOWN))
+    with pytest.raises(InvalidInput) as info:
+        bulk.plan(JobRequest("sned_email", {}), NOW)
+    assert info.value.field == "task"
+    assert "did you mean 'send_email'" in str(info.value)
+    assert (bulk.pending_ids, bulk.pending) == ([], [])
+    # declared, or named by the route table
+    assert not isinstance(bulk.plan(JobRequest("send_email", {}), NOW), Scheduled)
+    assert bulk.plan(JobRequest("routed-t", {}), NOW)[2] == "billing"
 
 
 def test_drawn_ids_are_uuid7_in_order_and_new() -> None:
@@ -147,12 +173,41 @@ def test_a_failed_write_is_forgotten() -> None:
 
 
 def test_payload_over_the_topic_limit_is_refused() -> None:
-    bulk = BulkPlanner(planner(max_record_bytes=600))
-    with pytest.raises(InvalidInput) as info:
-        bulk.plan(JobRequest("t", b"x" * 600), NOW)
+    bulk = BulkPlanner(planner(max_record_bytes=6_000))
+    with pytest.raises(RecordTooLarge) as info:
+        bulk.plan(JobRequest("t", b"x" * 6_000), NOW)
     assert info.value.field == "payload"
-    assert "a timer record of at most 600 bytes" in str(info.value)
-    assert bulk.pending == []
+    assert "over max.message.bytes 6000 of dueflow.timers" in str(info.value)
+    fits = info.value.max_payload
+    assert 0 < fits < 6_000
+    assert str(info.value).endswith(f"; accepted: at most {fits} bytes of payload")
+    assert (bulk.pending_ids, bulk.pending) == ([], [])
+    # the most that fits is accepted, one byte more is not (as the planner says)
+    assert not isinstance(bulk.plan(JobRequest("t", b"x" * fits), NOW), Scheduled)
+    with pytest.raises(RecordTooLarge):
+        bulk.plan(JobRequest("t", b"x" * (fits + 1)), NOW)
+
+
+@pytest.mark.parametrize("payload", ["bytes", "json"])
+def test_at_the_size_budget_bulk_and_general_refuse_and_accept_alike(payload: str) -> None:
+    # every size around the most the budget lets through: the same plan or the
+    # same RecordTooLarge (field, figures, accepted), with and without a job id
+    with pytest.raises(RecordTooLarge) as info:
+        BulkPlanner(planner(max_record_bytes=6_000)).plan(JobRequest("t", b"x" * 6_000), NOW)
+    fits = info.value.max_payload
+    fast = planner(counting_bytes(), batch=1, max_record_bytes=6_000)
+    general = planner(counting_bytes(), batch=1, max_record_bytes=6_000)
+    bulk = BulkPlanner(fast)
+    refused = 0
+    sizes = range(fits - 30, fits + 20)  # a JSON content type is 8 bytes shorter
+    for i, size in enumerate(sizes):
+        body: Any = b"x" * size if payload == "bytes" else {"p": "x" * (size - 8)}
+        for job_id in (None, f"id-{i:028d}"):
+            req = JobRequest("t", body, job_id=job_id, delay=60)
+            got = outcome(lambda r=req, t=NOW + i: bulk.plan(r, t))
+            assert got == outcome(lambda r=req, t=NOW + i: general.plan(r, now_ms=t))
+            refused += got[0] == "error"
+    assert 0 < refused < 2 * len(sizes)  # both sides of the limit were tried
 
 
 class FakeProducer:

@@ -33,7 +33,8 @@ def test_cancel_writes_idempotency_state_and_outcome() -> None:
     }
     assert codec.parse_schema_header(hdr.header(idem.headers, hdr.SCHEMA), expected="idempotency")
     assert (outcome.topic, outcome.key) == ("df.outcomes", b"j-1")
-    got = codec.decode("outcome", outcome.value or b"")
+    version = codec.parse_schema_header(hdr.header(outcome.headers, hdr.SCHEMA), expected="outcome")
+    got = codec.decode("outcome", outcome.value or b"", writer_version=version)
     assert (got["state"], got["task"], got["due_ms"], got["at_ms"]) == (
         "cancelled",
         "charge",

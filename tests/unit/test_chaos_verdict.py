@@ -25,7 +25,7 @@ from tests.chaos.facts import (
 )
 from tests.chaos.ledger import Effect, Run
 from tests.chaos.verdict import broken, judge, unfinished
-from tests.chaos.workload import Accepted, CronRun, plan_jobs
+from tests.chaos.workload import Accepted, CronRun, Steered, plan_jobs, plan_steering
 
 T = 1_700_000_000_000  # a whole second: cron "*/2 * * * * *" fires on it
 CRON = [T, T + 2000, T + 4000, T + 6000]  # expected: after added + 2 s, before deletion - 3 s
@@ -517,7 +517,20 @@ def test_a_run_of_the_next_attempt_after_a_retrying_outcome_is_fine() -> None:
 def test_a_one_shot_job_fired_twice_is_a_double_fire_unless_resent() -> None:
     got = judge(plus("fires", Fire("a", "a")))
     assert (got["double_fires"], got["double_fire_keys"]) == (1, ["a"])
+    assert got["fires_per_key_max"] == 2
     assert judge(plus("fires", Fire("a", "a", resent=True)))["double_fires"] == 0
+
+
+def test_a_double_fire_is_legitimate_but_its_second_run_is_not() -> None:
+    """Firing without transactions, a takeover fires copies: the run passes as long
+    as the copy is not run again (workers skip it)."""
+    assert broken(judge(plus("fires", Fire("a", "a")))) == []
+    fields = clean()
+    fields["fires"] = [*fields["fires"], Fire("a", "a")]
+    fields["runs"] = [*fields["runs"], run("a", 1, T + 20, pid=2)]  # the copy, run too
+    got = judge(Evidence(**fields))
+    assert got["unexcused"] == 1
+    assert broken(got) == ["unexcused = 1"]
 
 
 def test_a_cron_occurrence_fired_twice_is_a_double_fire() -> None:
@@ -599,3 +612,145 @@ def test_the_workload_plan_is_reproducible_and_covers_every_kind() -> None:
     assert {j.kind for j in one} == {"ok", "flaky", "doomed", "permanent"}
     assert all(j.send_at_s + j.delay_s <= 200 for j in one)
     assert max(j.delay_s for j in one) > 40  # beyond the wheel's top level
+
+
+# ------------------------------------------------------------------ steering
+
+
+def steered_run(key: str, started: int, *, version: str | None = None, v: int | None = None) -> Run:
+    return Run(key, key, "chaos-ok", 1, started, T, T, 1, started + 10, "ok", version, v)
+
+
+def steering(
+    *commands: Steered, runs: list[Run] | None = None, outcomes: list[Outcome]
+) -> Evidence:
+    """The clean evidence plus job ``s`` (due at T + 5 s) steered by ``commands``."""
+    ev = plus("accepted", Accepted("s", "ok", T + 5_000, T + 5_000, "chaos-ok"))
+    return replace(
+        ev,
+        steered=list(commands),
+        runs=[*ev.runs, *(runs or [])],
+        outcomes=[*ev.outcomes, *outcomes],
+    )
+
+
+def cmd(
+    op: str, *, acked: int = T + 1_000, new: int = T + 5_000, state: str = "accepted"
+) -> Steered:
+    return Steered("s", op, acked - 5, acked, T + 5_000, new, state)
+
+
+def test_a_job_cancelled_before_its_due_time_that_never_ran_breaks_nothing() -> None:
+    ev = steering(cmd("cancel"), outcomes=[out("s", "cancelled", 1, T + 1_010)])
+    got = judge(ev)
+    assert broken(got) == []
+    assert got["steered"] == {"cancel accepted": 1}
+    assert got["steered_binding"] == {"cancel": 1}
+    assert unfinished(ev) == []
+
+
+def test_a_job_cancelled_before_its_due_time_that_ran_breaks_the_rule() -> None:
+    ev = steering(
+        cmd("cancel"),
+        runs=[steered_run("s", T + 5_010)],
+        outcomes=[out("s", "cancelled", 1, T + 1_010), out("s", "succeeded", 1, T + 5_030)],
+    )
+    got = judge(ev)
+    assert got["steer_cancel_ran"] == 1
+    assert "steer_cancel_ran = 1" in broken(got)
+    # without its cancelled outcome it is unconfirmed too, and not finished
+    ev = steering(cmd("cancel"), outcomes=[])
+    got = judge(ev)
+    assert got["steer_cancel_unconfirmed"] == 1
+    assert got["lost_keys"] == ["s"]
+    assert unfinished(ev) == ["s"]
+
+
+def test_a_cancel_acknowledged_after_the_due_time_may_lose_the_race() -> None:
+    late = cmd("cancel", acked=T + 5_500)
+    ran = steering(
+        late, runs=[steered_run("s", T + 5_010)], outcomes=[out("s", "succeeded", 1, T + 5_030)]
+    )
+    assert broken(judge(ran)) == []
+    held = steering(late, outcomes=[out("s", "cancelled", 1, T + 5_510)])
+    assert broken(judge(held)) == []
+    # a call that failed may or may not have written its command: the same
+    unknown = cmd("cancel", state="unknown")
+    assert broken(judge(replace(ran, steered=[unknown]))) == []
+    assert broken(judge(replace(held, steered=[unknown]))) == []
+
+
+def test_a_job_moved_later_runs_its_new_version_at_its_new_time() -> None:
+    move = cmd("later", new=T + 9_000)
+    good = steering(
+        move,
+        runs=[steered_run("s", T + 9_010, version="v1")],
+        outcomes=[out("s", "rescheduled", 1, T + 1_010), out("s", "succeeded", 1, T + 9_030)],
+    )
+    assert broken(judge(good)) == []
+    # its original timer ran (at the old time): the old version ran, and early
+    old = replace(good, runs=[*good.runs[:-1], steered_run("s", T + 5_010)])
+    got = judge(old)
+    assert got["steer_ran_old"] == 1
+    assert got["early"] == 1
+    assert "steer_ran_old = 1" in broken(got)
+    # the new version, before its new time: early
+    rushed = replace(good, runs=[*good.runs[:-1], steered_run("s", T + 8_000, version="v1")])
+    got = judge(rushed)
+    assert (got["early"], got["steer_ran_old"]) == (1, 0)
+
+
+def test_a_job_moved_earlier_runs_at_its_new_time_not_its_old_one() -> None:
+    move = cmd("earlier", new=T + 3_000)
+    good = steering(
+        move,
+        runs=[steered_run("s", T + 3_010, version="v1")],
+        outcomes=[out("s", "rescheduled", 1, T + 1_010), out("s", "succeeded", 1, T + 3_030)],
+    )
+    assert broken(judge(good)) == []
+    old = replace(good, runs=[*good.runs[:-1], steered_run("s", T + 5_010)])
+    assert judge(old)["steer_ran_old"] == 1
+    # a move acknowledged after the due time binds nothing: either time is right
+    late = steering(
+        cmd("earlier", acked=T + 5_100, new=T + 6_000),
+        runs=[steered_run("s", T + 5_010)],
+        outcomes=[out("s", "succeeded", 1, T + 5_030)],
+    )
+    assert broken(judge(late)) == []
+
+
+def test_a_job_updated_before_its_due_time_runs_the_new_payload() -> None:
+    good = steering(
+        cmd("update"),
+        runs=[steered_run("s", T + 5_010, version="v1", v=2)],
+        outcomes=[out("s", "updated", 1, T + 1_010), out("s", "succeeded", 1, T + 5_030)],
+    )
+    assert broken(judge(good)) == []
+    old = replace(good, runs=[*good.runs[:-1], steered_run("s", T + 5_010)])
+    got = judge(old)
+    assert got["steer_ran_old"] == 1
+    assert got["steer_problems"] == [{"key": "s", "rule": "updated, ran the old payload"}]
+
+
+def test_a_command_the_sdk_refused_changes_nothing() -> None:
+    ev = steering(
+        cmd("cancel", state="refused"),
+        runs=[steered_run("s", T + 5_010)],
+        outcomes=[out("s", "succeeded", 1, T + 5_030)],
+    )
+    got = judge(ev)
+    assert broken(got) == []
+    assert got["steered_binding"] == {}
+
+
+def test_steering_is_planned_for_waiting_jobs_that_succeed_only() -> None:
+    jobs = plan_jobs(rng=random.Random(3), duration_s=600, rate_per_s=8)
+    planned = plan_steering(jobs, rng=random.Random(4))
+    by_n = {j.n: j for j in jobs}
+    assert planned
+    assert {s.op for s in planned} == {"cancel", "later", "earlier", "update"}
+    for s in planned:
+        job = by_n[s.n]
+        assert job.kind == "ok"
+        assert job.delay_s >= 3.0
+        assert job.send_at_s < s.at_s <= job.send_at_s + job.delay_s - 1.5

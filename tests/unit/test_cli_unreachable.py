@@ -20,6 +20,7 @@ from collections.abc import Iterator
 import pytest
 
 from dueflow.apps.cli.main import EXIT_UNREACHABLE, build_parser, main
+from tests.support.stderr_lines import own_lines
 
 UNREACHABLE = "127.0.0.1:1"
 LIMIT_S = 5.0
@@ -38,6 +39,7 @@ SAMPLE = {
     "start": "0",
     "partitions": "3",
     "at": "2030-01-01T00:00:00Z",
+    "payload": '{"user": 42}',
 }
 # What a command needs besides its required arguments to pass its input checks.
 EXTRA: dict[tuple[str, ...], list[str]] = {
@@ -45,6 +47,7 @@ EXTRA: dict[tuple[str, ...], list[str]] = {
     ("worker",): ["--queues", "emails"],
     ("dlq", "redrive"): ["--all"],
     ("cron", "update"): ["--cron", "0 4 * * *"],
+    ("queue", "finalize"): ["default"],
 }
 
 
@@ -118,7 +121,7 @@ def test_unreachable_cluster_fails_fast_with_one_line(
     code = main(argv)
     elapsed = time.monotonic() - started
     out, err = capfd.readouterr()
-    lines = err.splitlines()
+    lines = own_lines(err, UNREACHABLE)
     assert code == EXIT_UNREACHABLE, err
     refused = f"Connect to ipv4#{UNREACHABLE} failed: Connection refused"
     waited = (
@@ -158,6 +161,18 @@ def test_the_installed_command_fails_fast_as_a_process(argv: list[str]) -> None:
     assert len(proc.stderr.splitlines()) == 1, proc.stderr
     assert proc.stderr.startswith(f"dueflow: cannot reach the Kafka cluster at {UNREACHABLE}")
     assert elapsed < LIMIT_S + 1  # plus the interpreter's start
+
+
+def test_the_status_commands_do_not_import_the_sdk() -> None:
+    """``dueflow status`` and ``dueflow job`` start without ``dueflow.producers`` (the
+    whole SDK: a second more of a loaded host's start); ``job --result`` imports it
+    when it runs."""
+    code = (
+        "import sys, dueflow.apps.cli.status_cmd; "
+        "print(sorted(m for m in sys.modules if m.startswith('dueflow.producers')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_the_message_names_the_flag_when_the_flag_set_it(

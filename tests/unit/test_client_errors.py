@@ -16,7 +16,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from dueflow.config import load_settings
 from dueflow.consumers import committer as committer_module
 from dueflow.consumers.committer import Batch, CommitFailed, TransactionalCommitter
-from dueflow.consumers.runtime import _passing
+from dueflow.consumers.connection import passing as _passing
 from dueflow.errors import FencedError, KafkaOperationError
 from dueflow.streams.emitter.outbox import Outbox
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dueflow.rules.clock import ClockOffset
+from dueflow.rules.clock_offset import ClockOffset
 
 BROKER_START = 1_800_000_000_000
 

@@ -54,10 +54,12 @@ def test_ranges_to_count() -> None:
         ("p.retry.billing.1s", 0): Watermarks(0, 4),
         ("p.timers", 0): Watermarks(0, 3),
         ("p.timers", 1): Watermarks(0, 3),
+        ("p.timers", 2): Watermarks(0, 3),
     }
     committed = {
         "p.worker.billing": {("p.exec.billing", 0): 1, ("p.exec.billing", 1): 11},
-        "p.emitter.offsets": {("p.timers", 0): 3},  # the timer offsets group
+        "p.emitter.offsets": {("p.timers", 0): 3, ("p.timers", 2): 1},  # in transactions
+        "p.emitter": {("p.timers", 2): 3},  # the lease group: without them (the higher counts)
     }
     assert ranges_to_count(s, marks, committed, up_to=100) == {
         ("p.dlq.billing", 0): 5,

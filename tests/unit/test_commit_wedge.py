@@ -18,8 +18,8 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from dueflow.consumers import committer as committer_mod
+from dueflow.consumers.commit_loop import CommitLoop
 from dueflow.consumers.committer import Batch, TransactionalCommitter
-from dueflow.consumers.runtime import QueueRuntime
 from dueflow.kafka.blocking import ClientWedged, DaemonThreadExecutor
 
 
@@ -78,21 +78,21 @@ def test_the_committer_says_wedged_once_the_call_runs_past_its_timeout_and_grace
     assert not TransactionalCommitter.wedged(c)  # the call returned
 
 
-def runtime(deadline_s: float) -> Any:
-    rt: Any = object.__new__(QueueRuntime)
-    rt._loop = asyncio.get_running_loop()
-    rt._txn_thread = DaemonThreadExecutor("test-txn")
-    rt._commit_deadline_s = deadline_s
-    return rt
+def commit_loop(deadline_s: float) -> Any:
+    loop: Any = object.__new__(CommitLoop)
+    loop._loop = asyncio.get_running_loop()
+    loop.txn_thread = DaemonThreadExecutor("test-txn")
+    loop.deadline_s = deadline_s
+    return loop
 
 
 def test_the_worker_gives_a_wedged_commit_up_when_the_committer_says_so() -> None:
     async def main() -> float:
-        rt = runtime(deadline_s=30.0)
+        rt = commit_loop(deadline_s=30.0)
         release = threading.Event()
         since = time.monotonic()
         with pytest.raises(ClientWedged, match="send_offsets_to_transaction ran past"):
-            await QueueRuntime._in_txn_thread(
+            await CommitLoop.in_txn_thread(
                 rt, release.wait, 30, wedged=lambda: time.monotonic() - since > 0.5
             )
         release.set()
@@ -104,12 +104,12 @@ def test_the_worker_gives_a_wedged_commit_up_when_the_committer_says_so() -> Non
 
 def test_a_commit_that_returns_is_not_wedged_and_a_silent_one_ends_at_the_deadline() -> None:
     async def main() -> tuple[Any, float]:
-        rt = runtime(deadline_s=1.0)
-        got = await QueueRuntime._in_txn_thread(rt, lambda: "committed", wedged=lambda: False)
+        rt = commit_loop(deadline_s=1.0)
+        got = await CommitLoop.in_txn_thread(rt, lambda: "committed", wedged=lambda: False)
         release = threading.Event()
         since = time.monotonic()
         with pytest.raises(ClientWedged, match="did not return within 1 s"):
-            await QueueRuntime._in_txn_thread(rt, release.wait, 30, wedged=lambda: False)
+            await CommitLoop.in_txn_thread(rt, release.wait, 30, wedged=lambda: False)
         release.set()
         return got, time.monotonic() - since
 

@@ -77,10 +77,33 @@ def test_queues_from_env_text() -> None:
         ({"emitter": {"nope": 1}}, "emitter.nope", "known settings"),
         ({"observability": {"log_format": "xml"}}, "observability.log_format", "'json'"),
         ({"observability": {"job_log": "some"}}, "observability.job_log", "'failures'"),
+        ({"observability": {"status_store": "disk"}}, "observability.status_store", "'memory'"),
+        ({"observability": {"status_hot_jobs": 0}}, "observability.status_hot_jobs", ">= 1"),
+        (
+            {"observability": {"status_lookup_timeout_ms": -1}},
+            "observability.status_lookup_timeout_ms",
+            ">= 1",
+        ),
         ({"wheel": {"near_window_ms": 1000}}, "wheel.near_window_ms", "lookahead"),
         ({"wheel": {"levels": [[64, 1000], [64, 3_600_000]]}}, "wheel.levels[1]", "level 0"),
         ({"emitter": {"batch_min_ms": 200}}, "emitter.batch_min_ms", "batch_max_ms (100)"),
         ({"emitter": {"batch_min_ms": -1}}, "emitter.batch_min_ms", "from 0"),
+        ({"worker": {"max_memory": "lots"}}, "worker.max_memory", "a number with a unit"),
+        ({"worker": {"max_memory": "1MiB"}}, "worker.max_memory", "16 MiB"),
+        ({"worker": {"max_memory_hard": "1GiB"}}, "worker.max_memory_hard", "max_memory is unset"),
+        (
+            {"worker": {"max_memory": "1GiB", "max_memory_hard": "1GiB"}},
+            "worker.max_memory_hard",
+            "more bytes than worker.max_memory",
+        ),
+        ({"worker": {"watchdog_interval_s": -1}}, "worker.watchdog_interval_s", ">= 0"),
+        ({"worker": {"watchdog_restart_s": 0}}, "worker.watchdog_restart_s", "> 0"),
+        ({"worker": {"watchdog_stall_s": 0}}, "worker.watchdog_stall_s", "> 0"),
+        (
+            {"worker": {"max_memory": "1GiB", "watchdog_interval_s": 0}},
+            "worker.watchdog_interval_s",
+            "while worker.max_memory is set",
+        ),
     ],
 )
 def test_validation_errors_name_the_setting(
@@ -108,3 +131,19 @@ def test_unknown_queue_lookup_names_the_choices() -> None:
     s = Settings()
     with pytest.raises(ConfigError, match=r"\['default'\]"):
         s.queue("billing")
+
+
+def test_worker_memory_limits_from_file_and_env(tmp_path: Path) -> None:
+    assert Settings().worker.max_memory is None  # off by default
+    assert Settings().worker.memory_ceiling is None
+    config = tmp_path / "dueflow.toml"
+    config.write_text('[worker]\nmax_memory = "512MiB"\n')
+    s = load_settings(config_file=config, env={})
+    assert s.worker.max_memory == 512 * 2**20
+    assert s.worker.memory_ceiling == 1024 * 2**20  # twice, unless set
+    s = load_settings(
+        env={"DUEFLOW_WORKER_MAX_MEMORY": "800M", "DUEFLOW_WORKER_MAX_MEMORY_HARD": "1G"}
+    )
+    assert (s.worker.max_memory, s.worker.memory_ceiling) == (800_000_000, 1_000_000_000)
+    s = load_settings(config_file=config, env={"DUEFLOW_WORKER_MAX_MEMORY": ""})
+    assert s.worker.max_memory is None  # the environment unsets it

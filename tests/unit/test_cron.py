@@ -125,9 +125,9 @@ def test_restricted_is_decided_by_value(
         ("* * * * MON-FOO", "day-of-week field 'MON-FOO': 'FOO' is not a number"),
         ("* * * * JAN", "day-of-week field 'JAN': 'JAN' is not a number"),
         ("* * * MON *", "month field 'MON'"),
-        ("*/0 * * * *", "minute field '*/0': step must be an integer >= 1"),
-        ("*/x * * * *", "minute field '*/x': step must be an integer >= 1"),
-        ("*/ * * * *", "step must be an integer >= 1"),
+        ("*/0 * * * *", "minute field '*/0': step must be an integer from 1 to 60"),
+        ("*/x * * * *", "minute field '*/x': step must be an integer from 1 to 60"),
+        ("*/ * * * *", "step must be an integer from 1 to 60"),
         ("5-2 * * * *", "minute field '5-2': range start 5 is after end 2"),
         ("* * * * FRI-MON", "range start 5 is after end 1"),
         ("1,,2 * * * *", "minute field '1,,2': empty list item"),
@@ -148,6 +148,91 @@ def test_parse_errors_name_the_field_and_what_is_wrong(expr: str, message: str) 
     assert info.value.field == "cron"
     assert info.value.value == expr
     assert message in str(info.value)
+
+
+TWENTY_NINES = "9" * 20
+
+
+@pytest.mark.parametrize(
+    ("expr", "message"),
+    [
+        # steps: 1 to the number of values in the field, in as many digits
+        (
+            f"*/{TWENTY_NINES} * * * *",
+            "minute field '*/99999999999999999999': step must be an integer from 1 to 60",
+        ),
+        (f"* * * * * */{TWENTY_NINES}", "day-of-week field"),
+        (f"0/{TWENTY_NINES} * * * * *", "second field"),
+        ("*/61 * * * * *", "second field '*/61': step must be an integer from 1 to 60"),
+        ("*/61 * * * *", "minute field '*/61': step must be an integer from 1 to 60"),
+        ("* */25 * * *", "hour field '*/25': step must be an integer from 1 to 24"),
+        ("* * */32 * *", "day-of-month field '*/32': step must be an integer from 1 to 31"),
+        ("* * * */13 *", "month field '*/13': step must be an integer from 1 to 12"),
+        ("* * * * */9", "day-of-week field '*/9': step must be an integer from 1 to 8"),
+        ("10-50/100 * * * *", "minute field '10-50/100'"),
+        ("5/0005 * * * *", "minute field '5/0005': step must be an integer from 1 to 60"),
+        ("*/" + "9" * 5000 + " * * * *", "minute field '*/9999999999999999999999999999999999999"),
+        # values and range ends: more digits than the field's largest value
+        ("0005 * * * *", "minute field '0005': '0005' has more digits than any value; values 0-59"),
+        (f"{TWENTY_NINES} * * * *", "has more digits than any value; values 0-59"),
+        ("0 0 001 * *", "day-of-month field '001': '001' has more digits than any value"),
+        ("0 0 * 012 *", "month field '012'"),
+        ("0 0 * * 00", "day-of-week field '00'"),
+        ("0 0-0023 * * *", "hour field '0-0023': '0023' has more digits than any value"),
+        (f"1-{TWENTY_NINES} * * * *", "minute field '1-99999999999999999999'"),
+        ("9" * 5000 + " * * * *", "has more digits than any value"),
+        # out of range, including in ranges
+        ("0 0 1-32 * *", "day-of-month field '1-32': values 1-31"),
+        ("0 25-26 * * *", "hour field '25-26': values 0-23"),
+        # a year field is not supported
+        ("0 0 1 1 * 2030", "day-of-week field '2030': '2030' has more digits"),
+        ("0 0 0 1 1 * 2030", "got 7 fields; a year field is not supported"),
+    ],
+)
+def test_absurd_numbers_are_refused_with_the_field_named(expr: str, message: str) -> None:
+    with pytest.raises(InvalidInput) as info:
+        parse_cron(expr)
+    assert info.value.field == "cron"
+    assert message in str(info.value)
+    assert len(str(info.value)) < 800  # a huge field is cut in the message
+
+
+@pytest.mark.parametrize(
+    ("expr", "same_as"),
+    [
+        ("*/60 * * * *", "0 * * * *"),
+        ("*/05 * * * *", "*/5 * * * *"),
+        ("05 * * * *", "5 * * * *"),
+        ("* */24 * * *", "* 0 * * *"),
+        ("* * * * */8", "* * * * 0"),
+    ],
+)
+def test_largest_steps_and_leading_zeros_within_the_digits_are_accepted(
+    expr: str, same_as: str
+) -> None:
+    assert parse_cron(expr) == parse_cron(same_as)
+
+
+@pytest.mark.parametrize(
+    ("expr", "same_as"),
+    [
+        (f"*/{TWENTY_NINES} * * * *", "0 * * * *"),
+        ("*/100 * * * *", "0 * * * *"),
+        ("0005 * * * *", "5 * * * *"),
+        ("10-50/100 * * * *", "10 * * * *"),
+        ("*/" + "9" * 5000 + " * * * *", "0 * * * *"),
+    ],
+)
+def test_stored_schedules_are_read_for_the_values_they_select(expr: str, same_as: str) -> None:
+    """A schedule read back from the topic (written by a client without the strict
+    checks) keeps firing as before: not strict reads its numbers for their values."""
+    assert parse_cron(expr, strict=False) == parse_cron(same_as)
+
+
+def test_lenient_reading_still_refuses_values_out_of_range() -> None:
+    for expr in ("61 * * * *", f"{TWENTY_NINES} * * * *", "*/0 * * * *", "9" * 5000 + " * * * *"):
+        with pytest.raises(InvalidInput):
+            parse_cron(expr, strict=False)
 
 
 def test_parse_rejects_non_strings() -> None:

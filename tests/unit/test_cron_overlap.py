@@ -7,11 +7,11 @@ from typing import Any
 import pytest
 
 from dueflow import headers as hdr
+from dueflow.consumers.feed_states import FeedState
 from dueflow.consumers.feeds import Delivery, PartitionFeed
-from dueflow.consumers.lifecycle import FeedState
 from dueflow.consumers.overlap import OverlapGuard
 from dueflow.consumers.store import MemoryKeyStore
-from dueflow.records.fast import F_SCHEDULE_ID
+from dueflow.records.worker_codec import F_SCHEDULE_ID
 from dueflow.rules.cron_overlap import Admission, OverlapPolicy, admit_occurrence, exec_partition
 from dueflow.rules.partitioning import partition_for_key
 

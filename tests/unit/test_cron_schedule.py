@@ -213,3 +213,12 @@ def test_a_schedule_that_fires_gives_its_first_occurrence(
     overrides: dict[str, Any], first: int
 ) -> None:
     assert first_occurrence(schedule(timezone="UTC", **overrides), now_ms=NOW) == first
+
+
+def test_a_stored_schedule_with_numbers_the_doors_refuse_still_fires() -> None:
+    """A schedule written before the doors refused absurd numbers (``*/100``,
+    ``0009``) is read back from the topic and fires on the values it selects."""
+    stored = schedule(cron="*/100 0009 * * *", timezone="UTC")
+    decoded = codec.decode("schedule", codec.encode("schedule", stored.to_record()))
+    back = CronSchedule.from_record(decoded)
+    assert next_occurrence(back, after_ms=utc("2024-03-01T10:00")) == utc("2024-03-02T09:00")

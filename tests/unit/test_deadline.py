@@ -6,6 +6,7 @@ import pytest
 
 from dueflow.errors import InvalidInput
 from dueflow.rules.deadline import expired, job_deadline, moved_deadline
+from dueflow.rules.wire_bounds import MAX_DUE_MS
 
 DUE = 1_900_000_000_000
 
@@ -50,3 +51,10 @@ def test_a_reschedule_keeps_the_window() -> None:
     assert moved_deadline(DUE + 60_000, old_due_ms=DUE, new_due_ms=DUE + 3_600_000) == (
         DUE + 3_660_000
     )
+
+
+def test_a_deadline_past_the_last_time_is_the_last_time() -> None:
+    """A df-expires past 9999 would be out of range at the worker: the SDK writes the
+    last time a deadline holds instead (no deadline in effect either way)."""
+    assert job_deadline(due_ms=10, expires_ms=None, max_lateness_ms=10**18) == MAX_DUE_MS
+    assert moved_deadline(MAX_DUE_MS, old_due_ms=0, new_due_ms=10**6) == MAX_DUE_MS

@@ -11,18 +11,22 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dueflow import headers as hdr
+from dueflow.consumers.commands import SteeringBook
 from dueflow.consumers.decision import Kind, Verdict, decide
 from dueflow.consumers.failures import permanent
 from dueflow.consumers.feeds import Delivery, PartitionFeed
 from dueflow.consumers.overlap import OverlapGuard
+from dueflow.consumers.steering_store import memory_steering_stores
 from dueflow.consumers.store import CANCELLED, DEAD, DONE, MemoryKeyStore, retried, skips
-from dueflow.reasons import UNDECODABLE
-from dueflow.records.fast import F_DUE_MS, F_SCHEDULE_ID
+from dueflow.reasons import OUT_OF_RANGE, UNDECODABLE
+from dueflow.records.worker_codec import F_DUE_MS, F_SCHEDULE_ID
+from dueflow.steering_model import JobSteering, Outstanding, Patch
 
 KEY = b"order-7"
 NOW = 1_000_000
 DUE = NOW - 5_000  # the job's due time (its value's due_ms)
 BAD = (UNDECODABLE, permanent("UndecodableRecord", "truncated"))
+OUT_OF_RANGE_BAD = (OUT_OF_RANGE, permanent("FieldOutOfRange", "df-expires: b'soon' ..."))
 
 
 @dataclass
@@ -44,6 +48,8 @@ class Case:
     occurrences_running: int = 0  # attempts of the schedule's occurrences running
     occurrence_buffered: bool = False  # one occurrence of the schedule waits already
     now: int = NOW
+    command: bool = False  # a command record (df-kind steer), not a job
+    steered: JobSteering | None = None  # the job's steering state
 
 
 class _Msg:
@@ -60,9 +66,12 @@ def delivery(case: Case, feed: PartitionFeed) -> Delivery:
     d.bad = case.bad
     d.key = case.key
     d.hmap = dict(case.headers)
+    expires = case.headers.get(hdr.EXPIRES)  # as prepare reads it (checked there)
+    d.expires = None if expires is None else int(expires)
     d.attempt = case.attempt
     d.not_before = case.not_before
     d.rechecked = case.rechecked
+    d.command = case.command
     return d
 
 
@@ -82,8 +91,17 @@ def judge(case: Case) -> Verdict:
     pending = {} if case.pending is None else {case.key: case.pending}
     running = {case.key: d} if case.key_running else {}
     before = (copy.copy(guard.running), dict(guard.buffered), dict(pending), store.get(case.key))
+    book = SteeringBook("default", 86_400_000, memory_steering_stores())
+    if case.steered is not None:
+        book.attach(0).put([(case.key, case.steered)])
     verdict = decide(
-        d, store=store, pending=pending, running=running, occurrences=guard, now_ms=case.now
+        d,
+        store=store,
+        pending=pending,
+        running=running,
+        occurrences=guard,
+        now_ms=case.now,
+        steering=book,
     )
     # Pure: nothing it was given has changed.
     after = (guard.running, guard.buffered, pending, store.get(case.key))
@@ -97,8 +115,55 @@ REDRIVEN = {hdr.REDRIVEN_AT: str(NOW - 2_000).encode()}
 SKIP = {hdr.OVERLAP: b"skip"}
 BUFFER_ONE = {hdr.OVERLAP: b"buffer_one"}
 ALLOW = {hdr.OVERLAP: b"allow"}
+V1 = {hdr.VERSION: b"c1"}
+# A job moved by a replace (c1 current) whose original timer is still in the wheel.
+REPLACED = JobSteering(
+    "j", "order-7", current="c1", outstanding=(Outstanding("", DUE), Outstanding("c1", DUE))
+)
+MOVED = JobSteering(
+    "j",
+    "order-7",
+    outstanding=(Outstanding("", DUE),),
+    patch=Patch("c2", DUE + 9, None, None, "c2"),
+)
 
 TABLE: list[tuple[str, Case, Kind]] = [
+    # -- commands to the partition's owner: applied at once, never held
+    ("a command is applied", Case(command=True), Kind.COMMAND),
+    ("a command is never held", Case(command=True, not_before=NOW + 9), Kind.COMMAND),
+    # -- steered jobs (dueflow.rules.steering)
+    ("steered: the original timer of a replaced job", Case(steered=REPLACED), Kind.RESCHEDULED),
+    ("steered: the current version runs", Case(steered=REPLACED, headers=V1), Kind.RUN),
+    (
+        "steered: the current version runs whatever reschedule record of the release before "
+        "the key has (it governs the timers without a version)",
+        Case(steered=REPLACED, headers=V1, run_only_due=DUE - 60_000),
+        Kind.RUN,
+    ),
+    (
+        "steered: the original timer with such a record, after a refused command",
+        Case(steered=JobSteering("j", "order-7"), run_only_due=DUE - 60_000),
+        Kind.RESCHEDULED,
+    ),
+    ("steered: a move waits: redirect", Case(steered=MOVED), Kind.REDIRECT),
+    (
+        "steered: a retry of a moved job's current timer runs",
+        Case(steered=MOVED, attempt=2),
+        Kind.RUN,
+    ),
+    (
+        "steered: cancelled",
+        Case(steered=JobSteering("j", "order-7", cancelled=True, ended="cancelled")),
+        Kind.CANCELLED,
+    ),
+    (
+        "steered: the current version after the job ended",
+        Case(steered=JobSteering("j", "order-7", ended="done", outstanding=(Outstanding("x", 1),))),
+        Kind.DUPLICATE,
+    ),
+    ("a version whose state is gone: superseded", Case(headers=V1), Kind.RESCHEDULED),
+    ("a retry of a version whose state is gone runs", Case(headers=V1, attempt=2), Kind.RUN),
+    ("a final key wins over steering", Case(steered=MOVED, stored=DONE), Kind.DUPLICATE),
     # -- nothing known of the key: it runs
     ("new key runs", Case(), Kind.RUN),
     ("due exactly now runs", Case(not_before=NOW), Kind.RUN),
@@ -106,7 +171,8 @@ TABLE: list[tuple[str, Case, Kind]] = [
     # -- not due: held, whatever else is true (a record never runs early)
     ("not due yet: held", Case(not_before=NOW + 1), Kind.HOLD),
     ("not due, already done: held first", Case(not_before=NOW + 9, stored=DONE), Kind.HOLD),
-    ("not due, undecodable: held first", Case(not_before=NOW + 9, bad=BAD), Kind.HOLD),
+    # (a record that failed its checks is due at once: prepare sets not_before 0)
+    ("undecodable: never held", Case(not_before=0, bad=BAD), Kind.DEAD_LETTER),
     # -- final states: a duplicate of a committed run, or cancelled
     ("done in the store: duplicate", Case(stored=DONE), Kind.DUPLICATE),
     ("dead in the store: duplicate", Case(stored=DEAD), Kind.DUPLICATE),
@@ -186,9 +252,9 @@ TABLE: list[tuple[str, Case, Kind]] = [
     ("first attempt past its deadline: expired", Case(headers=EXPIRES_PAST), Kind.EXPIRED),
     ("at its deadline it still runs", Case(headers={hdr.EXPIRES: str(NOW).encode()}), Kind.RUN),
     ("a retry past the deadline runs", Case(attempt=2, headers=EXPIRES_PAST), Kind.RUN),
-    ("an unreadable deadline is no deadline", Case(headers={hdr.EXPIRES: b"soon"}), Kind.RUN),
+    ("out of range: dead letter", Case(bad=OUT_OF_RANGE_BAD), Kind.DEAD_LETTER),
     ("expired and done: duplicate", Case(headers=EXPIRES_PAST, stored=DONE), Kind.DUPLICATE),
-    ("expired and undecodable: expired", Case(headers=EXPIRES_PAST, bad=BAD), Kind.EXPIRED),
+    ("expired and undecodable: dead letter", Case(headers=EXPIRES_PAST, bad=BAD), Kind.DEAD_LETTER),
     # -- undecodable, unknown task: dead letter at once
     ("undecodable value: dead letter", Case(decoded=False, bad=BAD), Kind.DEAD_LETTER),
     ("unknown task: dead letter", Case(bad=BAD), Kind.DEAD_LETTER),
@@ -238,6 +304,14 @@ def test_the_verdict(case: Case, kind: Kind) -> None:
 
 def test_every_kind_is_in_the_table() -> None:
     assert {kind for _, _, kind in TABLE} == set(Kind)
+
+
+def test_a_steering_verdict_carries_its_judgement() -> None:
+    verdict = judge(Case(steered=MOVED))
+    assert verdict.judgement is not None
+    assert verdict.judgement.timer is not None
+    assert verdict.judgement.timer.token == "c2"
+    assert judge(Case(steered=REPLACED, headers=V1)).judgement is None
 
 
 def test_a_hold_says_until_when() -> None:

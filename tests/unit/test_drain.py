@@ -17,6 +17,7 @@ from dueflow.rules.drain import (
     idle_until_ms,
     landed_late,
     latest_fired,
+    newer_commit,
     next_drain_ms,
     read_ahead_ms,
     skew_tolerance_ms,
@@ -451,3 +452,21 @@ def test_a_record_placed_by_the_rules_is_never_needed_before_its_partition_is_id
                 geometry=TINY, level=level, index=index, due_ms=due, append_ms=at
             )
             assert ready >= until
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "newer"),
+    [
+        ((-1, None), (5, Checkpoint(7)), (5, Checkpoint(7))),  # one group never committed
+        ((5, Checkpoint(7)), (-1, None), (5, Checkpoint(7))),
+        ((5, Checkpoint(7, (10, 1, 6))), (9, Checkpoint(9)), (9, Checkpoint(9))),
+        ((5, Checkpoint(9, (10, 1, 8))), (5, Checkpoint(7)), (5, Checkpoint(9, (10, 1, 8)))),
+        ((4, None), (4, None), (4, None)),  # a slot of level 1 up: the offset alone
+    ],
+)
+def test_the_newer_of_two_groups_commits_is_the_later_one_in_the_partition(
+    a: tuple[int, Checkpoint | None],
+    b: tuple[int, Checkpoint | None],
+    newer: tuple[int, Checkpoint | None],
+) -> None:
+    assert newer_commit(a, b) == newer

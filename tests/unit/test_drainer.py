@@ -18,8 +18,11 @@ from dueflow.config import Settings, load_settings
 from dueflow.kafka.topics import names
 from dueflow.observability.metrics import Metrics
 from dueflow.observability.tracing import JobTracer
+from dueflow.records.record_size import record_size
 from dueflow.rules.wheel import NEAR_LEVEL
+from dueflow.streams.emitter.cron_keeper import CronKeeper
 from dueflow.streams.emitter.drainer import WheelDrainer
+from dueflow.streams.emitter.limits import CAREFUL_MS, FIRE_HEADROOM, EmitterLimits
 from tests.support.sim_wheel import SimWheel, Stored
 
 
@@ -95,6 +98,42 @@ def run_with_takeovers(
             crash_points.pop(0)
             d = sim.drainer(t)
         t += rng.randint(1, 40)
+    return d, t
+
+
+def run_acked_with_takeovers(
+    sim: SimWheel,
+    rng: random.Random,
+    timers: list[tuple[int, str, int]],
+    crashes: list[int],
+    *,
+    until: int,
+) -> tuple[WheelDrainer, int]:
+    """As :func:`run_with_takeovers`, firing without transactions: records are
+    delivered a few at a time, offsets sealed now and then and committed once
+    everything before them is delivered, and a crash delivers or loses each
+    record not delivered yet."""
+    sim.acked = True
+    crash_points = sorted(crashes)
+    d = sim.drainer(10_000)
+    t = 10_000
+    pending = list(timers)
+    while t <= until:
+        sim.now_ms = t
+        while pending and pending[0][0] <= t:
+            _, key, due = pending.pop(0)
+            sim.schedule(key, due, t)
+        sim.step(d, t, max_messages=rng.randint(1, 30))
+        sim.deliver(rng.choice([0, 0, 1, 3, 20]))
+        if d.touched and rng.random() < 0.3:
+            sim.seal(d)
+        sim.commit_acked(d)
+        if crash_points and t >= crash_points[0]:
+            crash_points.pop(0)
+            sim.crash()
+            d = sim.drainer(t)
+        t += rng.randint(1, 40)
+    sim.deliver()
     return d, t
 
 
@@ -307,6 +346,30 @@ def test_every_timer_fires_exactly_once_across_takeovers(
     assert_each_fired_once_not_early(sim, timers)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32),
+    count=st.integers(1, 120),
+    crashes=st.lists(st.integers(10_000, 45_000), max_size=8),
+)
+def test_without_transactions_every_timer_fires_across_takeovers_and_twice_only_after_one(
+    seed: int, count: int, crashes: list[int]
+) -> None:
+    """Offsets committed only once what they cover is delivered: a takeover loses
+    nothing, never fires early, and fires again at most what the dead emitter
+    fired after its last commit (never a timer twice without a takeover)."""
+    rng = random.Random(seed)
+    sim = SimWheel(SETTINGS, rng=random.Random(seed + 1))
+    timers = random_timers(rng, count, written=(10_000, 30_000), offsets=[50, 400, 1_500, 8_000])
+    run_acked_with_takeovers(sim, rng, timers, crashes, until=80_000)
+    counts = Counter(f.key.decode() for f in sim.fired)
+    assert set(counts) == {key for _, key, _ in timers}, "a timer was lost"
+    assert all(f.fired_ms >= f.due_ms for f in sim.fired), "fired early"
+    if not crashes:
+        assert set(counts.values()) == {1}
+    assert max(counts.values()) <= 1 + len(crashes)
+
+
 def test_fires_are_traced_as_children_of_the_schedule_span() -> None:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
@@ -405,3 +468,108 @@ def test_a_timer_with_df_partition_fires_into_that_exec_partition_from_every_lev
     assert all(0 <= f.fired_ms - f.due_ms <= 10 for f in sim.fired)
     assert "bad" not in fired
     assert sim.quarantined == [b"bad"]
+
+
+# ------------------------------------------------------------------ record sizes
+
+
+def _exec_limited(max_bytes: int) -> EmitterLimits:
+    """Limits where the exec topic takes records of at most ``max_bytes``."""
+    exec_topic = names(SETTINGS).exec("default")
+    return EmitterLimits(SETTINGS, read=lambda topics: {exec_topic: max_bytes})
+
+
+@pytest.mark.parametrize(
+    ("delay_ms", "written_ms"),
+    [(-5_000, 10_000), (300, 10_000), (1_500, 10_000), (9_000, 10_000), (40_000, 10_000)],
+    ids=["overdue", "near", "level-0", "level-1", "level-2"],
+)
+def test_a_timer_whose_exec_record_would_not_fit_is_quarantined(
+    delay_ms: int, written_ms: int
+) -> None:
+    """Wherever it waits in the wheel, and the timers behind it fire."""
+    sim = SimWheel(SETTINGS, limits=_exec_limited(100_000))
+    due = written_ms + delay_ms
+    sim.schedule("big", due, written_ms, value=b"x" * 99_950)  # + headers: over the limit
+    sim.schedule("fits", due, written_ms, value=b"x" * 90_000)  # measured: it fits
+    sim.schedule("small", due + 1, written_ms)
+    _run(sim, written_ms, max(due, written_ms) + 3_000)
+    assert sorted(f.key for f in sim.fired) == [b"fits", b"small"]
+    assert sim.quarantined == [b"big"]
+    (reason,) = sim.quarantine_reasons
+    assert reason.startswith("record too large: the exec record would be ")
+    assert reason.endswith("bytes, over max.message.bytes 100000 of dueflow.exec.default")
+    size = int(reason.split("would be ")[1].split(" ")[0])
+    assert 100_000 < size < 100_200
+
+
+class _NoSchedules:
+    """A schedule table without schedules: a cron occurrence fires as the job it is."""
+
+    topic = "dueflow.schedules"
+    bad: list[Any] = []
+
+    def get(self, schedule_id: str) -> None:
+        return None
+
+    def ids(self) -> list[str]:
+        return []
+
+
+@pytest.mark.parametrize("kind", ["job", "cron"])
+def test_a_timer_whose_exec_record_is_the_limit_to_the_byte_fires(kind: str) -> None:
+    """The exec record is measured as it is written (the timer's headers, df-fired and
+    one df-src), whether the timer fires as a job or as a cron occurrence: one byte
+    more and it is quarantined."""
+    limits = _exec_limited(100_000)
+    sim = SimWheel(SETTINGS, limits=limits)
+    if kind == "cron":
+        sim.cron = CronKeeper(SETTINGS, Metrics(), _NoSchedules(), sim, limits=limits)  # type: ignore[arg-type]
+    extra = [(hdr.KIND, hdr.KIND_CRON)] if kind == "cron" else []
+    for key, size in (("fits", 100_000), ("over", 100_001)):
+        p = sim.schedule(key, 10_100, 10_000, extra=extra, value=b"")
+        off = len(sim.logs[p]) - 1
+        timer = sim.logs[p][off]
+        fired = [
+            *timer.headers,
+            (hdr.FIRED, b"10100"),  # the fire time, as long as the sim's times
+            (hdr.SOURCE, hdr.source_of(sim.topic, p, off)),
+        ]
+        n = size - record_size(timer.key, b"", fired)
+        while record_size(timer.key, b"x" * n, fired) > size:
+            n -= 1
+        timer.value = b"x" * n
+        assert record_size(timer.key, timer.value, fired) == size
+    _run(sim, 10_000, 10_500)
+    assert [f.key for f in sim.fired] == [b"fits"]
+    assert sim.quarantined == [b"over"]
+
+
+def test_a_fired_record_is_measured_only_above_the_bound() -> None:
+    """The hot path measures nothing below the exec topic's limit less the headroom."""
+    limits = _exec_limited(100_000)
+    sim = SimWheel(SETTINGS, limits=limits)
+    sim.schedule("small", 10_100, 10_000)
+    _run(sim, 10_000, 10_500)
+    assert [f.key for f in sim.fired] == [b"small"]
+    assert limits.fast == {"dueflow.exec.default": 100_000 - FIRE_HEADROOM}
+
+
+def test_after_a_refusal_every_record_is_measured_for_a_while() -> None:
+    """Headers larger than the hot path allows for pass it; once a write was refused
+    as too large (the process says so), every record is measured, so the record that
+    was refused is quarantined when it is read again."""
+    limits = _exec_limited(30_000)
+    sim = SimWheel(SETTINGS, limits=limits)
+    heavy = [("x-big", b"h" * 31_000)]
+    sim.schedule("heavy", 10_100, 10_000, extra=heavy)
+    sim.schedule("after", 10_200, 10_000)
+    _run(sim, 10_000, 10_500)
+    assert [f.key for f in sim.fired] == [b"heavy", b"after"]  # not measured: it went
+    sim.fired.clear()
+    sim.committed.clear()  # (the broker refused it: nothing of it committed)
+    limits.refused(10_600)
+    _run(sim, 10_600, 11_000)
+    assert [f.key for f in sim.fired] == [b"after"]
+    assert sim.quarantined == [b"heavy"]
+    assert limits.fast_limit("dueflow.exec.default", 10_600 + CAREFUL_MS) > 0  # then relaxed

@@ -13,7 +13,7 @@ import pytest
 
 from dueflow.config import QueueSpec, load_settings
 from dueflow.records.queue_registry import encode_queue
-from dueflow.streams.emitter.queues import EmitterQueues, QueueTopics
+from dueflow.streams.emitter.target_queues import EmitterQueues, QueueTopics
 from tests.support.sim_wheel import SimWheel
 
 SETTINGS = load_settings(

@@ -18,7 +18,7 @@ from dueflow import headers as hdr
 from dueflow.consumers import TaskContext, TaskRegistry, task
 from dueflow.consumers.execution import JobExecutor
 from dueflow.consumers.failures import Failure
-from dueflow.consumers.feeds import Delivery, PartitionFeed, prepare
+from dueflow.consumers.feeds import Delivery, PartitionFeed, WireLimits, prepare
 from dueflow.consumers.follow_ups import FollowUpPlanner
 from dueflow.consumers.recorder import BatchRecorder
 from dueflow.consumers.store import MemoryKeyStore
@@ -67,8 +67,8 @@ def recorder(chain: FollowUpPlanner) -> BatchRecorder:
 def delivery(chain: FollowUpPlanner, task_name: str = "step", payload: Any = None) -> Delivery:
     job = make_job(task_name, payload or {"n": 1}, queue="jobs", key="k1", due_ms=NOW - 5)
     feed = PartitionFeed(N.exec("jobs"), 2, None, MemoryKeyStore(10**9), chain)
-    d = job_delivery(feed, job, exec_headers(job), 9)
-    prepare(d, REGISTRY)
+    d = job_delivery(feed, job, exec_headers(job, fired_ms=NOW - 4), 9)
+    prepare(d, REGISTRY, now_ms=NOW, limits=WireLimits())
     d.max_attempts = 3
     return d
 
@@ -111,7 +111,10 @@ def test_a_successful_attempt_writes_its_follow_up_in_its_own_batch() -> None:
         -1,  # a new job: its exec partition is its key's
     )
     assert codec.decode("job", value)["payload"] == b'{"n":2}'
-    outcome = codec.decode("outcome", rec.records[3][4])
+    version = codec.parse_schema_header(
+        hdr.header(rec.records[3][5], hdr.SCHEMA), expected="outcome"
+    )
+    outcome = codec.decode("outcome", rec.records[3][4], writer_version=version)
     assert (outcome["job_id"], outcome["state"], outcome["due_ms"]) == ("k1/0", "scheduled", due)
     assert rec._metrics.follow_ups.labels("jobs", "written")._value.get() == 1
 
@@ -152,7 +155,7 @@ def test_a_process_isolated_handlers_follow_ups_come_back_from_the_child() -> No
         done: list[tuple[Delivery, Failure | None]] = []
         finished = asyncio.Event()
 
-        def report(job: Any, failure: Failure | None, seconds: float) -> None:
+        def report(job: Any, failure: Failure | None, seconds: float, returned: Any) -> None:
             done.append((job, failure))
             if len(done) == 2:
                 finished.set()

@@ -26,7 +26,7 @@ from dueflow.producers.bulk import BulkRun
 from dueflow.producers.bulk_plan import BulkPlanner
 from dueflow.producers.core import PlannedTimer
 from dueflow.producers.results import Scheduled
-from dueflow.producers.schedules import schedule_fields
+from dueflow.producers.schedule_client import schedule_fields
 from dueflow.records.codec import decode
 from dueflow.records.job_request import MAX_DUE_MS, MAX_INT32, MAX_LONG, JobRequest
 from dueflow.task_name import is_task_name
@@ -38,11 +38,11 @@ TO_LAST_MS = MAX_DUE_MS - NOW  # the longest delay from NOW
 
 
 def plan_all(req: JobRequest, now_ms: int = NOW) -> list[Any]:
-    """What the three planning paths make of ``req``: the value bytes, or the error."""
+    """What the two planning paths (``schedule``'s and ``schedule_many``'s) make of
+    ``req``: the value bytes, or the error."""
     out: list[Any] = []
     for plan in (
         lambda: planner().plan(req, now_ms=now_ms),
-        lambda: planner()._plan_general(req, now_ms, ()),
         lambda: BulkPlanner(planner()).plan(req, now_ms),
     ):
         try:
@@ -59,7 +59,7 @@ def planned_job(req: JobRequest, now_ms: int = NOW) -> dict[str, Any]:
     """The job record ``req`` becomes, read back with fastavro (all paths agree)."""
     outcomes = plan_all(req, now_ms)
     assert outcomes[0][0] == "value", outcomes[0]
-    assert outcomes.count(outcomes[0]) == 3, outcomes
+    assert outcomes.count(outcomes[0]) == 2, outcomes
     job: dict[str, Any] = decode("job", outcomes[0][1])
     return job
 
@@ -68,7 +68,7 @@ def refused(req: JobRequest, now_ms: int = NOW) -> InvalidInput:
     """The error ``req`` gets (all paths agree)."""
     outcomes = plan_all(req, now_ms)
     assert outcomes[0][0] == "error", outcomes[0]
-    assert outcomes.count(outcomes[0]) == 3, outcomes
+    assert outcomes.count(outcomes[0]) == 2, outcomes
     with pytest.raises(InvalidInput) as info:
         planner().plan(req, now_ms=now_ms)
     return info.value
@@ -252,7 +252,7 @@ def _worker_accepts(name: Any) -> bool:
 
 def _sdk_accepts(name: Any) -> bool:
     outcomes = plan_all(JobRequest(name))
-    assert outcomes.count(outcomes[0]) == 3
+    assert outcomes.count(outcomes[0]) == 2
     return bool(outcomes[0][0] == "value")
 
 
@@ -357,7 +357,7 @@ def test_property_a_request_is_planned_and_reads_back_or_refused_with_invalid_in
     req: JobRequest, now: int
 ) -> None:
     outcomes = plan_all(req, now)  # anything but InvalidInput would raise here
-    assert outcomes.count(outcomes[0]) == 3, outcomes
+    assert outcomes.count(outcomes[0]) == 2, outcomes
     if outcomes[0][0] == "value":
         job = decode("job", outcomes[0][1])
         assert job["due_ms"] <= MAX_DUE_MS
@@ -427,3 +427,51 @@ def test_the_cli_refuses_before_connecting(
 ) -> None:
     assert main([*argv, "--bootstrap", "127.0.0.1:1"]) == 2
     assert message in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ cron numbers
+
+ABSURD_CRONS = [
+    ("*/" + "9" * 20 + " * * * *", "minute field '*/99999999999999999999': step must be"),
+    ("0 */25 * * *", "hour field '*/25': step must be an integer from 1 to 24"),
+    ("0 0 */0032 * *", "day-of-month field '*/0032'"),
+    ("0 0 1 */13 *", "month field '*/13'"),
+    ("0 0 * * */9", "day-of-week field '*/9'"),
+    ("*/61 * * * * *", "second field '*/61'"),
+    ("0005 * * * *", "'0005' has more digits than any value"),
+    ("0 0-" + "9" * 20 + " * * *", "hour field '0-99999999999999999999'"),
+    ("0 0 0 1 1 * 2030", "a year field is not supported"),
+]
+
+
+@pytest.mark.parametrize(("cron", "message"), ABSURD_CRONS)
+def test_absurd_cron_numbers_are_refused_by_the_sdk(cron: str, message: str) -> None:
+    with pytest.raises(InvalidInput) as info:
+        schedule_fields(SETTINGS, **_cron(cron=cron))
+    assert info.value.field == "cron"
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(("cron", "message"), ABSURD_CRONS)
+def test_absurd_cron_numbers_are_refused_by_the_test_mode(cron: str, message: str) -> None:
+    from dueflow.testing import InMemoryPipeline
+
+    with InMemoryPipeline() as pipeline:
+        with pytest.raises(InvalidInput, match="cron") as info:
+            pipeline.scheduler.add_schedule("s", cron=cron, timezone="UTC", task="t")
+        assert message in str(info.value)
+        assert pipeline.scheduler.list_schedules() == []
+
+
+@pytest.mark.parametrize(("cron", "message"), ABSURD_CRONS)
+def test_absurd_cron_numbers_are_refused_by_the_cli(
+    cron: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for argv in (
+        ["cron", "add", "c", "--cron", cron, "--tz", "UTC", "--task", "t"],
+        ["cron", "update", "c", "--cron", cron],
+    ):
+        assert main([*argv, "--bootstrap", "127.0.0.1:1"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("dueflow: cron: got ")
+        assert message in err

@@ -12,6 +12,7 @@ import pytest
 from dueflow.consumers import TaskContext, TaskRegistry, task
 from dueflow.consumers.execution import HandlerThreads, JobExecutor
 from dueflow.consumers.failures import Failure
+from dueflow.consumers.loop_watch import LoopWatch
 from dueflow.errors import PermanentJobError
 from dueflow.model import Job
 from dueflow.observability.metrics import Metrics
@@ -27,11 +28,13 @@ def ctx() -> TaskContext:
 class Results:
     def __init__(self) -> None:
         self.items: dict[Any, tuple[Failure | None, float]] = {}
+        self.returned: dict[Any, Any] = {}
         self.event = asyncio.Event()
 
-    def __call__(self, job: Any, failure: Failure | None, seconds: float) -> None:
+    def __call__(self, job: Any, failure: Failure | None, seconds: float, returned: Any) -> None:
         assert job not in self.items, "reported twice"
         self.items[job] = (failure, seconds)
+        self.returned[job] = returned
         self.event.set()
 
     async def wait(self, count: int) -> None:
@@ -202,6 +205,147 @@ def test_wait_idle_reports_a_busy_executor(timeout: float) -> None:
         ex.run("c", entry("awaits"), None, ctx(), 1.0, res)
         assert not await ex.wait_idle(timeout)
         assert await ex.wait_idle(5)
+        await ex.close()
+
+    asyncio.run(main())
+
+
+# --------------------------------------------------------------------------- a blocked loop
+
+BLOCKED = "dueflow.consumers.failures.JobTimeout"
+
+
+def test_an_async_handler_that_blocks_past_its_timeout_is_a_timeout_not_a_success() -> None:
+    """Its whole run happens in the eager first step, which nothing on the loop can
+    cut short: once it returns past its deadline, it timed out."""
+
+    @task("blocks")
+    async def blocks(payload: Any, c: TaskContext) -> None:
+        time.sleep(0.3)  # noqa: ASYNC251 - blocking the event loop is the test
+
+    @task("blocks-after-await")
+    async def blocks_after_await(payload: Any, c: TaskContext) -> None:
+        await asyncio.sleep(0)
+        time.sleep(0.3)  # noqa: ASYNC251 - blocking the event loop is the test
+
+    reg = TaskRegistry([blocks, blocks_after_await])
+
+    async def main() -> None:
+        ex = JobExecutor(concurrency=2, metrics=Metrics())
+        res = Results()
+        ex.run("eager", reg.get("blocks"), None, ctx(), 0.1, res)  # type: ignore[arg-type]
+        ex.run("task", reg.get("blocks-after-await"), None, ctx(), 0.1, res)  # type: ignore[arg-type]
+        await res.wait(2)
+        for job in ("eager", "task"):
+            failure = res.items[job][0]
+            assert failure is not None, job
+            assert failure.timed_out
+            assert failure.error_type == BLOCKED
+            assert "blocking the event loop" in failure.message
+        await ex.close()
+
+    asyncio.run(main())
+
+
+def _claim_while_blocked(watch: LoopWatch, taken: list[Any], after_s: float) -> threading.Thread:
+    """A stand-in for the watchdog: claims the step that runs after ``after_s``."""
+
+    def claim() -> None:
+        time.sleep(after_s)
+        running = watch.step
+        assert running is not None, "no handler step is running"
+        assert watch.claim(running, lambda: taken.append(running.job))
+
+    thread = threading.Thread(target=claim)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("where", ["first step", "later step"])
+def test_a_claimed_attempt_is_reported_timed_out_and_its_late_result_dropped(where: str) -> None:
+    finished: list[str] = []
+
+    @task("slow-but-fine")
+    async def slow_first(payload: Any, c: TaskContext) -> None:
+        if where == "later step":
+            await asyncio.sleep(0)
+        try:
+            time.sleep(0.4)  # noqa: ASYNC251 - blocking the event loop is the test
+            await asyncio.sleep(0)  # suspends once more: the claim ends it here
+            finished.append("resumed")
+        finally:
+            finished.append("finally")
+
+    reg = TaskRegistry([slow_first])
+
+    async def main() -> None:
+        watch = LoopWatch()
+        ex = JobExecutor(concurrency=1, metrics=Metrics(), watch=watch)
+        res = Results()
+        taken: list[Any] = []
+        claimer = _claim_while_blocked(watch, taken, 0.15)
+        # a long timeout: only the claim can make it a timeout
+        ex.run("job", reg.get("slow-but-fine"), None, ctx(), 30.0, res)  # type: ignore[arg-type]
+        await res.wait(1)
+        claimer.join()
+        assert taken == ["job"]
+        failure = res.items["job"][0]
+        assert failure is not None
+        assert failure.timed_out
+        assert failure.error_type == BLOCKED
+        await asyncio.sleep(0.05)
+        assert finished == ["finally"]  # closed at its suspension, never resumed
+        assert ex.in_flight == 0
+        await ex.close()
+
+    asyncio.run(main())
+
+
+def test_steps_are_marked_for_the_watchdog_and_cleared_between_them() -> None:
+    seen: list[Any] = []
+
+    async def main() -> None:
+        watch = LoopWatch()
+
+        @task("looks")
+        async def looks(payload: Any, c: TaskContext) -> None:
+            seen.append(watch.step.job if watch.step else None)
+            await asyncio.sleep(0)
+            seen.append(watch.step.job if watch.step else None)
+
+        ex = JobExecutor(concurrency=1, metrics=Metrics(), watch=watch)
+        res = Results()
+        ex.run("job", TaskRegistry([looks]).get("looks"), None, ctx(), 5.0, res)  # type: ignore[arg-type]
+        assert watch.step is None  # suspended: between steps
+        await res.wait(1)
+        assert watch.step is None
+        assert res.items["job"][0] is None
+        await ex.close()
+
+    asyncio.run(main())
+    assert seen == ["job", "job"]
+
+
+def test_the_hard_memory_ceiling_fails_a_lone_attempt_only() -> None:
+    @task("waits")
+    async def waits(payload: Any, c: TaskContext) -> None:
+        await asyncio.sleep(30)
+
+    reg = TaskRegistry([waits])
+    failure = Failure("dueflow.consumers.failures.WorkerMemoryExceeded", "too big")
+
+    async def main() -> None:
+        ex = JobExecutor(concurrency=2, metrics=Metrics())
+        res = Results()
+        ex.run("a", reg.get("waits"), None, ctx(), 30.0, res)  # type: ignore[arg-type]
+        ex.run("b", reg.get("waits"), None, ctx(), 30.0, res)  # type: ignore[arg-type]
+        assert ex.fail_alone(failure) is False  # two run: neither can be told the cause
+        assert res.items == {}
+        ex.abandon()
+        ex.run("c", reg.get("waits"), None, ctx(), 30.0, res)  # type: ignore[arg-type]
+        assert ex.fail_alone(failure) is True
+        assert res.items["c"][0] is failure
+        assert ex.in_flight == 0
         await ex.close()
 
     asyncio.run(main())

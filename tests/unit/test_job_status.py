@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from dueflow.apps.cli.status_cmd import UNKNOWN, render_job
+from dueflow.apps.cli.status_render import UNKNOWN, render_job
 from dueflow.rules.job_status import JobStatus, job_status
 
 T = 1_900_000_000_000
@@ -132,3 +132,39 @@ def test_dueflow_job_shows_a_pending_job_with_its_due_time(now: int, shown: str)
 def test_the_unknown_line_says_what_it_means() -> None:
     assert "no such job" in UNKNOWN
     assert "scheduled_outcomes=False" in UNKNOWN
+
+
+def test_dueflow_job_shows_progress_and_the_result() -> None:
+    running = job_status(
+        "j",
+        [
+            out("scheduled", T),
+            out("started", T + 1_000, attempt=1),
+            out("started", T + 2_000, attempt=1, progress=0.4, progress_detail=b'{"rows":4}'),
+        ],
+    )
+    assert running is not None
+    assert running.running
+    text = render_job(running.to_json(), now_ms=T)
+    assert 'progress      40% {"rows":4} (attempt 1, 2030-03-17 17:46:42.000Z)' in text
+    assert "result" not in text
+    done = job_status(
+        "j",
+        [out("started", T, attempt=1), out("succeeded", T + 5, attempt=1, result=b"[1,2]")],
+    )
+    assert done is not None
+    assert "result        [1,2]" in render_job(done.to_json(), now_ms=T)
+    kept_not = job_status("j", [out("succeeded", T, attempt=1, result_error="too big")])
+    assert kept_not is not None
+    assert "result error  too big" in render_job(kept_not.to_json(), now_ms=T)
+
+
+def test_dueflow_job_wait_is_seconds_up_to_a_minute_but_with_result(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dueflow.apps.cli.main import main
+
+    assert main(["job", "j", "--wait", "61", "--bootstrap", "127.0.0.1:1"]) == 2
+    assert "with --result: >= 0" in capsys.readouterr().err
+    assert main(["job", "j", "--result", "--wait", "-1", "--bootstrap", "127.0.0.1:1"]) == 2
+    assert "--wait" in capsys.readouterr().err

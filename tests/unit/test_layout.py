@@ -11,6 +11,7 @@ or a package missing from pyproject.toml fails here, named.
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import tomllib
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ COMPONENTS = ("consumers", "producers", "streams", "broker")
 SOURCE_ROOTS = {".": "dueflow", **{c: f"dueflow/{c}" for c in COMPONENTS}}
 SCHEMAS = ROOT / "schemas" / "dueflow" / "schemas"
 # Folders of Python that is not part of the package: imported by their own names.
-OTHER_PYTHON = ("tests", "benchmarks", "demo")
+OTHER_PYTHON = ("tests", "benchmarks", "demo", "tools")
 # Top-level folders that must never be imported bare (``import consumers``).
 BARE = (*COMPONENTS, "schemas")
 
@@ -109,8 +110,9 @@ def _where(imp: Imported) -> str:
     return f"{imp.path.relative_to(ROOT)}:{imp.line} ({imp.source}) imports {imp.target}"
 
 
-def package_imports() -> list[Imported]:
-    return [imp for module, path in package_files() for imp in imports_of(module, path)]
+@functools.cache
+def package_imports() -> tuple[Imported, ...]:
+    return tuple(imp for module, path in package_files() for imp in imports_of(module, path))
 
 
 def test_no_symlink_is_tracked() -> None:
@@ -205,20 +207,180 @@ def test_each_layer_imports_only_the_layers_below_it() -> None:
     assert wrong == []
 
 
-# The status view (streams/) offers the dead-letter redrive of the operator tools.
-COMPONENT_USES_OF_APPS = {("dueflow.streams.status.app", "dueflow.apps.ops.redrive")}
+# The components, each a source root of the one namespace (consumers/, producers/,
+# streams/, broker/), stand side by side on the core; the applications (apps, testing,
+# the facade) stand on them. A component imports the core only: an import of another
+# component, or of an application, is one of these, each with why.
+# (The status view's redrive and console act through the operator tools the
+# application running it hands it: streams/dueflow/streams/status/operator_tools.py.)
+COMPONENT_IMPORTS = {
+    # The status view sets a bad outcome record aside with the workers' quarantine writer.
+    ("dueflow.streams.status.app", "dueflow.consumers.quarantine"),
+    # The SDK routes a task to the queue its ``@task`` declares, read from the app it is
+    # given (``Scheduler(app=...)``): imported only then.
+    ("dueflow.producers.scheduler_base", "dueflow.consumers.registry"),
+}
+APPLICATIONS = ("apps", "testing", "facade")
+MODULES = {module for module, _path in package_files()}
 
 
-def test_components_use_no_application_but_the_named_ones() -> None:
+def _imported_module(imp: Imported) -> str:
+    """The module an import names (``from m import name``: m, unless m.name is a module)."""
+    parts = imp.target.split(".")
+    for n in range(len(parts), 1, -1):
+        name = ".".join(parts[:n])
+        if name in MODULES:
+            return name
+    return imp.target
+
+
+def component_imports() -> set[tuple[str, str]]:
+    """(importer, imported module) of every import between components, or of an
+    application by a component, anywhere in a file (functions and type checks too)."""
+    found = set()
+    for imp in package_imports():
+        source, target = layer_of(imp.source), layer_of(imp.target)
+        if source in COMPONENTS and target != source and target in (*COMPONENTS, *APPLICATIONS):
+            found.add((imp.source, _imported_module(imp)))
+    return found
+
+
+def test_a_component_imports_no_other_component_but_the_named_ones() -> None:
+    unnamed = component_imports() - COMPONENT_IMPORTS
     wrong = [
-        _where(imp)
-        for imp in package_imports()
-        if layer_of(imp.source) in COMPONENTS
-        and layer_of(imp.target) in ("apps", "testing", "facade")
-        and (imp.source, imp.target.rsplit(".", 1)[0]) not in COMPONENT_USES_OF_APPS
-        and (imp.source, imp.target) not in COMPONENT_USES_OF_APPS
+        _where(imp) for imp in package_imports() if (imp.source, _imported_module(imp)) in unnamed
     ]
     assert wrong == []
+
+
+def test_the_component_allow_list_names_only_imports_that_exist() -> None:
+    assert COMPONENT_IMPORTS - component_imports() == set()
+
+
+# Modules that import each other, counting the imports made only for type checks:
+# the checks of Settings.validate take the Settings they check, and the unique-key
+# admission works on its command applier's batch (each split out for size).
+IMPORT_CYCLES = [
+    {"dueflow.config.settings", "dueflow.config.validation"},
+    {"dueflow.consumers.commands", "dueflow.consumers.unique"},
+]
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports anywhere (functions and TYPE_CHECKING
+    blocks too), but its own packages (a package's __init__ runs first anyway)."""
+    graph: dict[str, set[str]] = {module: set() for module in MODULES}
+    for imp in package_imports():
+        target = _imported_module(imp)
+        if target in MODULES and not f"{imp.source}.".startswith(f"{target}."):
+            graph[imp.source].add(target)
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The sets of modules that reach each other (strongly connected, more than one)."""
+    reach: dict[str, set[str]] = {}
+    for start in graph:
+        seen: set[str] = set()
+        stack = list(graph[start])
+        while stack:
+            module = stack.pop()
+            if module not in seen:
+                seen.add(module)
+                stack.extend(graph[module] - seen)
+        reach[start] = seen
+    cycles: list[set[str]] = []
+    for module in sorted(graph):
+        if module in reach[module] and not any(module in cycle for cycle in cycles):
+            cycles.append({other for other in reach[module] if module in reach[other]})
+    return cycles
+
+
+def test_modules_import_each_other_in_no_circle_but_the_named_ones() -> None:
+    # A circle held together by function-local or TYPE_CHECKING imports is a design
+    # that needs a Protocol or a move, not an import placed where it happens to work.
+    assert import_cycles(module_graph()) == IMPORT_CYCLES
+
+
+def test_the_circle_check_sees_a_circle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert import_cycles(graph) == [{"a", "b", "c"}]
+
+
+def function_local_imports(path: Path) -> Iterator[tuple[ast.stmt, bool]]:
+    """Each import of a dueflow module inside a function of ``path``, and whether a
+    comment says why: on its own lines, or on the line above its run of imports."""
+    lines = path.read_text().splitlines()
+    tree = ast.parse("\n".join(lines), filename=str(path))
+    seen: set[int] = set()
+    for function in ast.walk(tree):
+        if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(function):
+            for field in ("body", "orelse", "finalbody"):
+                block = getattr(node, field, None)
+                if not isinstance(block, list):
+                    continue
+                first: ast.stmt | None = None
+                end = 0
+                for stmt in block:
+                    if not isinstance(stmt, ast.Import | ast.ImportFrom):
+                        first = None
+                        continue
+                    if first is None or stmt.lineno > end + 1:  # a run: no line between
+                        first = stmt
+                    end = stmt.end_lineno or stmt.lineno
+                    modules = (
+                        [alias.name for alias in stmt.names]
+                        if isinstance(stmt, ast.Import)
+                        else [stmt.module or ""]
+                    )
+                    if stmt.lineno in seen or not any(m.startswith("dueflow") for m in modules):
+                        continue
+                    seen.add(stmt.lineno)
+                    own = lines[stmt.lineno - 1 : stmt.end_lineno]
+                    above = lines[first.lineno - 2].strip() if first.lineno > 1 else ""
+                    yield stmt, any("#" in line for line in own) or above.startswith("#")
+
+
+def test_a_function_local_import_of_dueflow_says_why() -> None:
+    # An import belongs at the top of its module. One inside a function is for a real
+    # import-time cost (a command's own runtime, an optional exporter) and says so.
+    silent = [
+        f"{path.relative_to(ROOT)}:{stmt.lineno} {ast.unparse(stmt)}"
+        for _module, path in package_files()
+        for stmt, says_why in function_local_imports(path)
+        if not says_why
+    ]
+    assert silent == []
+
+
+def test_the_local_import_check_reads_comments(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text(
+        "def f():\n"
+        "    # imported here: costly\n"
+        "    from dueflow import a\n"
+        "    from dueflow import b\n"
+        "    x = 1\n"
+        "    import os\n"
+        "\n"
+        "    # costly too\n"
+        "    from dueflow import e\n"
+        "    from dueflow import c\n"
+        "    from dueflow import d  # costly\n"
+        "    y = 2\n"
+        "    from dueflow import f\n"
+    )
+    found = [(ast.unparse(stmt), why) for stmt, why in function_local_imports(source)]
+    assert found == [
+        ("from dueflow import a", True),
+        ("from dueflow import b", True),
+        ("from dueflow import e", True),
+        ("from dueflow import c", True),
+        ("from dueflow import d", True),
+        ("from dueflow import f", False),
+    ]
 
 
 def test_the_rules_do_no_io() -> None:

@@ -1,4 +1,4 @@
-"""The lifecycles of a partition and of a queue's runtime (dueflow.consumers.lifecycle)."""
+"""The lifecycles of a partition and of a queue's runtime (dueflow.consumers.feed_states)."""
 
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ import itertools
 
 import pytest
 
-from dueflow.consumers.feeds import PartitionFeed
-from dueflow.consumers.lifecycle import (
+from dueflow.consumers.feed_states import (
     FeedState,
     RuntimeEvent,
     RuntimeState,
     feed_move,
     runtime_move,
 )
+from dueflow.consumers.feeds import PartitionFeed
 from dueflow.consumers.store import MemoryKeyStore
 from dueflow.errors import DueflowError, IllegalTransition
 

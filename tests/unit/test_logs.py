@@ -7,6 +7,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -196,3 +197,43 @@ def test_job_event_below_level_or_under_foreign_handlers_uses_logging(
     assert record.getMessage() == "job.succeeded"
     assert record.job_id == "j-9"  # type: ignore[attr-defined]
     assert record.name_ == "n"  # type: ignore[attr-defined]
+
+
+class _Unprintable:
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_a_job_line_with_any_value_from_the_wire_is_written_and_never_raises(
+    stream: io.StringIO, fmt: str
+) -> None:
+    """orjson refuses ints past 64 bits even with ``default=str`` (``TypeError: Integer
+    exceeds 64-bit range``): a df-attempt of 2**64 in job.started raised in the
+    worker after the job had taken its concurrency slot."""
+    logs.configure(fmt, "INFO", stream)
+    log = logging.getLogger("dueflow.worker")
+    odd: dict[str, Any] = {
+        "huge": 2**64,
+        "negative": -(2**63) - 1,
+        "vast": 2**20_000,  # str() of it raises (Python's int digits limit)
+        "nested": {1: [2**70, {"x": 2**64}], (1, 2): b"\xff\x00"},
+        "unprintable": _Unprintable(),
+    }
+    logs.job_event(log, logs.JOB_STARTED, job_id="j", queue="q", task="t", attempt=2**64, **odd)
+    logs.event(log, "record quarantined", attempt=2**64, **odd)
+    logs.flush()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 2
+    if fmt == "json":
+        first = json.loads(lines[0])
+        assert first["attempt"] == str(2**64)
+        assert first["huge"] == str(2**64)
+        assert first["negative"] == str(-(2**63) - 1)
+        assert first["vast"] == "an integer of 20001 bits"
+        assert first["nested"]["1"] == [str(2**70), {"x": str(2**64)}]
+        assert "raised RuntimeError" in first["unprintable"]
+        assert json.loads(lines[1])["attempt"] == str(2**64)
+    else:
+        assert f"attempt={2**64}" in lines[0]
+        assert "vast=an integer of 20001 bits" in lines[0]

@@ -272,3 +272,48 @@ def test_control_values_are_json_documents() -> None:
         "at_ms": 1,
         "reason": "r",
     }
+
+
+def test_who_replays_or_redrives_is_at_most_200_characters() -> None:
+    """The size budget counts df-replayed-by and df-redriven-by at 200 characters."""
+    from dueflow.apps.ops.redrive import Redriver
+    from dueflow.apps.ops.replay import Replayer
+    from dueflow.config import load_settings
+
+    settings = load_settings(env={}, overrides={})
+    Redriver(settings, by="é" * 200)
+    Replayer(settings, by="")
+    with pytest.raises(InvalidInput, match=r"by: got .*at most 200 characters"):
+        Redriver(settings, by="x" * 201)
+    with pytest.raises(InvalidInput, match=r"by: got .*at most 200 characters"):
+        Replayer(settings, by="x" * 201)
+
+
+def test_a_dead_letter_by_reference_names_where_its_value_is() -> None:
+    from dueflow.apps.ops.redrive_input import size_verdict, value_ref
+
+    def entry(job_headers: dict[str, bytes]) -> DeadLetterEntry:
+        return DeadLetterEntry(
+            "jobs",
+            "dueflow.dlq.jobs",
+            1,
+            5,
+            0,
+            b"k",
+            (),
+            {"job_value": b"", "job_headers": job_headers},
+        )
+
+    assert value_ref(entry({"df-value-ref": b"dueflow.exec.jobs:1:99"})) == (
+        "dueflow.exec.jobs",
+        1,
+        99,
+    )
+    assert value_ref(entry({})) is None
+    assert value_ref(entry({"df-value-ref": b"nonsense"})) == ("?", -1, -1)
+    assert size_verdict("t", 1_000, 10**9, b"k", b"v" * 100, []) is None
+    why = size_verdict("t", 1_000, 10**9, b"k", b"v" * 1_000, [])
+    assert why is not None
+    assert why.startswith(
+        "the redriven record would be 1071 bytes, over max.message.bytes 1000 of t"
+    )

@@ -1,5 +1,5 @@
-"""The operator commands' command lines: the README's examples parse, bad input is refused
-before anything connects."""
+"""The operator commands' command lines: the examples of docs/operations.md parse, bad input
+is refused before anything connects."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pytest
 
 from dueflow.apps.cli.main import build_parser, main
 
-README = Path(__file__).resolve().parents[2] / "README.md"
 OPS_DOC = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 
 
@@ -29,8 +28,7 @@ def _examples(text: str) -> list[str]:
 
 
 def _operations_examples() -> list[str]:
-    section = README.read_text().split("## Operations", 1)[1].split("\n## ", 1)[0]
-    return _examples(section) + _examples(OPS_DOC.read_text())
+    return _examples(OPS_DOC.read_text())
 
 
 def test_the_documented_examples_exist() -> None:

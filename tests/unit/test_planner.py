@@ -1,9 +1,9 @@
-"""The planner's fast path for plain requests equals its general path.
+"""The planner has one path: ``prepare_job`` + ``timer_record``, as every client.
 
-``TimerPlanner.plan`` handles the common request (task, payload, delay,
-queue, ids, attempts) in one frame for speed; everything else goes through
-``prepare_job`` + ``timer_record``. On any plain request, valid or not, both
-must give the same record (bytes, headers, partition, size) or the same error.
+``TimerPlanner.plan`` (the SDK's ``schedule``) plans every request, the common
+one (task, payload, delay, queue, ids, attempts) included, with the functions
+the CLI and ``ctx.schedule`` use: on any such request, valid or not, it gives
+the job and record (bytes, headers, partition, size) they give, or their error.
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dueflow.config import load_settings
-from dueflow.errors import ConflictError, DueflowError
+from dueflow.errors import DueflowError
 from dueflow.producers.core import JobIds, PlannedTimer, TimerPlanner
 from dueflow.producers.recent import RecentJobs
 from dueflow.producers.results import Scheduled
-from dueflow.records.job_request import JobRequest
+from dueflow.records.job_request import JobRequest, JobRules, prepare_job
+from dueflow.records.timer_record import TimerPlacer, timer_record
 
 # Routes: a job without a queue goes by its task (to a queue that exists, or not).
 SETTINGS = load_settings(
@@ -46,7 +47,8 @@ PLAIN = st.builds(
         st.just(""),
         BOUNDARY,
         st.integers(),
-        st.sampled_from(["routed-t", "nowhere.x"]),  # routed when the request has no queue
+        # routed when the request has no queue; the app's tasks (KNOWN)
+        st.sampled_from(["routed-t", "nowhere.x", "t", "send_email"]),
     ),
     payload=st.one_of(JSONISH, st.binary(max_size=40), st.just({1, 2}), st.just(object())),
     delay=st.one_of(
@@ -69,10 +71,19 @@ PLAIN = st.builds(
 )
 
 
-def planner() -> TimerPlanner:
+# A producer that knows its app's tasks (``app=``): others are refused unless routed.
+KNOWN = JobRules.from_settings(
+    SETTINGS, declared={"t": "default", "send_email": "billing"}, known_tasks=["t", "send_email"]
+)
+
+
+def planner(rules: JobRules | None = None) -> TimerPlanner:
     # the same random digits for both planners: generated ids are equal
     return TimerPlanner(
-        SETTINGS, recent=RecentJobs(), ids=JobIds(random_bytes=lambda n: b"\x5a" * n)
+        SETTINGS,
+        recent=RecentJobs(),
+        ids=JobIds(random_bytes=lambda n: b"\x5a" * n),
+        rules=rules,
     )
 
 
@@ -87,42 +98,49 @@ def outcome(f: Any) -> Any:
     return ("planned", got.job, got.record)
 
 
+def reference(req: JobRequest, now: int, rules: JobRules | None) -> Any:
+    """What ``prepare_job`` + ``timer_record`` make of ``req`` (ids drawn as the planner's)."""
+    ids = JobIds(random_bytes=lambda n: b"\x5a" * n)
+    try:
+        job = prepare_job(
+            req, now_ms=now, rules=rules or JobRules.from_settings(SETTINGS), new_job_id=ids.new
+        )
+    except DueflowError as exc:
+        return ("error", type(exc).__name__, getattr(exc, "field", None), str(exc))
+    placer = TimerPlacer(SETTINGS.wheel)
+    return ("planned", job, timer_record(job, now_ms=now, placer=placer))
+
+
 @settings(max_examples=1500, deadline=None)
-@given(req=PLAIN, again=PLAIN, now=st.integers(0, 4 * 10**12))
-def test_property_fast_path_equals_general_path(
-    req: JobRequest, again: JobRequest, now: int
+@given(req=PLAIN, again=PLAIN, now=st.integers(0, 4 * 10**12), known=st.booleans())
+def test_property_the_planner_plans_as_every_client_does(
+    req: JobRequest, again: JobRequest, now: int, known: bool
 ) -> None:
-    fast, general = planner(), planner()
-    assert outcome(lambda: fast._plan_plain(req, now)) == outcome(
-        lambda: general._plan_general(req, now, ())
-    )
-    # a second request sees the first in the recent-jobs memory the same way
-    assert outcome(lambda: fast._plan_plain(again, now + 1)) == outcome(
-        lambda: general._plan_general(again, now + 1, ())
-    )
+    rules = KNOWN if known else None
+    assert outcome(lambda: planner(rules).plan(req, now_ms=now)) == reference(req, now, rules)
+    # a second request of one planner: the same, or the first one's result (same id)
+    p = planner(rules)
+    first = outcome(lambda: p.plan(req, now_ms=now))
+    second = outcome(lambda: p.plan(again, now_ms=now + 1))
+    if first[0] == "planned" and again.job_id is not None and again.job_id == req.job_id:
+        assert second[0] in ("earlier", "error"), second
+    elif again.job_id is not None:
+        assert second == reference(again, now + 1, rules)
 
 
-def test_plain_requests_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    p = planner()
+def test_every_request_takes_the_one_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    p = TimerPlanner(SETTINGS, recent=RecentJobs(), ids=JobIds())
     taken: list[str] = []
-    monkeypatch.setattr(p, "_plan_general", lambda *a: taken.append("general"))
-    monkeypatch.setattr(p, "_plan_plain", lambda *a: taken.append("plain"))
-    p.plan(JobRequest("t", delay=5, job_id="j", max_attempts=2), now_ms=NOW)
-    p.plan(JobRequest("t", jitter="1s"), now_ms=NOW)
-    p.plan(JobRequest("t", run_at="2030-01-01T00:00:00Z"), now_ms=NOW)
-    p.plan(JobRequest("t", backoff="fixed"), now_ms=NOW)
-    p.plan(JobRequest("t", timeout="1s"), now_ms=NOW)
-    p.plan(JobRequest("t", labels={"a": "b"}), now_ms=NOW)
-    p.plan(JobRequest("t"), now_ms=NOW, trace_headers=[("traceparent", b"00-x")])
-    assert taken == ["plain"] + ["general"] * 6
 
+    def counted(req: JobRequest, **kw: Any) -> Any:
+        taken.append(str(req.task))
+        return prepare_job(req, **kw)
 
-def test_conflict_and_duplicate_on_both_paths() -> None:
-    p = planner()
-    first = p.plan(JobRequest("t", {"a": 1}, job_id="j"), now_ms=NOW)
-    assert isinstance(first, PlannedTimer)
-    dup = p.plan(JobRequest("t", {"a": 1}, job_id="j", jitter="1s"), now_ms=NOW)
-    assert isinstance(dup, Scheduled)
-    assert dup.duplicate
-    with pytest.raises(ConflictError):
-        p.plan(JobRequest("t", {"a": 2}, job_id="j"), now_ms=NOW)
+    monkeypatch.setattr("dueflow.producers.core.prepare_job", counted)
+    p.plan(JobRequest("a", delay=5, job_id="j", max_attempts=2), now_ms=NOW)
+    p.plan(JobRequest("b", jitter="1s"), now_ms=NOW)
+    p.plan(JobRequest("c", run_at="2030-01-01T00:00:00Z"), now_ms=NOW)
+    p.plan(JobRequest("d", backoff="fixed", timeout="1s", labels={"a": "b"}), now_ms=NOW)
+    p.plan(JobRequest("e", max_lateness="1m"), now_ms=NOW)
+    p.plan(JobRequest("f"), now_ms=NOW, trace_headers=[("traceparent", b"00-x")])
+    assert taken == ["a", "b", "c", "d", "e", "f"]

@@ -1,4 +1,4 @@
-# The README's tests/test_billing.py (test_testing_readme.py keeps them equal)
+# docs/testing.md's tests/test_billing.py (test_testing_readme.py keeps them equal)
 import pytest
 
 from dueflow.testing import InMemoryPipeline, make_context

@@ -1,4 +1,4 @@
-# The README's tests/test_orders.py (test_readme_chain.py keeps them equal)
+# docs/handlers.md's tests/test_orders.py (test_readme_chain.py keeps them equal)
 import pytest
 
 from dueflow.testing import InMemoryPipeline, make_context

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dueflow.errors import ConflictError
 from dueflow.producers.recent import Entry, RecentJobs
@@ -68,7 +70,8 @@ def test_remember_in_batches_equals_claiming_one_by_one(batch: int) -> None:
     for job_id, e in entries:
         claimed.claim(job_id, e, "t")
     for start in range(0, len(entries), batch):
-        remembered.remember(entries[start : start + batch])
+        ids, values = zip(*entries[start : start + batch], strict=True)
+        remembered.remember(list(ids), list(values))
         assert len(remembered) <= 100
     assert remembered._young == claimed._young
     assert remembered._old == claimed._old
@@ -79,5 +82,68 @@ def test_remember_in_batches_equals_claiming_one_by_one(batch: int) -> None:
 
 def test_remember_with_capacity_zero_keeps_nothing() -> None:
     r = RecentJobs(capacity=0)
-    r.remember([("j", entry())])
+    r.remember(["j"], [entry()])
     assert len(r) == 0
+
+
+# One step against the memory: remember n new jobs at once, or claim / get /
+# move / forget the i-th job seen so far (or a new one for claim).
+STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("remember"), st.integers(0, 25)),
+        st.tuples(st.sampled_from(["claim", "get", "move", "forget"]), st.integers(0, 200)),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=1000)
+@given(capacity=st.integers(1, 12), steps=STEPS)
+def test_remembering_in_batches_answers_as_claiming_one_by_one(
+    capacity: int, steps: list[tuple[str, int]]
+) -> None:
+    # remember() defers its inserts and drops those a later insert would drop
+    # again: every answer, and what is kept, equals claiming each job at once
+    lazy, eager = RecentJobs(capacity), RecentJobs(capacity)
+    seen: list[str] = []
+    for kind, n in steps:
+        if kind == "remember":
+            ids = [f"j{len(seen) + i}" for i in range(n)]
+            entries = [entry(f"h{len(seen) + i}", len(seen) + i) for i in range(n)]
+            seen.extend(ids)
+            lazy.remember(ids, entries)
+            for job_id, e in zip(ids, entries, strict=True):
+                assert eager.claim(job_id, e, "t") is None
+            continue
+        job_id = seen[n % len(seen)] if seen and (kind != "claim" or n % 3) else f"n{n}"
+        if kind == "claim":
+            e = entry("h-" + job_id, n)
+            answers = []
+            for r in (lazy, eager):
+                try:
+                    answers.append(r.claim(job_id, e, "t"))
+                except ConflictError as exc:
+                    answers.append(str(exc))  # type: ignore[arg-type]
+            assert answers[0] == answers[1]
+            seen.append(job_id)
+        elif kind == "get":
+            assert lazy.get(job_id) == eager.get(job_id)
+        elif kind == "move":
+            lazy.move(job_id, n, 1)
+            eager.move(job_id, n, 1)
+        else:
+            lazy.forget(job_id)
+            eager.forget(job_id)
+    assert len(lazy) == len(eager) <= capacity
+    assert (lazy._young, lazy._old) == (eager._young, eager._old)
+
+
+def test_a_long_run_of_remembered_jobs_is_held_bounded() -> None:
+    r = RecentJobs(capacity=100)
+    for start in range(0, 10_000, 10):
+        r.remember([f"j{i}" for i in range(start, start + 10)], [entry()] * 10)
+        assert len(r._pending_ids) < 3 * 50  # dropped as they are overtaken
+    assert len(r) == 50  # 10,000 jobs end a generation: the young one is empty
+    assert r.get("j9999") is not None
+    assert r.get("j9950") is not None
+    assert r.get("j9949") is None

@@ -14,9 +14,9 @@ from dueflow.model import Job
 from dueflow.producers.rescheduling import moved_timer, refusal, reschedule_records
 from dueflow.producers.targets import Target
 from dueflow.records import codec
-from dueflow.records.fast import decode_job, decode_key_record
 from dueflow.records.reschedule import MARK, key_of, reschedule_key, superseded
 from dueflow.records.timer_record import TimerPlacer, timer_record
+from dueflow.records.worker_codec import decode_job, decode_key_record
 from dueflow.rules.wheel import WheelGeometry
 
 T = 1_900_000_000_000

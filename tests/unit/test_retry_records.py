@@ -15,7 +15,7 @@ import pytest
 from dueflow import headers as hdr
 from dueflow.consumers import TaskRegistry, task
 from dueflow.consumers.failures import Failure
-from dueflow.consumers.feeds import PartitionFeed, prepare
+from dueflow.consumers.feeds import PartitionFeed, WireLimits, prepare
 from dueflow.consumers.outputs import KEY_HEADERS
 from dueflow.consumers.recorder import BatchRecorder
 from dueflow.consumers.store import (
@@ -31,7 +31,8 @@ from dueflow.consumers.store import (
 from dueflow.consumers.testing import exec_headers, make_job
 from dueflow.kafka.topics import names
 from dueflow.model import Backoff, BackoffKind
-from dueflow.records import codec, fast
+from dueflow.records import codec
+from dueflow.records import worker_codec as fast
 from dueflow.records.timer_record import TimerPlacer, retry_timer
 from dueflow.rules.drain import classify_timer
 from dueflow.rules.wheel import place_timer
@@ -55,7 +56,7 @@ def failed_once(backoff: Backoff, *, partition: int = 4, attempt: int = 1) -> Ba
         headers.append((hdr.ATTEMPT, str(attempt).encode()))
     feed = PartitionFeed(N.exec("jobs"), partition, None, MemoryKeyStore(10**9))
     d = job_delivery(feed, job, headers, 17)
-    prepare(d, TaskRegistry([flaky]))
+    prepare(d, TaskRegistry([flaky]), now_ms=NOW, limits=WireLimits())
     d.max_attempts = job.max_attempts  # what the runtime sets before it runs the job
     recorder.failed(d, Failure("ValueError", "no"), 0.01, NOW)
     return recorder
@@ -75,6 +76,38 @@ def test_the_retry_goes_to_its_tier_or_to_the_wheel(backoff: Backoff, topic: str
     assert (partition, key, headers) == (4, b"k1", KEY_HEADERS)
     assert fast.decode_key_state(value, KEY_HEADERS[0][1]) == ("retrying", NOW, 1)
     assert recorder.pending_final[b"k1"] == retried(1)  # skipped if read again meanwhile
+
+
+@pytest.mark.parametrize(("backoff", "delay"), [(FIXED, 500), (LONG, 30_000)])
+def test_the_retrying_outcome_says_when_the_next_attempt_is_due(
+    backoff: Backoff, delay: int
+) -> None:
+    """Its df-next-due is the retry record's df-due; the outcome stays version 1 (every
+    status view reads it) with the failed attempt's own due time."""
+    recorder = failed_once(backoff)
+    (_, _, _, _, _, retry_headers), _key_state, outcome = recorder.records
+    (_, topic, _, key, value, headers) = outcome
+    h = dict(headers)
+    assert topic == N.outcomes
+    assert h[hdr.NEXT_DUE] == dict(retry_headers)[hdr.DUE] == str(NOW + delay).encode()
+    assert h[hdr.SCHEMA] == fast.OUTCOME_V1
+    assert h[hdr.FIRED] == str(NOW - 4).encode()
+    decoded = codec.decode("outcome", value, writer_version=1)
+    assert (decoded["state"], decoded["attempt"], decoded["due_ms"]) == ("retrying", 1, NOW - 5)
+    assert key == decoded["job_id"].encode()
+
+
+def test_only_a_retrying_outcome_names_a_next_due_time() -> None:
+    recorder = batch_recorder()
+    job = make_job("flaky", {}, queue="jobs", key="k2", max_attempts=1, due_ms=NOW - 5)
+    feed = PartitionFeed(N.exec("jobs"), 0, None, MemoryKeyStore(10**9))
+    d = job_delivery(feed, job, exec_headers(job, fired_ms=NOW - 4), 3)
+    prepare(d, TaskRegistry([flaky]), now_ms=NOW, limits=WireLimits())
+    d.max_attempts = job.max_attempts
+    recorder.failed(d, Failure("ValueError", "no"), 0.01, NOW)  # its last attempt: dead
+    outcomes = [r for r in recorder.records if r[1] == N.outcomes]
+    assert [codec.decode("outcome", r[4], writer_version=1)["state"] for r in outcomes] == ["dead"]
+    assert hdr.NEXT_DUE not in dict(outcomes[0][5])
 
 
 def test_a_handed_on_attempt_is_skipped_and_the_next_one_runs() -> None:

@@ -9,8 +9,8 @@ import pytest
 
 from dueflow.config import load_settings
 from dueflow.consumers import TaskRegistry, task
-from dueflow.consumers.worker import select_queues
-from dueflow.errors import ConfigError, UnknownQueue
+from dueflow.consumers.worker_process import select_queues
+from dueflow.errors import ConfigError, InvalidInput, UnknownQueue
 from dueflow.producers.core import JobIds, PlannedTimer, TimerPlanner
 from dueflow.producers.recent import RecentJobs
 from dueflow.records.job_request import JobRequest, JobRules
@@ -183,3 +183,45 @@ def test_a_queue_the_lookup_finds_is_used() -> None:
     assert isinstance(planned, PlannedTimer)
     assert planned.job.queue == "nowhere"
     assert "nowhere" in planner.rules.queues
+
+
+# ------------------------------------------------------------ the app's tasks
+
+
+def _app_planner() -> TimerPlanner:
+    """A producer that knows its app (``app=``, ``--app``): the tasks it declares."""
+    declared = {"charge": "billing", "send-invoice": "billing"}
+    rules = JobRules.from_settings(SETTINGS, declared=declared, known_tasks=declared)
+    return TimerPlanner(SETTINGS, recent=RecentJobs(), ids=JobIds(), rules=rules)
+
+
+@pytest.mark.parametrize(
+    "req",
+    [
+        JobRequest("send-invoce"),  # the plain path of schedule_many
+        JobRequest("send-invoce", jitter="1s"),  # the general path
+        JobRequest("send-invoce", queue="billing"),  # an explicit queue does not hide it
+    ],
+)
+def test_a_producer_that_knows_its_app_refuses_a_task_it_does_not_declare(
+    req: JobRequest,
+) -> None:
+    with pytest.raises(InvalidInput) as info:
+        _app_planner().plan(req, now_ms=NOW)
+    text = str(info.value)
+    assert info.value.field == "task"
+    assert "got 'send-invoce'" in text
+    assert "did you mean 'send-invoice'?" in text
+    assert "'charge', 'send-invoice'" in text  # what it knows
+
+
+def test_declared_and_routed_tasks_pass_the_app_check() -> None:
+    assert isinstance(_app_planner().plan(JobRequest("charge"), now_ms=NOW), PlannedTimer)
+    # "rx": not the app's, but the route table (r* -> r) names it: another service's
+    with pytest.raises(UnknownQueue, match="got 'r'"):  # past the task check
+        _app_planner().plan(JobRequest("rx"), now_ms=NOW)
+
+
+def test_without_an_app_any_valid_task_name_is_accepted() -> None:
+    assert isinstance(_planner().plan(JobRequest("send-invoce"), now_ms=NOW), PlannedTimer)
+    assert JobRules.from_settings(SETTINGS, declared={"charge": "billing"}).known_tasks is None

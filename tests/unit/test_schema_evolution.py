@@ -83,6 +83,16 @@ RECORDS: dict[str, dict[str, Any]] = {
         "worker": "worker-1:4242",
         "trace_id": "0af7651916cd43dd8448eb211c80319c",
         "schedule_id": None,
+        # version 3
+        "result": b'{"charged":1299}',
+        "result_error": None,
+        "progress": 0.5,
+        "progress_detail": b'{"step":"capture"}',
+        "exec_partition": 3,
+        "version": "0190f0c2a1b27c3d8e9f00112233ccdd",
+        "command_id": "0190f0c2a1b27c3d8e9f00112233ccdd",
+        "first_job_id": None,
+        "group_id": "invoices-2026-12",
     },
     "dead_letter": {
         "job_id": "0190f0c2a1b27c3d8e9f00112233aabb",
@@ -132,6 +142,54 @@ RECORDS: dict[str, dict[str, Any]] = {
         "rate_limit_per_s": 50.0,
         "created_ms": NOW,
         "created_by": "ada@ops-1",
+    },
+    "command": {
+        "command_id": "0190f0c2a1b27c3d8e9f00112233ccdd",
+        "op": "patch",
+        "job_id": "0190f0c2a1b27c3d8e9f00112233aabb",
+        "idempotency_key": "invoice:42",
+        "queue": "billing",
+        "at_ms": NOW,
+        "by": "ada@ops-1",
+        "expect_version": "",
+        "known_due_ms": NOW + 60_000,
+        "due_ms": NOW + 120_000,
+        "payload": b'{"amount":1500,"currency":"EUR"}',
+        "content_type": "application/json",
+        "job": None,
+        "job_schema": None,
+        "unique": {
+            "key": "invoice:42",
+            "window_ms": 60_000,
+            "until": "end",
+            "on_duplicate": "return",
+            "extend": False,
+        },
+        "group": {"group_id": "g1", "size": 2, "members": [b"\x02"], "then": None},
+        "member": None,
+    },
+    "steering_state": {
+        "job": {
+            "job_id": "0190f0c2a1b27c3d8e9f00112233aabb",
+            "idempotency_key": "invoice:42",
+            "current": "",
+            "current_due_ms": NOW + 60_000,
+            "cancelled": False,
+            "ended": None,
+            "outstanding": [{"token": "", "due_ms": NOW + 60_000}],
+            "patch": {
+                "token": "0190f0c2a1b27c3d8e9f00112233ccdd",
+                "due_ms": NOW + 120_000,
+                "payload": b'{"amount":1500}',
+                "content_type": "application/json",
+                "command_id": "0190f0c2a1b27c3d8e9f00112233ccdd",
+            },
+            "exec_partition": 3,
+            "last_command_id": "0190f0c2a1b27c3d8e9f00112233ccdd",
+            "updated_ms": NOW,
+        },
+        "unique": None,
+        "group": None,
     },
 }
 
@@ -204,24 +262,48 @@ def test_the_check_catches_an_incompatible_change() -> None:
     assert _read(_write(fixed, {**RECORDS["idempotency"], "owner": "x"}), fixed, v1)
 
 
-@pytest.mark.parametrize("state", ["rescheduled", "expired", "skipped"])
+@pytest.mark.parametrize(
+    "state", ["rescheduled", "expired", "skipped", "updated", "refused", "deduplicated"]
+)
 def test_a_reader_of_version_1_reads_the_new_outcome_states_as_unknown(state: str) -> None:
-    """Version 2 adds states; the enum's default makes them readable by version 1."""
+    """Versions 2 and 3 add states; the enum's default makes them readable by version 1."""
     v1 = fastavro.parse_schema(codec.schema_json("outcome", 1), named_schemas={})
     data = codec.encode("outcome", {**RECORDS["outcome"], "state": state})
     assert _read(data, codec.parsed_schema("outcome"), v1)["state"] == "unknown"
     assert codec.decode("outcome", data)["state"] == state
 
 
+@pytest.mark.parametrize("state", ["updated", "refused", "deduplicated"])
+def test_a_reader_of_version_2_reads_version_3_outcomes(state: str) -> None:
+    """The status views of the release before read what workers write now: the new
+    fields are skipped, the new states are unknown, the rest is kept."""
+    v2 = fastavro.parse_schema(codec.schema_json("outcome", 2), named_schemas={})
+    record = {**RECORDS["outcome"], "state": state}
+    got = _read(codec.encode("outcome", record), codec.parsed_schema("outcome"), v2)
+    assert got["state"] == "unknown"
+    assert {k: got[k] for k in got if k != "state"} == {
+        k: v for k, v in record.items() if k in got and k != "state"
+    }
+
+
+def test_version_3_outcomes_are_version_2_bytes_followed_by_the_new_fields() -> None:
+    """What lets the hand-written encoders append version 3's fields."""
+    from dueflow.records import worker_codec as fast
+
+    v2_part = _shared(RECORDS["outcome"], codec.schema_json("outcome", 2))
+    full = codec.encode("outcome", RECORDS["outcome"])
+    assert full.startswith(codec.encode("outcome", v2_part, version=2))
+    assert fast.encode_outcome_v3(**RECORDS["outcome"]) == full
+
+
 def test_records_that_need_nothing_new_are_written_as_version_1() -> None:
     """A reader resolves only the versions it knows: what version 1 can hold is written
     as version 1, byte for byte the hand-written encoders' (what workers write)."""
-    from dueflow.records import fast
+    from dueflow.records import worker_codec as fast
 
     key = {k: v for k, v in RECORDS["idempotency"].items() if k != "run_only_due_ms"}
     assert codec.encode("idempotency", key, version=1) == fast.encode_key_state(**key)
     assert codec.schema_header("idempotency", 1) == fast.IDEMPOTENCY_V1
-    assert codec.encode("outcome", RECORDS["outcome"], version=1) == fast.encode_outcome(
-        **RECORDS["outcome"]
-    )
+    v1_outcome = _shared(RECORDS["outcome"], codec.schema_json("outcome", 1))
+    assert codec.encode("outcome", v1_outcome, version=1) == fast.encode_outcome(**v1_outcome)
     assert codec.schema_header("outcome", 1) == fast.OUTCOME_V1

@@ -5,9 +5,11 @@ beyond loopback without a token, and no secret in any message."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import replace
 from typing import Any
 
+import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -20,10 +22,12 @@ from dueflow.streams.status.access import (
     check_origin,
     check_token,
     is_loopback_bind,
+    page_banner,
+    page_scheme,
     require_token_beyond_loopback,
     split_host,
 )
-from dueflow.streams.status.app import StatusView, page_banner
+from dueflow.streams.status.app import StatusView
 from dueflow.streams.status.web import build_web_app
 from tests.unit.test_status_web import FakeSource
 
@@ -178,7 +182,13 @@ def test_a_host_that_is_not_the_view_is_refused(method: str) -> None:
 
 
 def test_allowed_hosts_are_answered_with_their_own_origin() -> None:
-    headers = {**BEARER, **JSON, "Origin": "https://status.example.com"}
+    # behind a TLS proxy, which says so (X-Forwarded-Proto): the page's origin is https
+    headers = {
+        **BEARER,
+        **JSON,
+        "Origin": "https://status.example.com",
+        "X-Forwarded-Proto": "https",
+    }
     got = call(
         "POST",
         "/dlq/q/redrive",
@@ -253,7 +263,113 @@ def test_check_host(
     ],
 )
 def test_check_origin(origin: str | None, host: str, ok: bool) -> None:
-    assert (check_origin(origin, host=host) is None) == ok
+    scheme = "https" if (origin or "").startswith("https") else "http"
+    assert (check_origin(origin, host=host, scheme=scheme) is None) == ok
+
+
+@pytest.mark.parametrize(
+    ("origin", "host", "scheme", "ok"),
+    [
+        # the whole origin: scheme, host and port
+        ("http://127.0.0.1:6066", "127.0.0.1:6066", "http", True),
+        ("https://127.0.0.1:6066", "127.0.0.1:6066", "http", False),  # same host:port
+        ("http://127.0.0.1:6066", "127.0.0.1:6066", "https", False),
+        ("http://status.example.com", "status.example.com", "https", False),
+        ("https://status.example.com", "status.example.com", "https", True),
+        ("https://status.example.com:443", "status.example.com", "https", True),
+        ("https://status.example.com", "status.example.com:443", "https", True),
+        ("http://status.example.com", "status.example.com:80", "http", True),
+        # a default port belongs to its scheme: https://h:80 is not http://h
+        ("https://status.example.com:80", "status.example.com:80", "http", False),
+        ("http://status.example.com:443", "status.example.com:443", "https", False),
+        ("HTTP://127.0.0.1:6066", "127.0.0.1:6066", "http", True),
+        # not an origin at all
+        ("http://user@127.0.0.1:6066", "127.0.0.1:6066", "http", False),
+        ("http://127.0.0.1:6066?x=1", "127.0.0.1:6066", "http", False),
+        ("http://127.0.0.1:6066#x", "127.0.0.1:6066", "http", False),
+        ("http://127.0.0.1:99999", "127.0.0.1:99999", "http", False),
+        ("http://[::1", "[::1]:6066", "http", False),
+        ("http://127.0.0.1:6066", "", "http", False),
+        ("http://127.0.0.1:6066", "127.0.0.1:6066", "ftp", False),
+    ],
+)
+def test_the_origin_is_compared_whole(origin: str, host: str, scheme: str, ok: bool) -> None:
+    refusal = check_origin(origin, host=host, scheme=scheme)
+    assert (refusal is None) == ok
+    if refusal is not None:
+        assert refusal.status == 403
+
+
+@pytest.mark.parametrize(
+    ("transport", "forwarded", "scheme"),
+    [
+        ("http", None, "http"),
+        ("https", None, "https"),
+        ("http", "https", "https"),
+        ("http", "HTTPS, http", "https"),  # the proxy nearest the browser comes first
+        ("http", "gopher", "http"),  # not a scheme of a page: ignored
+        ("http", "", "http"),
+    ],
+)
+def test_page_scheme(transport: str, forwarded: str | None, scheme: str) -> None:
+    assert page_scheme(transport, forwarded) == scheme
+
+
+def test_an_origin_of_another_scheme_is_refused_by_the_view() -> None:
+    """A page of https://127.0.0.1:PORT is not the view's page (it serves http)."""
+    status, doc, _, calls = call(
+        "POST", "/dlq/q/redrive", {**BEARER, **JSON, "Origin": "https://127.0.0.1:PORT"}
+    )
+    assert (status, calls) == (403, [])
+    assert "scheme, host and port must all match" in doc["error"]
+    # the same origin, once a TLS proxy in front says the page is https
+    status, _, _, calls = call(
+        "POST",
+        "/dlq/q/redrive",
+        {**BEARER, **JSON, "Origin": "https://127.0.0.1:PORT", "X-Forwarded-Proto": "https"},
+    )
+    assert (status, len(calls)) == (200, 1)
+
+
+async def _raw_post(authorization: bytes) -> tuple[int, dict[str, Any]]:
+    """One POST with an Authorization header of raw bytes (aiohttp's client sends text)."""
+    app = build_web_app(FakeSource(), Metrics(), access=StatusAccess(token=TOKEN))
+    async with TestServer(app, host="127.0.0.1") as server:
+        port = int(server.port or 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"POST /dlq/q/redrive HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAuthorization: %s\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n"
+            b"\r\n{}" % (port, authorization)
+        )
+        await writer.drain()
+        raw = await reader.read()
+        writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), orjson.loads(body)
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [
+        pytest.param(b"Bearer \xff\xfe", id="not-utf8"),
+        pytest.param(b"Bearer \xe9", id="latin1"),
+        pytest.param(b"Bearer h\xc3\xa9llo", id="utf8-non-ascii"),
+        pytest.param(b"Basic !!!not-base64", id="bad-base64"),
+        pytest.param(b"Basic dXNlcjpwYXNz", id="other-scheme"),
+        pytest.param(b"\xff\xfe " + TOKEN.encode(), id="undecodable-scheme"),
+        pytest.param(b"Bearer", id="no-token"),
+    ],
+)
+def test_an_authorization_header_it_cannot_read_is_a_401_not_an_error(
+    authorization: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.DEBUG):
+        status, doc = asyncio.run(_raw_post(authorization))
+    assert status == 401, doc
+    assert "token" in doc["error"]
+    assert TOKEN not in doc["error"]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
 
 
 def test_check_token_takes_the_bearer_scheme_in_any_case() -> None:

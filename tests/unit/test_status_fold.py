@@ -1,14 +1,21 @@
 """The status view folds a batch of outcomes in memory and writes each changed
-table key to its changelog once, with its last value."""
+job to its changelog once, with its last view; the counts change in memory."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from dueflow import headers as hdr
 from dueflow.config import Settings
 from dueflow.observability.metrics import Metrics
-from dueflow.records.fast import encode_outcome, outcome_header
+from dueflow.records.worker_codec import (
+    OUTCOME_V3,
+    encode_outcome,
+    encode_outcome_v3,
+    outcome_header,
+)
 from dueflow.streams.status.app import Changed, StatusView
 
 
@@ -16,12 +23,11 @@ def _view(tmp_path: Any) -> tuple[StatusView, list[tuple[str, int, Any, Any]]]:
     view = StatusView(Settings(), metrics=Metrics(), data_dir=tmp_path)
     view.quarantine = None
     sent: list[tuple[str, int, Any, Any]] = []
-    for table in (view.jobs, view.counts):
 
-        def record(p: int, key: Any, value: Any, *_a: Any, _n: str = table.name, **_k: Any) -> None:
-            sent.append((_n, p, key, value))
+    def send_job(job_id: str, p: int, raw: bytes | None, _staged: Any) -> None:
+        sent.append(("jobs", p, job_id, None if raw is None else orjson.loads(raw)))
 
-        table.send_changelog = record  # type: ignore[method-assign,assignment]
+    view._send_job = send_job  # type: ignore[method-assign,assignment]
     return view, sent
 
 
@@ -56,12 +62,11 @@ def test_a_batch_writes_each_changed_key_once_with_its_last_value(tmp_path: Any)
     jobs = {key: (p, value["state"]) for name, p, key, value in sent if name == "jobs"}
     assert jobs == {"a": (2, "succeeded"), "b": (2, "scheduled"), "c": (5, "scheduled")}
     assert sum(1 for name, *_ in sent if name == "jobs") == 3
-    counts = [(p, key, value) for name, p, key, value in sent if name == "queue-counts"]
-    assert counts == [
-        (2, "default@2", {"succeeded": 1, "scheduled": 1}),
-        (5, "default@5", {"scheduled": 1}),
-    ]
-    assert view.jobs.data["a"]["state"] == "succeeded"
+    assert {name for name, *_ in sent} == {"jobs"}, "the counts have no changelog"
+    assert view.counts.of_partition(2) == {"default": {"succeeded": 1, "scheduled": 1}}
+    assert view.counts.of_partition(5) == {"default": {"scheduled": 1}}
+    assert view.reads.queues()["queues"]["default"]["counts"] == {"succeeded": 1, "scheduled": 2}
+    assert view.reads.job("a")["state"] == "succeeded"  # type: ignore[index]
 
 
 def test_a_batch_with_nothing_usable_writes_nothing(tmp_path: Any) -> None:
@@ -70,4 +75,37 @@ def test_a_batch_with_nothing_usable_writes_nothing(tmp_path: Any) -> None:
     view.apply_event(0, 7, [], b"\xff\xff", changed, key=b"x")
     view.write_changed(changed)
     assert sent == []
-    assert view.jobs.data == {}
+    assert view.reads.job("x") is None
+    assert view.store.unsaved == 0
+
+
+def test_an_outcome_v3_with_a_result_goes_to_the_changelog_as_json(tmp_path: Any) -> None:
+    """A worker's Outcome v3 carries bytes (a result, a progress detail): the view
+    is JSON in the changelog and the job file, so they are kept as JSON values."""
+    view, sent = _view(tmp_path)
+    changed = Changed()
+    _fold(view, changed, 1, "r", "scheduled", 1)
+    value = encode_outcome_v3(
+        job_id="r",
+        queue="default",
+        task="t",
+        idempotency_key="k-r",
+        state="succeeded",
+        attempt=1,
+        at_ms=2,
+        worker="w1",
+        result=b'{"sum": 3}',
+        exec_partition=4,
+        command_id=None,
+    )
+    view.apply_event(1, 2, [(hdr.SCHEMA, OUTCOME_V3)], value, changed, key=b"r")
+    view.write_changed(changed)
+    [(_, p, key, job)] = [s for s in sent if s[0] == "jobs"]
+    assert (p, key, job["state"], job["result"], job["exec_partition"]) == (
+        1,
+        "r",
+        "succeeded",
+        {"sum": 3},
+        4,
+    )
+    assert view.reads.job("r")["result"] == {"sum": 3}  # type: ignore[index]

@@ -10,7 +10,7 @@ import faust
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from dueflow.apps.cli.status_cmd import render_job, render_status, status_from_cluster
+from dueflow.apps.cli.status_render import render_job, render_status, status_from_cluster
 from dueflow.config import Settings, load_settings
 from dueflow.errors import ConfigError
 from dueflow.observability.metrics import Metrics
@@ -44,6 +44,12 @@ JOB = {
 class FakeSource:
     def job(self, job_id: str) -> dict[str, Any] | None:
         return JOB if job_id == "j1" else None
+
+    async def wait_job(self, job_id: str, *, until: str, timeout_s: float) -> dict[str, Any] | None:
+        return self.job(job_id)
+
+    def identity(self) -> dict[str, str]:
+        return {"Dueflow-Topic-Prefix": "dueflow"}
 
     def queues(self) -> dict[str, Any]:
         return {"queues": {"q": {"counts": {"succeeded": 1}, "total": 1}}}
@@ -205,3 +211,34 @@ def test_cli_rendering() -> None:
     assert "state         succeeded" in job
     assert "IOError: disk" in job
     assert "3.2 ms" in job
+
+
+def test_a_job_answer_waits_only_within_bounds_and_says_whose_view_it_is() -> None:
+    async def run() -> dict[str, tuple[int, Any, str | None]]:
+        app = build_web_app(FakeSource(), Metrics(), access=ACCESS)
+        out: dict[str, tuple[int, Any, str | None]] = {}
+        async with TestClient(TestServer(app)) as client:
+            for q in (
+                "",
+                "?wait_ms=10",
+                "?wait_ms=10&until=change",
+                "?wait_ms=abc",
+                "?wait_ms=60001",
+                "?until=soon",
+            ):
+                resp = await client.get("/jobs/j1" + q)
+                out[q] = (resp.status, await resp.json(), resp.headers.get("Dueflow-Topic-Prefix"))
+            resp = await client.get("/jobs/nope")
+            out["404"] = (resp.status, await resp.json(), resp.headers.get("Dueflow-Topic-Prefix"))
+        return out
+
+    got = asyncio.run(run())
+    for q in ("", "?wait_ms=10", "?wait_ms=10&until=change"):
+        assert got[q] == (200, JOB, "dueflow"), q
+    assert got["?wait_ms=abc"][0] == 400
+    assert "wait_ms: an integer from 0 to 60000" in got["?wait_ms=abc"][1]["error"]
+    assert got["?wait_ms=60001"][0] == 400
+    assert got["?until=soon"][0] == 400
+    assert "until: one of final, change" in got["?until=soon"][1]["error"]
+    assert got["404"][0] == 404
+    assert got["404"][2] == "dueflow", "an unknown job's answer says whose view it is too"

@@ -14,7 +14,7 @@ from dueflow.consumers.registry import TaskSpec, spec_of
 from dueflow.errors import InvalidInput
 from dueflow.model import Backoff, Job
 from dueflow.records import codec
-from dueflow.records.fast import decode_job_fields
+from dueflow.records.worker_codec import decode_job_fields
 
 
 @task("send-invoice", queue="billing", timeout=30, max_attempts=5, rate_limit=10)

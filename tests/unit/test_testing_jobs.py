@@ -175,7 +175,7 @@ def test_the_handler_gets_the_payload_as_the_wire_gives_it(payload: Any, receive
         ({1, 2}, "JSON-serializable"),
         (object(), "JSON-serializable"),
         ({1: "int key"}, "JSON-serializable"),
-        ("x" * 1_100_000, "a timer record of at most"),
+        ("x" * 1_100_000, "bytes of payload"),
     ],
     ids=["set", "object", "int-key", "too-large"],
 )
@@ -365,10 +365,16 @@ def test_status_is_what_the_status_view_shows() -> None:
             job.due_ms,
             0,
         )
+        p.advance(minutes=1)  # the first attempt fails: its retry is due 10 s later
+        waiting = p.status(job.job_id)
+        assert waiting is not None
+        assert (waiting["state"], waiting["due_ms"]) == ("retrying", job.due_ms)
+        assert waiting["next_due_ms"] == job.due_ms + 10_000
         p.run_until_idle()
         view = p.status(job.job_id)
         assert view is not None
         assert (view["state"], view["attempts"]) == ("succeeded", 2)
+        assert "next_due_ms" not in view
         assert view["last_error"]["type"] == "ConnectionError"
         assert [h[0] for h in view["history"]] == ["scheduled", "retrying", "succeeded"]
         assert p.status("nope") is None
@@ -417,12 +423,18 @@ def test_every_public_scheduler_method_is_known_here() -> None:
         "schedules",
         "schedule",
         "schedule_request",
+        "schedule_unique",  # tests/unit/test_testing_unique.py
+        "existing",  # tests/unit/test_existing_ids.py
         "schedule_many",
         "cancel",
         "cancel_plan",
         "lookup",
         "status",
+        "result",  # tests/unit/test_testing_results.py (raises at once when not ended)
         "reschedule",
+        "update",  # tests/unit/test_testing_steering.py
+        "steerable",  # tests/unit/test_testing_steering.py
+        "group",  # tests/unit/test_testing_groups.py
         "timers",
         "queue_spec",
         "add_schedule",

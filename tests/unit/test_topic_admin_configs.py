@@ -58,3 +58,21 @@ def test_a_topic_still_unknown_at_the_timeout_is_an_error() -> None:
     ta = TopicAdmin(LaggingAdmin(lag=10**6), replication_factor=3, timeout_s=0.5)  # type: ignore[arg-type]
     with pytest.raises(DueflowError, match="describe configs of p"):
         ta._configs(_specs())
+
+
+def test_the_set_aside_topics_get_headroom_over_the_largest_other_topic() -> None:
+    from dueflow.config import load_settings
+    from dueflow.kafka.topic_admin import TopicState, compare, with_headroom
+    from dueflow.kafka.topics import SET_ASIDE_HEADROOM, topic_layout
+
+    specs = with_headroom(topic_layout(load_settings(env={}, overrides={})), 2_000_000)
+    wanted = {s.role: s.config.get("max.message.bytes") for s in specs}
+    assert wanted["dlq"] == wanted["quarantine"] == str(2_000_000 + SET_ASIDE_HEADROOM)
+    assert wanted["exec"] is None
+    assert wanted["timers"] is None
+    (dlq,) = [s for s in specs if s.role == "dlq"]
+    state = TopicState(dlq.name, dlq.partitions, {**dlq.config, "max.message.bytes": "1048588"})
+    (note,) = compare(dlq, state)
+    assert (note.what, note.critical) == ("max.message.bytes", False)  # reported, not refused
+    roomier = TopicState(dlq.name, dlq.partitions, {**dlq.config, "max.message.bytes": "9999999"})
+    assert compare(dlq, roomier) == []  # more room is as good

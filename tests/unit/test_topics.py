@@ -28,12 +28,14 @@ def test_layout_has_every_topic_of_the_design() -> None:
         "df.retry.billing.1m",
         "df.dlq.billing",
         "df.idempotency.billing",
+        "df.steering.billing",
         "df.exec.default",
         "df.retry.default.1s",
         "df.retry.default.10s",
         "df.retry.default.1m",
         "df.dlq.default",
         "df.idempotency.default",
+        "df.steering.default",
     }
     timers = specs["df.timers"]
     assert timers.partitions == s.wheel.total_partitions == 260
@@ -46,9 +48,20 @@ def test_layout_has_every_topic_of_the_design() -> None:
     assert specs["df.queues"].config["cleanup.policy"] == "compact"
     # co-partitioning: every topic of a queue has the exec topic's partition count
     for q, p in (("billing", 12), ("default", 3)):
-        for name in (f"df.exec.{q}", f"df.retry.{q}.1s", f"df.dlq.{q}", f"df.idempotency.{q}"):
+        for name in (
+            f"df.exec.{q}",
+            f"df.retry.{q}.1s",
+            f"df.dlq.{q}",
+            f"df.idempotency.{q}",
+            f"df.steering.{q}",
+        ):
             assert specs[name].partitions == p
         assert specs[f"df.idempotency.{q}"].config["cleanup.policy"] == "compact,delete"
+        # the state of a steered job lives as long as its timers: never time-deleted
+        steering = specs[f"df.steering.{q}"]
+        assert steering.config["cleanup.policy"] == "compact"
+        assert "retention.ms" not in steering.config
+        assert "cleanup.policy" in steering.critical
 
 
 def test_tier_labels() -> None:

@@ -63,3 +63,14 @@ def test_observability_options(monkeypatch: pytest.MonkeyPatch) -> None:
     settings, _ = worker_settings(args)  # type: ignore[arg-type]
     obs = settings.observability
     assert (obs.metrics_port, obs.job_log, obs.log_format) == (9470, "failures", "text")
+
+
+def test_max_memory_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DUEFLOW_CONFIG", raising=False)
+    monkeypatch.delenv("DUEFLOW_WORKER_MAX_MEMORY", raising=False)
+    settings, _ = worker_settings(parse())  # type: ignore[arg-type]
+    assert settings.worker.max_memory is None
+    settings, _ = worker_settings(parse("--max-memory", "1.5GiB"))  # type: ignore[arg-type]
+    assert settings.worker.max_memory == 3 * 2**29
+    with pytest.raises(InvalidInput, match="--max-memory"):
+        worker_settings(parse("--max-memory", "a lot"))  # type: ignore[arg-type]

@@ -29,7 +29,7 @@ from dueflow.consumers.hooks import (
     on_shutdown,
     will_retry,
 )
-from dueflow.consumers.worker import Worker
+from dueflow.consumers.worker_process import Worker
 from dueflow.errors import InvalidInput, WorkerStartupFailed
 from dueflow.observability.metrics import Metrics
 from tests.unit import hooks_app

@@ -109,6 +109,9 @@ class TransactionalCommitter:
         self._started = False
         # Monotonic time after which the call now running counts as wedged.
         self._wedged_after = math.inf
+        # (topic, partition) -> the offset its last committed transaction sent (read
+        # on the transaction thread only: QueueRuntime.take_blocked).
+        self.committed_offsets: dict[tuple[str, int], int] = {}
 
     def wedged(self) -> bool:
         """A ``send_offsets_to_transaction`` of this committer runs past its own
@@ -168,6 +171,8 @@ class TransactionalCommitter:
                 break
             try:
                 self._commit_once(batch, deadline)
+                for tp in batch.offsets:
+                    self.committed_offsets[(tp.topic, tp.partition)] = tp.offset
                 return
             except _NotOurs as exc:
                 event(_LOG, "transaction aborted", logging.WARNING, queue=self._queue, why=str(exc))

@@ -3,21 +3,43 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, MutableMapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from typing import TYPE_CHECKING, Any, NamedTuple, Unpack
+
+import orjson
 
 from dueflow import headers as hdr
+from dueflow.config import QueueSpec, Settings
+from dueflow.consumers.follow_ups import Attempt, FollowUpPlanner, fixed_planner
 from dueflow.errors import DueflowError, InvalidInput
-from dueflow.model import Backoff, Job
-from dueflow.records.fast import F_DUE_MS, F_JOB_ID, F_KEY, F_QUEUE, F_TASK, F_TRACE, JobFields
+from dueflow.group_model import GroupResults
+from dueflow.model import Job
+from dueflow.records import codec
+from dueflow.records.job_options import JOB_KEYWORDS, JobOptions, check_keywords
+from dueflow.records.job_request import content_hash, encode_payload
+from dueflow.records.job_result import Progress, check_progress, decode_result, to_json
+from dueflow.records.worker_codec import (
+    F_DUE_MS,
+    F_JOB_ID,
+    F_KEY,
+    F_QUEUE,
+    F_TASK,
+    F_TRACE,
+    JobFields,
+    decode_job_fields,
+)
 
 if TYPE_CHECKING:
-    from dueflow.config import Settings
-    from dueflow.consumers.follow_ups import FollowUpPlanner
     from dueflow.records.follow_up import FollowUp, PlannedFollowUp
-    from dueflow.records.job_request import Duration, Instant
 
 _LOGGER = "dueflow.task"
+
+
+class ProgressReport(NamedTuple):
+    """One ``ctx.progress`` call as a test sees it (``ctx.progress_reports``)."""
+
+    fraction: float | None
+    detail: Any
 
 
 class TaskContext:
@@ -29,7 +51,9 @@ class TaskContext:
     already made is recognised when the job runs again.
 
     :meth:`schedule` schedules follow-up jobs in the same Kafka transaction as
-    this attempt's success.
+    this attempt's success; :meth:`progress` reports how far the attempt is;
+    the handler's return value is the job's result (JSON), and a follow-up
+    scheduled with ``pass_result=True`` reads it as :attr:`parent_result`.
     """
 
     __slots__ = (
@@ -89,6 +113,7 @@ class TaskContext:
         now_ms: int | None = None,
         queues: Iterable[str] = (),
         settings: Settings | None = None,
+        parent_result: Any = None,
     ) -> TaskContext:
         """A context for calling a handler directly in a unit test::
 
@@ -103,16 +128,12 @@ class TaskContext:
         (``("test", 0, 0)``). :meth:`schedule` checks follow-ups against
         ``settings`` (default: the queues ``default``, ``queue`` and ``queues``)
         with a clock that reads ``now_ms`` (default ``due_ms``), and keeps them
-        in :attr:`follow_ups`. For whole jobs (retries, timeouts, the DLQ,
-        chains) use :class:`dueflow.testing.InMemoryPipeline`.
+        in :attr:`follow_ups`. :meth:`progress` keeps every report in
+        :attr:`progress_reports`. ``parent_result``: what :attr:`parent_result`
+        gives (as a job scheduled with ``pass_result=True`` receives it). For
+        whole jobs (retries, timeouts, the DLQ, chains) use
+        :class:`dueflow.testing.InMemoryPipeline`.
         """
-        from dueflow.config import QueueSpec
-        from dueflow.config import Settings as _Settings
-        from dueflow.consumers.follow_ups import Attempt, fixed_planner
-        from dueflow.records import codec
-        from dueflow.records.fast import decode_job_fields
-        from dueflow.records.job_request import content_hash, encode_payload
-
         for name, value in (("attempt", attempt), ("max_attempts", max_attempts)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidInput(name, value, "an integer >= 1")
@@ -136,11 +157,17 @@ class TaskContext:
         )
         fields = decode_job_fields(codec.encode("job", job.to_record()))
         headers = {hdr.ATTEMPT: str(attempt).encode()}
+        if parent_result is not None:
+            passed = to_json(parent_result)
+            if passed.json is None:
+                raise InvalidInput("parent_result", parent_result, f"a JSON value ({passed.error})")
+            headers[hdr.PARENT_RESULT] = passed.json
         if settings is None:
             known = dict.fromkeys(["default", queue, *queues])
-            settings = _Settings(queues=tuple(QueueSpec(q) for q in known)).validate()
+            settings = Settings(queues=tuple(QueueSpec(q) for q in known)).validate()
         planner = fixed_planner(settings, now_ms=due_ms if now_ms is None else now_ms)
-        return cls(fields, attempt, max_attempts, headers, ("test", 0, 0), None, Attempt(planner))
+        owner = Attempt(planner, reports=[])
+        return cls(fields, attempt, max_attempts, headers, ("test", 0, 0), None, owner)
 
     @property
     def job(self) -> Job:
@@ -190,10 +217,68 @@ class TaskContext:
         return parts[1] if len(parts) >= 4 else None
 
     @property
+    def group(self) -> GroupResults | None:
+        """On a group's callback: the group and how each member ended (``None`` on
+        any other job). See ``Scheduler.group``."""
+        raw = self.headers.get(hdr.GROUP_RESULTS)
+        return None if raw is None else GroupResults.from_json(raw)
+
+    @property
     def parent_job_id(self) -> str | None:
         """The job id of the job whose handler scheduled this one (``ctx.schedule``)."""
         raw = self.headers.get(hdr.PARENT)
         return None if raw is None else raw.decode("utf-8", "replace")
+
+    @property
+    def parent_result(self) -> Any:
+        """The result of the job whose handler scheduled this one with
+        ``ctx.schedule(..., pass_result=True)`` (its return value, as JSON gives it
+        back); None when it returned None, when its result was not kept
+        (:attr:`parent_result_error` says why) or when it passed none."""
+        raw = self.headers.get(hdr.PARENT_RESULT)
+        return None if raw is None else orjson.loads(raw)
+
+    @property
+    def parent_result_error(self) -> str | None:
+        """Why the parent's result was not passed (not JSON, too large), if so."""
+        raw = self.headers.get(hdr.PARENT_RESULT_ERROR)
+        return None if raw is None else raw.decode("utf-8", "replace")
+
+    # ------------------------------------------------------------ progress
+
+    def progress(self, fraction: float | None = None, detail: Any = None) -> None:
+        """Report how far this attempt is: ``fraction`` from 0 to 1 and/or ``detail``, a
+        small JSON value (at most 1 KiB as JSON); :class:`~dueflow.errors.InvalidInput`
+        otherwise. Call it as often as you like, from any thread of the handler: it
+        does no I/O, the worker keeps the newest value and writes it (a ``started``
+        outcome) at most once a second per attempt (``worker.progress_interval_ms``)
+        and ``worker.progress_max_per_s`` per process. ``Scheduler.status``,
+        ``dueflow job`` and the status page show it; a value not written when the
+        attempt ends goes with its final outcome.
+        """
+        self.report_progress(check_progress(fraction, detail))
+
+    def report_progress(self, value: Progress) -> None:
+        """A checked progress value of this attempt (a child process's, relayed)."""
+        owner = self._owner
+        if owner is not None:
+            owner.progressed(value)
+
+    def relay_progress(self, sink: Callable[[Progress], None]) -> None:
+        """Send this context's progress values to ``sink`` (a child process's pipe)."""
+        owner = self._owner
+        if owner is not None:
+            owner.sink = sink
+
+    @property
+    def progress_reports(self) -> tuple[ProgressReport, ...]:
+        """What :meth:`progress` reported so far, in call order, on a context made for a
+        test (``TaskContext.for_test``, ``dueflow.testing.make_context``); empty on a
+        worker's (it keeps only the newest value)."""
+        reports = getattr(self._owner, "reports", None)
+        if not reports:
+            return ()
+        return tuple(ProgressReport(v.fraction, decode_result(v.detail)) for v in reports)
 
     # ------------------------------------------------------------ follow-ups
 
@@ -202,20 +287,14 @@ class TaskContext:
         task: str,
         payload: Any = None,
         *,
-        run_at: Instant | None = None,
-        delay: Duration | None = None,
-        queue: str | None = None,
-        job_id: str | None = None,
-        idempotency_key: str | None = None,
-        max_attempts: int | None = None,
-        backoff: Backoff | str | Mapping[str, Any] | None = None,
-        timeout: Duration | None = None,
-        jitter: Duration | None = None,
-        labels: Mapping[str, str] | None = None,
+        pass_result: bool = False,
+        **options: Unpack[JobOptions],
     ) -> FollowUp:
         """Schedule a follow-up job, written only if this attempt succeeds.
 
-        The arguments are those of :meth:`dueflow.Scheduler.schedule` and are
+        The keywords are those of :meth:`dueflow.Scheduler.schedule` but a deadline
+        and a unique key (:class:`~dueflow.records.job_options.JobOptions`; another
+        one raises :class:`~dueflow.records.job_options.UnknownKeyword` naming it),
         checked the same way, at once (:class:`~dueflow.errors.InvalidInput` for
         bad input, nothing kept). ``queue`` defaults to the queue the task is
         declared in by this worker's app, else ``default``. The job's timer is
@@ -226,25 +305,24 @@ class TaskContext:
         again. Its job id and key default to ``<this job's key>/<n>`` for the
         n-th call (0-based): deterministic, so a job that runs twice schedules
         the same follow-up. Call it from sync and async handlers alike (it does
-        no I/O), before the handler returns.
+        no I/O), before the handler returns. ``pass_result=True``: the follow-up
+        receives this job's result (what the handler returns) as
+        ``ctx.parent_result``; its record must leave room for it (the task's
+        ``result_max_bytes``).
         """
         planner = self._planner
         if planner is None:
             raise DueflowError(
                 "this context cannot schedule follow-ups (only a running handler's can)"
             )
-        fields = {
-            "run_at": run_at,
-            "delay": delay,
-            "job_id": job_id,
-            "idempotency_key": idempotency_key,
-            "max_attempts": max_attempts,
-            "backoff": backoff,
-            "timeout": timeout,
-            "jitter": jitter,
-            "labels": labels,
-        }
-        return planner.schedule(self, self._owner, task, payload, queue, fields)
+        if not isinstance(pass_result, bool):
+            raise InvalidInput("pass_result", pass_result, "True or False")
+        check_keywords("ctx.schedule", options, JOB_KEYWORDS)
+        fields: dict[str, Any] = {k: v for k, v in options.items() if k != "queue"}
+        queue = options.get("queue")
+        return planner.schedule(
+            self, self._owner, task, payload, queue, fields, pass_result=pass_result
+        )
 
     @property
     def _planner(self) -> FollowUpPlanner | None:
@@ -315,15 +393,13 @@ def _rebuild(
     source: tuple[str, int, int],
     planner: FollowUpPlanner | None = None,
 ) -> TaskContext:
-    from dueflow.consumers.follow_ups import Attempt
-
     return TaskContext(
         fields,
         attempt=attempt,
         max_attempts=max_attempts,
         headers=headers,
         source=source,
-        owner=Attempt(planner) if planner is not None else None,
+        owner=Attempt(planner),
     )
 
 

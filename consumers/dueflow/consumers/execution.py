@@ -3,7 +3,12 @@
 - Async handlers run on the event loop. A handler is started eagerly: its
   first step runs at once, and one that finishes without awaiting anything
   (a no-op, a cache hit) costs no asyncio Task at all. One that awaits
-  becomes a Task; at its deadline the Task is cancelled.
+  becomes a Task; at its deadline the Task is cancelled. An attempt that
+  ends after its deadline (its handler blocked the loop, so nothing could
+  cancel it) is a timeout whatever it returned. With a
+  :class:`~dueflow.consumers.loop_watch.LoopWatch`, every step of a handler
+  is marked, so the watchdog thread can name the attempt that blocks the
+  loop and claim it (:mod:`dueflow.consumers.watchdog`).
 - Sync handlers run on a pool of daemon threads. Python cannot kill a
   thread: a sync handler that overruns its deadline is reported as timed
   out, its job fails (and is retried) and its concurrency slot is freed at
@@ -32,13 +37,14 @@ from typing import Any
 from opentelemetry import context as otel_context
 
 from dueflow.consumers.context import TaskContext
-from dueflow.consumers.failures import Failure, failure_of, timeout_failure
+from dueflow.consumers.failures import Failure, blocked_failure, failure_of, timeout_failure
 from dueflow.consumers.isolation import ChildPool
+from dueflow.consumers.loop_watch import LoopWatch, Step
 from dueflow.consumers.registry import RegisteredTask
 from dueflow.observability.metrics import Metrics
 
-# (job, failure or None, handler seconds)
-Done = Callable[[Any, Failure | None, float], None]
+# (job, failure or None, handler seconds, what the handler returned: None when it failed)
+Done = Callable[[Any, Failure | None, float, Any], None]
 
 
 class HandlerThreads:
@@ -127,6 +133,51 @@ async def _resume(coro: Coroutine[Any, Any, Any], yielded: Any) -> Any:
     return await _continue(coro, yielded)
 
 
+class _Taken:
+    """What a watched attempt's Task returns when the watchdog claimed it."""
+
+
+_TAKEN = _Taken()
+
+
+@types.coroutine
+def _continue_watched(
+    coro: Coroutine[Any, Any, Any], yielded: Any, step: Step, watch: LoopWatch
+) -> Generator[Any, Any, Any]:
+    """:func:`_continue`, with each step of the handler marked for the watchdog; ends
+    with :data:`_TAKEN` (the coroutine closed) once the watchdog claimed the attempt."""
+    while True:
+        thrown: BaseException | None = None
+        try:
+            sent = yield yielded
+        except BaseException as exc:
+            thrown = exc
+        watch.begin(step)
+        try:
+            yielded = coro.send(sent) if thrown is None else coro.throw(thrown)
+        except StopIteration as stop:
+            return _TAKEN if watch.end(step) else stop.value
+        except BaseException:
+            if watch.end(step):
+                return _TAKEN
+            raise
+        if watch.end(step):
+            _close(coro)
+            return _TAKEN
+
+
+async def _resume_watched(
+    coro: Coroutine[Any, Any, Any], yielded: Any, step: Step, watch: LoopWatch
+) -> Any:
+    return await _continue_watched(coro, yielded, step, watch)
+
+
+def _close(coro: Coroutine[Any, Any, Any]) -> None:
+    """End a suspended handler whose attempt was taken (its ``finally`` blocks run)."""
+    with contextlib.suppress(BaseException):  # one that awaits in its finally: RuntimeError
+        coro.close()
+
+
 def _context_with(otel: Any) -> contextvars.Context:
     """A copy of the current contextvars with ``otel`` as OpenTelemetry's context."""
     token = otel_context.attach(otel)
@@ -150,6 +201,14 @@ class _Running:
         self.handle: Any = None
 
 
+def _late(failure: Failure | None, seconds: float, timeout_s: float) -> Failure | None:
+    """An attempt that ended after its deadline timed out, whatever it returned:
+    nothing could cancel it because its handler held the loop."""
+    if seconds > timeout_s:
+        return blocked_failure(timeout_s, seconds)
+    return failure
+
+
 class JobExecutor:
     """Starts handlers and reports each attempt once: finished, failed or timed out."""
 
@@ -161,8 +220,10 @@ class JobExecutor:
         isolated_processes: int = 2,
         max_orphans: int = 256,
         on_fatal: Callable[[str], None] | None = None,
+        watch: LoopWatch | None = None,
     ) -> None:
         self._loop = asyncio.get_running_loop()
+        self._watch = watch
         self._metrics = metrics
         self._threads = HandlerThreads(concurrency)
         self._children = ChildPool(isolated_processes)
@@ -170,7 +231,7 @@ class JobExecutor:
         self._on_fatal = on_fatal
         self._running: dict[Any, _Running] = {}
         self._changed = asyncio.Event()  # set when an attempt stops running
-        self._completions: deque[tuple[Any, Failure | None, float]] = deque()
+        self._completions: deque[tuple[Any, Failure | None, float, Any]] = deque()
         self._wake_pending = False
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
@@ -205,7 +266,9 @@ class JobExecutor:
         timeout_s: float,
         done: Done,
     ) -> None:
-        """Start ``task`` for ``job``; ``done(job, failure, seconds)`` is called once, on the loop.
+        """Start ``task`` for ``job``; ``done(job, failure, seconds, returned)`` is called
+        once, on the loop (``returned``: the handler's return value, None when it failed;
+        a child process's is a :class:`~dueflow.records.job_result.JobResult`).
 
         ``done`` may be called before ``run`` returns (a handler that finished
         without suspending).
@@ -228,47 +291,75 @@ class JobExecutor:
         timeout_s: float,
         done: Done,
     ) -> None:
+        watch = self._watch
+        step: Step | None = None
         started = time.perf_counter()
+        if watch is not None:
+            step = watch.step = Step(job, task.spec.name, started + timeout_s, timeout_s)
         # Traced: the handler's own spans nest under its attempt (the task made
         # below copies the attached context).
         token = otel_context.attach(ctx.otel_context) if ctx.otel_context is not None else None
+        failure: Failure | None = None
+        returned: Any = None
         try:
             coro = task.fn(payload, ctx)
             yielded = coro.send(None)
-        except StopIteration:
-            done(job, None, time.perf_counter() - started)
-            return
+        except StopIteration as stop:
+            returned = stop.value
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:
-            done(job, failure_of(exc), time.perf_counter() - started)
+            failure = failure_of(exc)
+        else:
+            # Suspended: a Task drives it on from here.
+            if step is not None and watch is not None and watch.end(step):
+                _close(coro)
+                seconds = time.perf_counter() - started
+                done(job, blocked_failure(timeout_s, seconds), seconds, None)
+                return
+            running = self._track(job, "async", done, timeout_s, started)
+            if step is not None and watch is not None:
+                resume = _resume_watched(coro, yielded, step, watch)
+            else:
+                resume = _resume(coro, yielded)
+            if ctx.otel_context is not None:
+                handle = self._loop.create_task(resume, context=_context_with(ctx.otel_context))
+            else:
+                handle = self._loop.create_task(resume)
+            running.handle = handle
+            handle.add_done_callback(lambda t: self._async_finished(job, t))
             return
         finally:
             if token is not None:
                 otel_context.detach(token)
-        running = self._track(job, "async", done, timeout_s, started)
-        if ctx.otel_context is not None:
-            handle = self._loop.create_task(
-                _resume(coro, yielded), context=_context_with(ctx.otel_context)
-            )
-        else:
-            handle = self._loop.create_task(_resume(coro, yielded))
-        running.handle = handle
-        handle.add_done_callback(lambda t: self._async_finished(job, t))
+        # Finished in its first step.
+        seconds = time.perf_counter() - started
+        if step is not None and watch is not None and watch.end(step):
+            done(job, blocked_failure(timeout_s, seconds), seconds, None)
+            return
+        failure = _late(failure, seconds, timeout_s)
+        done(job, failure, seconds, returned if failure is None else None)
 
     def _async_finished(self, job: Any, handle: asyncio.Task[Any]) -> None:
         running = self._running.pop(job, None)
         if running is None or running.handle is not handle:
             return  # timed out before: already reported
         failure: Failure | None = None
+        returned: Any = None
+        seconds = time.perf_counter() - running.started
         if handle.cancelled():
             failure = failure_of(asyncio.CancelledError("the handler was cancelled"))
         else:
             exc = handle.exception()
             if exc is not None:
                 failure = failure_of(exc)
+            else:
+                returned = handle.result()
+                if returned is _TAKEN:
+                    failure = blocked_failure(running.timeout_s, seconds)
         self._changed.set()
-        running.done(job, failure, time.perf_counter() - running.started)
+        failure = _late(failure, seconds, running.timeout_s)
+        running.done(job, failure, seconds, returned if failure is None else None)
 
     # ------------------------------------------------------------------ threads
 
@@ -291,15 +382,16 @@ class JobExecutor:
         def work() -> None:
             t0 = time.perf_counter()
             failure: Failure | None = None
+            returned: Any = None
             token = otel_context.attach(otel) if otel is not None else None
             try:
-                fn(payload, ctx)
+                returned = fn(payload, ctx)
             except BaseException as exc:
                 failure = failure_of(exc)
             finally:
                 if token is not None:
                     otel_context.detach(token)
-            completions.append((job, failure, time.perf_counter() - t0))
+            completions.append((job, failure, time.perf_counter() - t0, returned))
             if not self._wake_pending:
                 self._wake_pending = True
                 # RuntimeError: the loop is closed, the process is exiting.
@@ -314,7 +406,7 @@ class JobExecutor:
         completions = self._completions
         running = self._running
         while completions:
-            job, failure, seconds = completions.popleft()
+            job, failure, seconds, returned = completions.popleft()
             entry = running.pop(job, None)
             if entry is None or entry.kind != "thread":
                 # A handler that was given up on returned at last.
@@ -322,7 +414,7 @@ class JobExecutor:
                 self._metrics.orphaned_threads.set(self._threads.orphans)
                 continue
             self._changed.set()
-            entry.done(job, failure, seconds)
+            entry.done(job, failure, seconds, returned)
 
     # ------------------------------------------------------------------ processes
 
@@ -338,15 +430,17 @@ class JobExecutor:
         started = time.perf_counter()
         self._track(job, "process", done, timeout_s, started)
 
-        def finished(failure: Failure | None, seconds: float, follow_ups: list[Any]) -> None:
+        def finished(
+            failure: Failure | None, seconds: float, follow_ups: list[Any], returned: Any
+        ) -> None:
             entry = self._running.pop(job, None)
             if entry is not None:
                 if failure is None:
                     ctx.adopt_follow_ups(follow_ups)  # what the child's handler scheduled
                 self._changed.set()
-                entry.done(job, failure, seconds)
+                entry.done(job, failure, seconds, returned)
 
-        self._children.submit(job, task.ref, payload, ctx, finished)
+        self._children.submit(job, task.ref, payload, ctx, finished, ctx.report_progress)
 
     # ------------------------------------------------------------------ timeouts
 
@@ -378,7 +472,7 @@ class JobExecutor:
                 self._metrics.orphaned_threads.set(self._threads.orphans)
             else:
                 self._children.kill(job)
-            running.done(job, timeout_failure(running.timeout_s), now - running.started)
+            running.done(job, timeout_failure(running.timeout_s), now - running.started, None)
         if expired:
             self._changed.set()
         if self._running:
@@ -389,6 +483,29 @@ class JobExecutor:
                 f"(limit worker.max_orphaned_threads={self._max_orphans}); "
                 "declare such tasks with isolation='process'"
             )
+
+    def fail_alone(self, failure: Failure) -> bool:
+        """When exactly one attempt runs, end it with ``failure`` (as a timeout ends
+        one) and return True; else change nothing (the hard memory ceiling: only a
+        lone attempt can be told to be the cause)."""
+        if len(self._running) != 1:
+            return False
+        job, running = next(iter(self._running.items()))
+        del self._running[job]
+        if running.kind == "async":
+            running.handle.cancel()
+        elif running.kind == "thread":
+            self._threads.orphaned()
+            self._metrics.orphaned_threads.set(self._threads.orphans)
+        else:
+            self._children.kill(job)
+        self._changed.set()
+        running.done(job, failure, time.perf_counter() - running.started, None)
+        return True
+
+    def kill_children_now(self) -> None:
+        """SIGKILL the isolated handlers' children (any thread; before a restart)."""
+        self._children.kill_now()
 
     def abandon(self) -> list[Any]:
         """Stop waiting for every running attempt (shutdown): cancel what can be cancelled."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import traceback
 from dataclasses import dataclass
 
+from dueflow.byte_size import format_byte_size
 from dueflow.errors import DueflowError, JobError
 
 _SUMMARY_MAX = 200
@@ -14,6 +15,10 @@ _TRACEBACK_MAX = 16_000
 
 class JobTimeout(JobError):
     """The handler overran its timeout (retriable, like any other failure)."""
+
+
+class WorkerMemoryExceeded(JobError):
+    """The worker process passed its hard memory ceiling during the attempt (retriable)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +72,29 @@ def timeout_failure(timeout_s: float) -> Failure:
         error_type=f"{JobTimeout.__module__}.{JobTimeout.__qualname__}",
         message=f"handler overran its timeout of {timeout_s:g} s",
         timed_out=True,
+    )
+
+
+def blocked_failure(timeout_s: float, blocked_s: float) -> Failure:
+    """An async handler held the event loop past its timeout (a timeout: retriable)."""
+    return Failure(
+        error_type=f"{JobTimeout.__module__}.{JobTimeout.__qualname__}",
+        message=(
+            f"handler overran its timeout of {timeout_s:g} s blocking the event loop "
+            f"({blocked_s:.1f} s; an async handler must not make blocking calls)"
+        ),
+        timed_out=True,
+    )
+
+
+def memory_failure(rss: int, ceiling: int) -> Failure:
+    """The worker process passed its hard memory ceiling while this attempt ran alone."""
+    return Failure(
+        error_type=f"{WorkerMemoryExceeded.__module__}.{WorkerMemoryExceeded.__qualname__}",
+        message=(
+            f"worker process at {format_byte_size(rss)} resident, past its ceiling of "
+            f"{format_byte_size(ceiling)} (worker.max_memory_hard), while this attempt ran alone"
+        ),
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -13,13 +14,23 @@ from confluent_kafka import TopicPartition
 from dueflow import headers as hdr
 from dueflow.config import WorkerSettings
 from dueflow.consumers.failures import Failure, permanent
-from dueflow.consumers.lifecycle import FeedState, feed_move
+from dueflow.consumers.feed_states import FeedState, feed_move
 from dueflow.consumers.offsets import OffsetTracker
 from dueflow.consumers.registry import RegisteredTask, TaskRegistry
 from dueflow.consumers.store import KeyStore
-from dueflow.errors import UndecodableRecord
-from dueflow.reasons import UNDECODABLE, UNKNOWN_TASK
-from dueflow.records.fast import (
+from dueflow.errors import FieldOutOfRange, UndecodableRecord
+from dueflow.reasons import OUT_OF_RANGE, UNDECODABLE, UNKNOWN_TASK
+from dueflow.records.job_checks import (
+    attempt_of,
+    check_job,
+    exec_not_before,
+    expires_of,
+    longest_retry_delay_ms,
+    overlap_of,
+    retry_not_before,
+)
+from dueflow.records.worker_codec import (
+    F_BACKOFF,
     F_CONTENT_TYPE,
     F_DUE_MS,
     F_JOB_ID,
@@ -32,6 +43,7 @@ from dueflow.records.fast import (
     JobFields,
     decode_job_fields,
 )
+from dueflow.rules.wire_bounds import DEFAULT_CLOCK_SKEW_MS, MAX_KEY_BYTES
 
 
 class Delivery:
@@ -40,6 +52,8 @@ class Delivery:
     __slots__ = (
         "attempt",
         "bad",
+        "command",
+        "expires",
         "feed",
         "fields",
         "hmap",
@@ -49,8 +63,10 @@ class Delivery:
         "not_before",
         "offset",
         "payload",
+        "progress",
         "rechecked",
         "span",
+        "taken",
         "task",
     )
 
@@ -63,10 +79,16 @@ class Delivery:
     attempt: int
     max_attempts: int
     not_before: int
+    expires: int | None  # df-expires: a first attempt not started by then is not run
     task: RegisteredTask | None
     payload: Any
     span: Any
     rechecked: bool  # the key store was brought up to date for this record
+    # Set (under the loop watch's lock) when the watchdog took this attempt from a
+    # blocked loop: its record's commit, done or not (QueueRuntime.take_blocked).
+    taken: Any
+    command: bool  # a command to the partition's owner (dueflow.records.command), not a job
+    progress: Any  # ctx.progress: a progress.AttemptProgress, once reported or seen running
 
     def __init__(self, feed: PartitionFeed, msg: Any, offset: int) -> None:
         self.feed = feed
@@ -74,12 +96,21 @@ class Delivery:
         self.offset = offset
         self.fields = None
         self.bad = None
+        self.taken = None
+        self.expires = None
+        self.command = False
 
     @property
     def planner(self) -> Any:
         """What this attempt's ``ctx.schedule`` goes through (its queue's
         :class:`~dueflow.consumers.follow_ups.FollowUpPlanner`)."""
         return self.feed.planner
+
+    def progressed(self, value: Any) -> None:
+        """The handler reported progress (``ctx.progress``; any thread)."""
+        reporter = self.feed.reporter
+        if reporter is not None:
+            reporter.note(self, value)
 
 
 class PartitionFeed:
@@ -89,7 +120,7 @@ class PartitionFeed:
     ``tracker`` knows which delivered offsets have not finished. The feed is
     dispatchable when it is :attr:`FeedState.LOADED` and not held (head record
     not due, rate limit, a recheck of the keys). ``state`` moves only through
-    :meth:`advance` (:mod:`dueflow.consumers.lifecycle`).
+    :meth:`advance` (:mod:`dueflow.consumers.feed_states`).
     """
 
     __slots__ = (
@@ -104,6 +135,7 @@ class PartitionFeed:
         "paused",
         "planner",
         "rate_held",
+        "reporter",
         "state",
         "tier_ms",
         "timer",
@@ -137,6 +169,7 @@ class PartitionFeed:
         self.in_ready = False
         self.timer: asyncio.TimerHandle | None = None
         self.planner = planner  # ctx.schedule's FollowUpPlanner of the queue
+        self.reporter: Any = None  # ctx.progress's ProgressReporter of the queue
 
     def advance(self, to: FeedState) -> None:
         """Move to ``to``; :class:`~dueflow.errors.IllegalTransition` when it cannot."""
@@ -168,15 +201,63 @@ class PartitionFeed:
 # ---------------------------------------------------------------------- decoding
 
 _JSON = "application/json"
+_COMMAND_KINDS = frozenset(k.encode() for k in hdr.COMMAND_KINDS)
+_NOTICE = hdr.NOTICE
 
 
-def prepare(d: Delivery, registry: TaskRegistry) -> None:
-    """Decode a record once it is at the head of its partition.
+@dataclass(frozen=True, slots=True)
+class WireLimits:
+    """What a worker allows of the times on a record (see :mod:`dueflow.records.job_checks`):
+    the clock skew between processes and the queue's retry tiers."""
 
-    Sets ``fields`` (the Job), ``key``, ``attempt``, ``not_before``, the
-    task and the decoded payload, or ``bad`` with the dead-letter reason:
-    ``undecodable`` (value or payload) or ``unknown_task``.
+    skew_ms: int = DEFAULT_CLOCK_SKEW_MS
+    tiers_ms: tuple[int, ...] = ()
+
+
+def prepare(d: Delivery, registry: TaskRegistry, *, now_ms: int, limits: WireLimits) -> None:
+    """Decode and check a record once it is at the head of its partition.
+
+    Sets ``fields`` (the Job), ``key``, ``attempt``, ``not_before``, ``expires``,
+    the task and the decoded payload, or ``bad`` with the dead-letter reason:
+    ``undecodable`` (value or payload), ``out_of_range`` (a header or field out
+    of its range: :mod:`dueflow.records.job_checks`) or ``unknown_task``. A bad
+    record is due at once (``not_before`` 0): it never holds its partition.
+    Never raises: whatever goes wrong here dead-letters the record. A command
+    (``df-kind`` ``steer``, ...) only gets ``command`` set: its applier decodes it.
     """
+    try:
+        _prepare(d, registry, now_ms, limits)
+    except Exception as exc:  # a record must never stop its partition
+        _unreadable(d, exc)
+
+
+_READ_DEFAULTS: tuple[tuple[str, Any], ...] = (
+    ("hmap", {}),
+    ("key", b""),
+    ("attempt", 1),
+    ("max_attempts", 1),
+    ("rechecked", False),
+    ("span", None),
+    ("payload", None),
+)
+
+
+def _unreadable(d: Delivery, exc: Exception) -> None:
+    """``d`` could not be read (a bug, not bad input): dead-lettered at once, with every
+    attribute the runtime reads set."""
+    for name, default in _READ_DEFAULTS:
+        if not hasattr(d, name):
+            setattr(d, name, dict(default) if isinstance(default, dict) else default)
+    d.fields = None
+    d.task = None
+    d.not_before = 0
+    d.expires = None
+    d.bad = (UNDECODABLE, permanent(type(exc).__name__, f"record not readable: {exc!r}"))
+
+
+def _prepare(d: Delivery, registry: TaskRegistry, now_ms: int, limits: WireLimits) -> None:
+    # Once per record on the worker's hot path: kept in one frame (over 80 lines);
+    # the checks it calls are the ones every other reader uses.
     msg = d.msg
     raw = msg.headers()
     hmap: dict[str, bytes] = dict(raw) if raw else {}
@@ -184,23 +265,65 @@ def prepare(d: Delivery, registry: TaskRegistry) -> None:
     d.task = None
     d.payload = None
     d.span = None
+    d.progress = None
     d.rechecked = False
     d.max_attempts = 1
+    d.attempt = 1
+    d.not_before = 0
+    d.expires = None
     key = msg.key()
-    attempt = hmap.get(hdr.ATTEMPT)
-    d.attempt = 1 if attempt is None else max(1, int_or(attempt, 1))
-    due = hmap.get(hdr.DUE)
+    d.key = key or b""
+    kind = hmap.get(hdr.KIND)
+    if kind is not None and kind in _COMMAND_KINDS:  # decoded by its applier (commands.py)
+        d.command = True
+        return
+    if _NOTICE in hmap:  # a group member's end, fired as a job timer (groups.py)
+        d.command = True
+        return
     try:
         fields = decode_job_fields(msg.value() or b"", hmap.get(hdr.SCHEMA))
     except UndecodableRecord as exc:
-        d.key = key or b""
-        d.bad = (UNDECODABLE, permanent("UndecodableRecord", str(exc)))
-        d.not_before = int_or(due, 0)
+        reason = OUT_OF_RANGE if isinstance(exc, FieldOutOfRange) else UNDECODABLE
+        d.bad = (reason, permanent(type(exc).__name__, str(exc)))
+        return
+    try:
+        check_job(fields)
+    except FieldOutOfRange as exc:  # the value's fields are not used: the headers say who
+        d.bad = (OUT_OF_RANGE, permanent("FieldOutOfRange", str(exc)))
+        return
+    if key is None:
+        key = fields[F_KEY].encode()
+    d.key = key
+    task = registry.get(fields[F_TASK])
+    try:
+        if not 0 < len(key) <= MAX_KEY_BYTES:
+            raise FieldOutOfRange("key", key, f"1 to {MAX_KEY_BYTES} bytes (the idempotency key)")
+        d.attempt = attempt_of(hmap)
+        if d.feed.tier_ms is None:
+            d.not_before = exec_not_before(
+                hmap, fields[F_DUE_MS], now_ms=now_ms, skew_ms=limits.skew_ms
+            )
+        else:
+            longest = longest_retry_delay_ms(
+                limits.tiers_ms, fields[F_BACKOFF], task.spec.backoff if task else None
+            )
+            d.not_before = retry_not_before(
+                hmap,
+                fields[F_DUE_MS],
+                now_ms=now_ms,
+                skew_ms=limits.skew_ms,
+                longest_delay_ms=longest,
+            )
+        if hdr.EXPIRES in hmap:
+            d.expires = expires_of(hmap)
+        if hdr.OVERLAP in hmap:
+            overlap_of(hmap)
+    except FieldOutOfRange as exc:
+        d.fields = fields  # the value is good: the DLQ record names the job by it
+        d.not_before = 0
+        d.bad = (OUT_OF_RANGE, permanent("FieldOutOfRange", str(exc)))
         return
     d.fields = fields
-    d.key = key if key is not None else str(fields[F_KEY]).encode()
-    d.not_before = int_or(due, fields[F_DUE_MS])
-    task = registry.get(fields[F_TASK])
     if task is None:
         known = sorted(t.spec.name for t in registry)[:20]
         d.bad = (

@@ -31,31 +31,60 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from dueflow import headers as hdr
-from dueflow.config import Settings
+from dueflow.config import QueueSpec, Settings
 from dueflow.errors import ConflictError, DueflowError
-from dueflow.kafka.topics import names
+from dueflow.kafka.topic_limits import default_limits_of, producer_max_bytes
+from dueflow.kafka.topics import TopicNames, names
 from dueflow.observability.tracing import span_headers, trace_id_of
-from dueflow.records.fast import encode_outcome
 from dueflow.records.follow_up import FollowUp, PlannedFollowUp, place_follow_up, plan_follow_up
 from dueflow.records.job_request import JobRequest, JobRules
-from dueflow.records.timer_record import TimerPlacer
+from dueflow.records.job_result import JobResult, Progress
+from dueflow.records.size_budget import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    PRODUCER_MAX_MESSAGE_BYTES,
+    JobBudget,
+    job_shape,
+)
+from dueflow.records.timer_record import TimerPlacer, TimerRecord
+from dueflow.records.worker_codec import encode_outcome
 from dueflow.rules.wheel import WheelGeometry
 from dueflow.wall_clock import wall_ms
 
-if TYPE_CHECKING:
-    from dueflow.consumers.context import TaskContext
-    from dueflow.consumers.registry import TaskRegistry
-
 # The broker's default max.message.bytes of a topic, until the timer topic is read.
-DEFAULT_TIMER_RECORD_BYTES = 1_048_588
-# librdkafka's default message.max.bytes: the most the worker's transactional
-# producer takes in one record (a larger one would fail every commit of its batch).
-PRODUCER_RECORD_BYTES = 1_000_000
+DEFAULT_TIMER_RECORD_BYTES = DEFAULT_MAX_MESSAGE_BYTES
 
 OutRecord = tuple[str, int, bytes | None, bytes, Sequence[tuple[str, bytes]]]
+
+
+class ParentJob(Protocol):
+    """The running job a follow-up is scheduled from, as the planner reads it (a
+    :class:`~dueflow.consumers.context.TaskContext`, which imports this module)."""
+
+    @property
+    def job_id(self) -> str: ...
+
+    @property
+    def idempotency_key(self) -> str: ...
+
+    @property
+    def traceparent(self) -> str | None: ...
+
+    @property
+    def headers(self) -> Mapping[str, bytes]: ...
+
+    @property
+    def otel_context(self) -> Any: ...
+
+
+class DeclaredTasks(Protocol):
+    """The tasks of a worker's app, as the planner reads them (a
+    :class:`~dueflow.consumers.registry.TaskRegistry`): the queue each one declares."""
+
+    @property
+    def declared_queues(self) -> Mapping[str, str]: ...
 
 
 class FollowUpBuffer:
@@ -99,13 +128,28 @@ class FollowUpBuffer:
 
 class Attempt:
     """An attempt that is not a worker's delivery (a test context, a child process):
-    what a context schedules follow-ups through. A delivery has ``planner`` too."""
+    what a context schedules follow-ups through and reports progress to. A
+    delivery has ``planner`` and ``progressed`` too.
 
-    __slots__ = ("ended", "planner")
+    ``reports``: a list keeps every progress value (a test's context); ``sink``:
+    where they go instead (a child process's pipe, see ``dueflow.consumers.isolation``).
+    """
 
-    def __init__(self, planner: FollowUpPlanner) -> None:
+    __slots__ = ("ended", "planner", "reports", "sink")
+
+    def __init__(
+        self, planner: FollowUpPlanner | None, *, reports: list[Progress] | None = None
+    ) -> None:
         self.planner = planner
         self.ended = False
+        self.reports = reports
+        self.sink: Callable[[Progress], None] | None = None
+
+    def progressed(self, value: Progress) -> None:
+        if self.sink is not None:
+            self.sink(value)
+        elif self.reports is not None:
+            self.reports.append(value)
 
 
 class KnownQueues:
@@ -127,10 +171,14 @@ class KnownQueues:
 @dataclass(frozen=True, slots=True)
 class FollowUpSetup:
     """What a worker learns at start for ``ctx.schedule``: the timer topic's record
-    size limit and the queues that exist (default: the static ones)."""
+    size limit, the queues that exist (default: the static ones) and the size
+    budget of a queue (``budgets(queue)``; None: not known yet and not to be read
+    now, then the broker's default limits count)."""
 
     max_record_bytes: int = DEFAULT_TIMER_RECORD_BYTES
     known: KnownQueues | None = None
+    budgets: Callable[[str], JobBudget | None] | None = None
+    specs: Callable[[str], QueueSpec | None] | None = None
 
 
 def attempt_ended() -> DueflowError:
@@ -150,7 +198,9 @@ class FollowUpPlanner:
     still runs; ``max_record_bytes``: the timer topic's ``max.message.bytes``;
     ``tracing``: the worker traces attempts (a follow-up's trace then continues
     from the attempt's span); ``known``: the queues that exist (default: the
-    static ones of ``settings``).
+    static ones of ``settings``); ``budgets``: the size budget of a queue (None,
+    or a queue it has none for: a cluster's defaults with ``max_record_bytes``
+    for the timer topic).
     """
 
     def __init__(
@@ -163,13 +213,21 @@ class FollowUpPlanner:
         max_record_bytes: int = DEFAULT_TIMER_RECORD_BYTES,
         tracing: bool = False,
         known: KnownQueues | None = None,
+        budgets: Callable[[str], JobBudget | None] | None = None,
+        specs: Callable[[str], QueueSpec | None] | None = None,
     ) -> None:
+        static = {q.name: q for q in settings.queues}
+        # A queue's spec (its partitions: where a follow-up set aside goes).
+        self.spec_of: Callable[[str], QueueSpec | None] = specs or static.get
         self._init(
             JobRules.from_settings(settings, declared=declared),
             settings.wheel,
             names(settings).timers,
-            min(max_record_bytes, PRODUCER_RECORD_BYTES),
+            max_record_bytes,
+            producer_max_bytes(settings),
+            {},
         )
+        self._budgets: Callable[[str], JobBudget | None] | None = budgets
         self._clock = clock
         self._running = running
         self._tracing = tracing
@@ -179,7 +237,7 @@ class FollowUpPlanner:
     def of_runtime(
         cls,
         settings: Settings,
-        registry: TaskRegistry,
+        registry: DeclaredTasks,
         clock: Callable[[], int],
         running: Mapping[bytes, Any],
         tracing: bool,
@@ -196,6 +254,8 @@ class FollowUpPlanner:
             max_record_bytes=setup.max_record_bytes,
             tracing=tracing,
             known=setup.known,
+            budgets=setup.budgets,
+            specs=setup.specs,
         )
 
     def _init(
@@ -204,12 +264,19 @@ class FollowUpPlanner:
         wheel: WheelGeometry,
         topic: str,
         max_bytes: int,
+        producer_bytes: int,
+        known_budgets: dict[str, JobBudget],
     ) -> None:
         self._rules = rules
         self._wheel = wheel
         self.placer = TimerPlacer(wheel)
         self.topic = topic
         self.max_record_bytes = max_bytes
+        self._producer_bytes = producer_bytes
+        # (queue, timer limit) -> a default budget; queue -> a budget handed over
+        self._defaults: dict[tuple[str, int], JobBudget] = {}
+        self._known_budgets = known_budgets
+        self._budgets = None
         self._lock = threading.Lock()
         # attempt (a delivery or an Attempt) -> its follow-ups; empty while no
         # running attempt has scheduled one (the recorder checks only that).
@@ -219,6 +286,29 @@ class FollowUpPlanner:
         """New settings and tasks (the in-memory pipeline's queues grow); the
         buffers stay."""
         self._rules = JobRules.from_settings(settings, declared=declared)
+
+    def budget_of(self, queue: str) -> JobBudget:
+        """The size budget of ``queue``: the worker's (its topics' limits), else one
+        of a cluster's default limits (``max_record_bytes`` for the timer topic)."""
+        found = self._known_budgets.get(queue)
+        if found is None and self._budgets is not None:
+            found = self._budgets(queue)
+            if found is not None:
+                self._known_budgets[queue] = found  # handed to child processes too
+        if found is not None:
+            return found
+        key = (queue, self.max_record_bytes)
+        found = self._defaults.get(key)
+        if found is None:
+            found = self._defaults[key] = JobBudget(
+                default_limits_of(
+                    TopicNames(self.topic.removesuffix(".timers")),
+                    QueueSpec(queue),  # only its topics' names count here
+                    timers_max_bytes=self.max_record_bytes,
+                    producer_max_bytes=self._producer_bytes,
+                )
+            )
+        return found
 
     def rules(self) -> JobRules:
         """The rules of now: the queues that exist as the worker knows them."""
@@ -231,14 +321,17 @@ class FollowUpPlanner:
 
     def schedule(
         self,
-        ctx: TaskContext,
+        ctx: ParentJob,
         owner: Any,
         task: str,
         payload: Any,
         queue: str | None,
         fields: dict[str, Any],
+        *,
+        pass_result: bool = False,
     ) -> FollowUp:
-        """Check a follow-up of ``ctx``'s attempt and add it to ``owner``'s buffer."""
+        """Check a follow-up of ``ctx``'s attempt and add it to ``owner``'s buffer
+        (``pass_result``: it receives the attempt's result)."""
         buffers = self.buffers
         with self._lock:  # two threads of one handler: one buffer
             buffer = buffers.get(owner)
@@ -262,7 +355,7 @@ class FollowUpPlanner:
         parent_job_id, parent_key = ctx.job_id, ctx.idempotency_key
 
         def plan(index: int) -> PlannedFollowUp:
-            return plan_follow_up(
+            planned = plan_follow_up(
                 req,
                 parent_job_id=parent_job_id,
                 parent_key=parent_key,
@@ -270,10 +363,10 @@ class FollowUpPlanner:
                 now_ms=now_ms,
                 rules=rules,
                 placer=self.placer,
-                max_record_bytes=self.max_record_bytes,
-                timers_topic=self.topic,
+                budget=self.budget_of,
                 trace_headers=trace,
             )
+            return planned._replace(pass_result=True) if pass_result else planned
 
         return buffer.add(plan)
 
@@ -300,7 +393,18 @@ class FollowUpPlanner:
     def __reduce__(self) -> tuple[Any, ...]:
         # A child process (isolation="process") gets the rules, not the clock,
         # the running set or the tracer: see child_planner.
-        return (child_planner, (self.rules(), self._wheel, self.topic, self.max_record_bytes))
+        # The budgets known so far go along (a child reads no limits of its own).
+        return (
+            child_planner,
+            (
+                self.rules(),
+                self._wheel,
+                self.topic,
+                self.max_record_bytes,
+                self._producer_bytes,
+                dict(self._known_budgets),
+            ),
+        )
 
 
 def child_planner(
@@ -308,11 +412,14 @@ def child_planner(
     wheel: WheelGeometry,
     topic: str,
     max_bytes: int,
+    producer_bytes: int = PRODUCER_MAX_MESSAGE_BYTES,
+    known_budgets: dict[str, JobBudget] | None = None,
 ) -> FollowUpPlanner:
     """The planner of a context rebuilt in a child process: the wall clock, and an
     attempt that runs until the child answers (:meth:`FollowUpPlanner.end`)."""
     planner = FollowUpPlanner.__new__(FollowUpPlanner)
-    planner._init(rules, wheel, topic, max_bytes)
+    planner.spec_of = lambda queue: None  # a child writes nothing
+    planner._init(rules, wheel, topic, max_bytes, producer_bytes, dict(known_budgets or {}))
     planner._clock = wall_ms
     planner._running = attempt_open
     planner._tracing = False
@@ -330,7 +437,7 @@ def attempt_open(owner: Attempt) -> bool:
     return not owner.ended
 
 
-def trace_headers_of(ctx: TaskContext, *, traced: bool) -> list[tuple[str, bytes]]:
+def trace_headers_of(ctx: ParentJob, *, traced: bool) -> list[tuple[str, bytes]]:
     """The trace headers that make a follow-up continue its parent's trace: a child
     of the attempt's span when the worker traces, else the job's own context."""
     if traced and ctx.otel_context is not None:
@@ -356,15 +463,24 @@ def follow_up_records(
     outcomes_topic: str,
     outcome_headers: Sequence[tuple[str, bytes]],
     worker_id: str,
+    result: JobResult | None = None,
+    budget: Callable[[str], JobBudget] | None = None,
 ) -> list[OutRecord]:
     """The records of a successful attempt's follow-ups written at ``now_ms``: each
     one's timer record, placed for now, and its ``scheduled`` outcome (the status
-    view then knows the job and its due time before it fires)."""
+    view then knows the job and its due time before it fires). A follow-up
+    scheduled with ``pass_result`` carries the attempt's ``result``
+    (:func:`parent_result_headers`) when every hop of it still fits its queue's
+    ``budget`` (None: not checked)."""
     out: list[OutRecord] = []
     for p in planned:
         fu, rec = p.follow_up, p.record
         partition = place_follow_up(p, now_ms=now_ms, placer=placer)
-        out.append((timers_topic, partition, rec.key, rec.value, rec.headers))
+        headers: Sequence[tuple[str, bytes]] = rec.headers
+        if p.pass_result and result is not None:
+            check = None if budget is None else budget(fu.queue)
+            headers = [*rec.headers, *parent_result_headers(result, rec, check)]
+        out.append((timers_topic, partition, rec.key, rec.value, headers))
         outcome = encode_outcome(
             job_id=fu.job_id,
             queue=fu.queue,
@@ -379,3 +495,24 @@ def follow_up_records(
         )
         out.append((outcomes_topic, -1, fu.job_id.encode(), outcome, outcome_headers))
     return out
+
+
+def parent_result_headers(
+    result: JobResult, record: TimerRecord, budget: JobBudget | None
+) -> list[tuple[str, bytes]]:
+    """The header that passes ``result`` to the follow-up whose timer record is
+    ``record``: ``df-parent-result``, or ``df-parent-result-error`` saying why not
+    (no result, or a record that would not fit a hop of ``budget``)."""
+    raw = result.json
+    if raw is None:
+        error = result.error or "no result"
+        return [(hdr.PARENT_RESULT_ERROR, error.encode("utf-8", "replace"))]
+    found = [(hdr.PARENT_RESULT, raw)]
+    if budget is None:
+        return found
+    headers = [*record.headers, *found]
+    overflow = budget.overflow(job_shape(record.key, record.value, headers, payload=0))
+    if overflow is None:
+        return found
+    error = f"result of {len(raw):,} bytes does not fit the follow-up: {overflow.describe()}"
+    return [(hdr.PARENT_RESULT_ERROR, error.encode())]

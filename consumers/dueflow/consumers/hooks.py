@@ -51,6 +51,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
+from dueflow.consumers.context import TaskContext
 from dueflow.errors import InvalidInput, WorkerStartupFailed
 from dueflow.kafka.blocking import DaemonThreadExecutor
 from dueflow.observability.logs import event
@@ -241,8 +242,6 @@ class HookRunner:
 
     def attempt_failed(self, d: Any, failure: Any) -> None:
         """A worker's attempt (a :class:`~dueflow.consumers.feeds.Delivery`) failed."""
-        from dueflow.consumers.context import TaskContext
-
         ctx = TaskContext(
             d.fields, d.attempt, d.max_attempts, d.hmap, (d.feed.topic, d.feed.partition, d.offset)
         )

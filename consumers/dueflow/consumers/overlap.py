@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dueflow import headers as hdr
 from dueflow.consumers.feeds import Delivery
-from dueflow.records.fast import F_SCHEDULE_ID
+from dueflow.records.worker_codec import F_SCHEDULE_ID
 from dueflow.rules.cron_overlap import Admission, admit_occurrence
 
 

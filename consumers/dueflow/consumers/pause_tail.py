@@ -23,7 +23,7 @@ from dueflow import reasons
 from dueflow.config import Settings
 from dueflow.consumers.polling import ConsumerThread
 from dueflow.consumers.quarantine import Quarantine
-from dueflow.errors import UndecodableRecord
+from dueflow.errors import FieldOutOfRange, UndecodableRecord
 from dueflow.kafka.clients import make_consumer
 from dueflow.kafka.topics import names
 from dueflow.observability.logs import event
@@ -125,7 +125,12 @@ class ControlTail:
             try:
                 control = decode_control(msg.key(), msg.value())
             except UndecodableRecord as exc:
-                self._quarantine.put(msg, reasons.with_detail(reasons.BAD_CONTROL, exc))
+                why = (
+                    reasons.FIELD_OUT_OF_RANGE
+                    if isinstance(exc, FieldOutOfRange)
+                    else reasons.BAD_CONTROL
+                )
+                self._quarantine.put(msg, reasons.with_detail(why, exc))
                 continue
             if control is not None:
                 self._set(control)

@@ -11,13 +11,17 @@ from confluent_kafka import Producer
 from dueflow.config import Settings
 from dueflow.kafka.clients import make_producer
 from dueflow.kafka.fatal import served
+from dueflow.kafka.topic_limits import producer_max_bytes
 from dueflow.kafka.topics import names
 from dueflow.observability.logs import event
 from dueflow.observability.metrics import Metrics
 from dueflow.reasons import reason_label
 from dueflow.records import codec
+from dueflow.records.set_aside import RecordLimit, fit_quarantined, quarantined_fields
+from dueflow.records.size_budget import DEFAULT_MAX_MESSAGE_BYTES
 
 _LOG = logging.getLogger("dueflow.worker")
+_HEADERS = [("df-schema", codec.schema_header("quarantined"))]
 
 
 class Quarantine:
@@ -29,6 +33,12 @@ class Quarantine:
         self._component = component
         self._topic = names(settings).quarantine
         self._producer: Producer | None = None
+        # The quarantine topic's limits: the broker's default until a reader of them
+        # sets it (the worker's queues do at start); records are cut to fit
+        # (dueflow.records.set_aside).
+        self.limit: RecordLimit | None = RecordLimit(
+            self._topic, DEFAULT_MAX_MESSAGE_BYTES, producer_max_bytes(settings)
+        )
 
     def put(self, msg: Any, reason: str) -> None:
         """Quarantine confluent-kafka message ``msg`` with ``reason`` (never raises).
@@ -67,30 +77,27 @@ class Quarantine:
             partition=partition,
             offset=offset,
         )
-        pairs = list(headers.items()) if isinstance(headers, dict) else list(headers or [])
         try:
             if self._producer is None:
                 self._producer = make_producer(self._settings)
-            record = codec.encode(
-                "quarantined",
-                {
-                    "reason": reason,
-                    "component": self._component,
-                    "source_topic": topic,
-                    "source_partition": partition,
-                    "source_offset": offset,
-                    "at_ms": int(time.time() * 1000),
-                    "key": key,
-                    "value": value,
-                    "headers": {k: v for k, v in pairs if isinstance(v, bytes)},
-                },
+            fields = quarantined_fields(
+                reason=reason,
+                component=self._component,
+                topic=topic,
+                partition=partition,
+                offset=offset,
+                at_ms=int(time.time() * 1000),
+                key=key,
+                value=value,
+                headers=headers,
             )
-            self._producer.produce(
-                self._topic,
-                record,
-                key,
-                headers=[("df-schema", codec.schema_header("quarantined"))],
-            )
+            record = fit_quarantined(fields, headers=_HEADERS, limit=self.limit)
+            if record.cut is not None:
+                self._metrics.set_aside_trimmed.labels(
+                    self._component, "quarantine", record.cut
+                ).inc()
+            out: Any = record.headers
+            self._producer.produce(self._topic, record.value, record.key, headers=out)
             served(self._producer.poll, 0)
         except Exception as exc:  # quarantine is best effort: the record is counted and logged
             event(_LOG, "quarantine write failed", logging.ERROR, error=str(exc))

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, overload
 
+from dueflow.config import RESULT_MAX_BYTES_LIMIT
 from dueflow.consumers.hooks import WorkerHooks, hook_kind
 from dueflow.errors import InvalidInput
 from dueflow.model import Backoff
@@ -57,6 +58,7 @@ class TaskSpec:
     backoff: Backoff | None = None
     rate_limit: float | None = None
     isolation: Isolation = "thread"
+    result_max_bytes: int | None = None
 
     def validate(self) -> TaskSpec:
         check_task_name(self.name, field="task.name")  # the rule the SDK checks too
@@ -78,6 +80,14 @@ class TaskSpec:
             raise InvalidInput("task.rate_limit", self.rate_limit, "jobs per second > 0, or None")
         if self.isolation not in ("thread", "process"):
             raise InvalidInput("task.isolation", self.isolation, "'thread' or 'process'")
+        cap = self.result_max_bytes
+        whole = isinstance(cap, int) and not isinstance(cap, bool)
+        if cap is not None and not (whole and 1 <= cap <= RESULT_MAX_BYTES_LIMIT):
+            raise InvalidInput(
+                "task.result_max_bytes",
+                cap,
+                f"an integer from 1 to {RESULT_MAX_BYTES_LIMIT}, or None (worker.result_max_bytes)",
+            )
         return self
 
 
@@ -95,6 +105,7 @@ def task(
     backoff: Backoff | None = None,
     rate_limit: float | None = None,
     isolation: Isolation = "thread",
+    result_max_bytes: int | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -107,12 +118,15 @@ def task(
     backoff: Backoff | None = None,
     rate_limit: float | None = None,
     isolation: Isolation = "thread",
+    result_max_bytes: int | None = None,
 ) -> Any:
     """Mark a function as the handler of task ``name`` (default: the function's name).
 
     ``timeout`` is in seconds, ``rate_limit`` in jobs per second across the
     consumer group. ``isolation="process"`` runs a sync handler in a child
-    process that is killed when it overruns its timeout.
+    process that is killed when it overruns its timeout. ``result_max_bytes``:
+    the largest result (the handler's return value as JSON) kept for this task
+    (default ``worker.result_max_bytes``).
     """
 
     def attach(fn: F) -> F:
@@ -126,6 +140,7 @@ def task(
             backoff=backoff,
             rate_limit=float(rate_limit) if rate_limit is not None else None,
             isolation=isolation,
+            result_max_bytes=result_max_bytes,
         ).validate()
         if spec.isolation == "process" and inspect.iscoroutinefunction(fn):
             raise InvalidInput("task.isolation", "process", "'thread' for an async handler")
@@ -198,6 +213,10 @@ class TaskRegistry:
                 module = importlib.import_module(name)
             except ImportError as exc:
                 raise InvalidInput("app", name, f"an importable module ({exc})") from exc
+            except Exception as exc:  # the module raised while it was imported
+                raise InvalidInput(
+                    "app", name, f"a module that imports ({type(exc).__name__}: {exc})"
+                ) from exc
             found = 0
             for value in vars(module).values():
                 if not callable(value):

@@ -12,11 +12,16 @@ most of the time.
 
 :meth:`KeyTail.caught_up` answers "is everything that was committed to
 partition p before now in the store?": it reads the partition's last stable
-offset (a read_committed consumer's high watermark) and waits until the
-tail has read that far. The worker asks it when the first record of an
-exec or retry partition arrives, which is after the group's committed
-offsets for that partition are stable (KIP-447), so it also waits for the
-transaction of a fenced previous owner to finish.
+offset (a read_committed consumer's high watermark), waits until that has
+reached the partition's high watermark (a decided transaction's markers land
+partition by partition: the previous owner's offset commit can be visible
+before its idempotency records are, :mod:`dueflow.consumers.stable_end`) and
+then until the tail has read that far. The worker asks it when the first
+record of an exec or retry partition arrives, which is after the group's
+committed offsets for that partition are stable (KIP-447), so it also waits
+for the transaction of a fenced previous owner to finish; and before a
+redriven record, whose key's tombstone the redrive wrote in the same
+transaction.
 """
 
 from __future__ import annotations
@@ -32,12 +37,14 @@ from dueflow import reasons
 from dueflow.config import Settings
 from dueflow.consumers.polling import ConsumerThread
 from dueflow.consumers.quarantine import Quarantine
+from dueflow.consumers.stable_end import StableEnd
 from dueflow.consumers.store import KeyStore, StoreFactory, is_final, state_of
-from dueflow.errors import UndecodableRecord
+from dueflow.errors import FieldOutOfRange, UndecodableRecord
 from dueflow.kafka.clients import make_consumer
 from dueflow.observability.logs import event
+from dueflow.observability.metrics import Metrics
 from dueflow.records import reschedule
-from dueflow.records.fast import decode_key_record, decode_key_state
+from dueflow.records.worker_codec import decode_key_record, decode_key_state
 
 _LOG = logging.getLogger("dueflow.worker.keys")
 
@@ -50,13 +57,16 @@ class KeyTail:
         settings: Settings,
         *,
         topic: str,
+        queue: str,
         retention_ms: int,
         stores: StoreFactory,
         quarantine: Quarantine,
         group: str,
+        metrics: Metrics,
     ) -> None:
         self._settings = settings
         self._topic = topic
+        self._end = StableEnd(settings, queue=queue, store="keys", metrics=metrics, logger=_LOG)
         self._retention = retention_ms
         self._stores = stores
         self._quarantine = quarantine
@@ -79,6 +89,7 @@ class KeyTail:
             consumer, name=f"dueflow-keys-{self._topic}", batch_size=2_000, on_batch=self._apply
         )
         self._thread.start()
+        self._end.start()
 
     # ------------------------------------------------------------------ ownership
 
@@ -147,6 +158,7 @@ class KeyTail:
         low, stable = await self._thread.call(
             lambda c: c.get_watermark_offsets(tp, timeout=30, cached=False)
         )
+        stable = await self._end.reached(tp, stable)
         if stable <= low or self._reached.get(partition, -1) >= stable:
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -192,9 +204,7 @@ class KeyTail:
                     if due_ms is None:
                         raise UndecodableRecord("a reschedule record without run_only_due_ms")
                 except UndecodableRecord as exc:
-                    self._quarantine.put(
-                        msg, reasons.with_detail(reasons.UNDECODABLE_IDEMPOTENCY, exc)
-                    )
+                    self._quarantine.put(msg, _why(exc))
                     continue
                 reschedules.setdefault(partition, []).append((about, due_ms, at_ms))
                 continue
@@ -208,7 +218,7 @@ class KeyTail:
             try:
                 state, at_ms, attempts = decode_key_state(value, _schema(msg))
             except UndecodableRecord as exc:
-                self._quarantine.put(msg, reasons.with_detail(reasons.UNDECODABLE_IDEMPOTENCY, exc))
+                self._quarantine.put(msg, _why(exc))
                 continue
             records.append((key, state_of(state, attempts), at_ms))
         for partition, position in positions.items():
@@ -238,6 +248,7 @@ class KeyTail:
         self._waiters = keep
 
     async def close(self) -> None:
+        self._end.close()
         if self._thread is not None:
             self._thread.stop()
             await self._thread.wait_closed()
@@ -248,6 +259,13 @@ class KeyTail:
             store.close()
         self._owned.clear()
         self._parked.clear()
+
+
+def _why(exc: UndecodableRecord) -> str:
+    """The quarantine reason of an idempotency record that cannot be used."""
+    if isinstance(exc, FieldOutOfRange):
+        return reasons.with_detail(reasons.FIELD_OUT_OF_RANGE, exc)
+    return reasons.with_detail(reasons.UNDECODABLE_IDEMPOTENCY, exc)
 
 
 def _schema(msg: Any) -> bytes | None:

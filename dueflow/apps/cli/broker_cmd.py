@@ -7,8 +7,11 @@ dueflow's clients need, never the password itself."""
 from __future__ import annotations
 
 import argparse
+import functools
+import os
 import shlex
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,14 +46,13 @@ def register(sub: Any) -> None:
             "print the `export` lines that give dueflow's clients this broker's settings "
             '(for `eval "$(dueflow broker env)"`; the password is read from its file)',
         ),
-        ("fetch", _fetch, "resolve the broker jars with Maven into the cache"),
     ):
-        sp = bsub.add_parser(name, help=help_)
+        sp = bsub.add_parser(name, help=help_, description=help_)
         sp.add_argument(
             "--port",
             type=int,
-            default=9092,
-            help="client port on 127.0.0.1 (a cluster's base: node i uses port+2(i-1))",
+            help="client port on 127.0.0.1 (a cluster's base: node i uses port+2(i-1); "
+            f"env DUEFLOW_BROKER_PORT, default {DEFAULT_PORT})",
         )
         sp.add_argument("--controller-port", type=int, help="KRaft controller port (port+1)")
         sp.add_argument(
@@ -61,7 +63,7 @@ def register(sub: Any) -> None:
             "min ISR 2, internal topics too)",
         )
         sp.add_argument("--dir", type=Path, help="state directory (data, logs, pid file)")
-        sp.add_argument("--cache", type=Path, help="jar cache (env DUEFLOW_CACHE)")
+        _cache_option(sp)
         sp.add_argument(
             "--heap",
             help=f"JVM heap per node, e.g. 512m or 1g (default {SINGLE_HEAP}; "
@@ -75,7 +77,44 @@ def register(sub: Any) -> None:
             "in <dir>/security); default: what the state dir was started with, else plaintext",
         )
         sp.add_argument("--json", action="store_true", help="machine-readable output")
-        sp.set_defaults(func=func)
+        sp.set_defaults(func=functools.partial(_with_port, func))
+    fetch_help = (
+        "download the Kafka broker jars (Maven Central, through Maven and the "
+        "package's pom.xml) into the cache, so that `start` needs no network"
+    )
+    fetch = bsub.add_parser("fetch", help=fetch_help, description=fetch_help)
+    _cache_option(fetch)
+    fetch.add_argument("--json", action="store_true", help="machine-readable output")
+    fetch.set_defaults(func=_fetch)
+
+
+DEFAULT_PORT = 9092
+
+
+def _with_port(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """Run an action with ``--port`` resolved (:func:`_default_port` when not given)."""
+    if args.port is None:
+        args.port = _default_port()
+    return func(args)
+
+
+def _default_port() -> int:
+    """``--port`` when not given: ``DUEFLOW_BROKER_PORT``, else 9092."""
+    raw = os.environ.get("DUEFLOW_BROKER_PORT")
+    if not raw:
+        return DEFAULT_PORT
+    try:
+        return int(raw)
+    except ValueError:
+        raise InvalidInput("DUEFLOW_BROKER_PORT", raw, "a port number") from None
+
+
+def _cache_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--cache",
+        type=Path,
+        help="jar cache (env DUEFLOW_CACHE; default ~/.cache/dueflow)",
+    )
 
 
 def _cluster(args: argparse.Namespace) -> LocalCluster | None:
@@ -228,8 +267,12 @@ def _status(args: argparse.Namespace) -> int:
 
 def _fetch(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
-    jars = fetch_jars(args.cache, quiet=not args.json)
-    print(f"kafka {kafka_version()} jars in {jars} ({time.monotonic() - t0:.1f}s)")
+    jars = fetch_jars(args.cache)
+    seconds = time.monotonic() - t0
+    if args.json:
+        print_json({"kafka": kafka_version(), "jars": str(jars), "seconds": seconds})
+    else:
+        print(f"kafka {kafka_version()} jars in {jars} ({seconds:.1f}s)")
     return 0
 
 

@@ -10,9 +10,8 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import orjson
-
 from dueflow.config import Settings, load_settings
+from dueflow.control_chars import escape_text, json_text
 from dueflow.kafka import clients
 from dueflow.observability import logs
 
@@ -66,6 +65,23 @@ def add_global_options(parser: argparse.ArgumentParser, *, service: bool = False
     )
 
 
+def add_listener_options(parser: argparse.ArgumentParser, *, merged: bool = False) -> None:
+    """``--metrics-port`` and ``--metrics-bind``: the listener of /metrics, /livez, /readyz."""
+    g = parser.add_argument_group("metrics and health")
+    g.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus /metrics and the /livez and /readyz probes on this port"
+        + ("; with --processes, one merged view" if merged else "")
+        + " (env DUEFLOW_OBSERVABILITY_METRICS_PORT)",
+    )
+    g.add_argument(
+        "--metrics-bind",
+        help="address of that listener: 127.0.0.1 (default), 0.0.0.0 for every interface "
+        "(env DUEFLOW_OBSERVABILITY_METRICS_BIND)",
+    )
+
+
 def settings_from_args(args: argparse.Namespace) -> Settings:
     """Settings from defaults < TOML < environment < these CLI flags."""
     overrides: dict[str, Any] = {
@@ -75,6 +91,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "observability": {
             "log_format": getattr(args, "log_format", None),
             "log_level": getattr(args, "log_level", None),
+            "metrics_port": getattr(args, "metrics_port", None),
+            "metrics_bind": getattr(args, "metrics_bind", None),
         },
     }
     return load_settings(
@@ -109,12 +127,22 @@ def configure_logging(settings: Settings) -> None:
 
 
 def print_json(data: Any) -> None:
-    sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
+    """``data`` as indented JSON on stdout: valid JSON whatever its strings hold, no
+    control character raw (:func:`~dueflow.control_chars.json_text`)."""
+    sys.stdout.write(json_text(data, indent=True) + "\n")
+
+
+def print_text(text: str) -> None:
+    """``text`` and a newline on stdout, every control character but its newlines
+    escaped. Values from the wire in ``text`` must be escaped by the caller
+    (:func:`~dueflow.control_chars.escape_text`), newlines included, so that one
+    cannot forge a line; this is the guard for anything that was not."""
+    sys.stdout.write(escape_text(text, keep="\n") + "\n")
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A plain-text table with aligned columns."""
-    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    """A plain-text table with aligned columns; every cell escaped (:func:`escape_text`)."""
+    cells = [[escape_text(h) for h in headers]] + [[escape_text(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -122,5 +150,5 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
 
 
 def fail(message: str, code: int = 1) -> int:
-    sys.stderr.write(f"dueflow: {message}\n")
+    sys.stderr.write(f"dueflow: {escape_text(message)}\n")
     return code

@@ -15,12 +15,26 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dueflow.apps.cli.common import add_global_options, format_table, print_json, settings_from_args
+from dueflow.apps.cli.common import (
+    add_global_options,
+    format_table,
+    print_json,
+    print_text,
+    settings_from_args,
+)
 from dueflow.apps.cli.schedule_cmd import PAYLOAD_HELP, read_payload
+from dueflow.control_chars import escape_text
+from dueflow.producers.schedule_client import schedule_fields
 from dueflow.producers.scheduler import Scheduler
-from dueflow.producers.schedules import schedule_fields
-from dueflow.rules.cron import CronSchedule, MisfirePolicy, OverlapPolicy, next_occurrence
-from dueflow.timeutil import format_utc
+from dueflow.records.job_request import check_name
+from dueflow.rules.cron import (
+    CronSchedule,
+    MisfirePolicy,
+    OverlapPolicy,
+    next_occurrence,
+    parse_cron,
+)
+from dueflow.timeutil import format_utc, show_utc
 from dueflow.wall_clock import wall_ms
 
 MISFIRE_HELP = "after downtime: " + ", ".join(p.value for p in MisfirePolicy) + " (fire_once)"
@@ -98,8 +112,8 @@ def schedule_json(s: CronSchedule, *, now_ms: int) -> dict[str, Any]:
         "misfire": s.misfire.value,
         "overlap": s.overlap.value,
         "jitter_ms": s.jitter_ms,
-        "start": None if s.start_ms is None else format_utc(s.start_ms),
-        "end": None if s.end_ms is None else format_utc(s.end_ms),
+        "start": None if s.start_ms is None else show_utc(s.start_ms),
+        "end": None if s.end_ms is None else show_utc(s.end_ms),
         "paused": s.paused,
         "version": s.version,
         "max_attempts": s.max_attempts,
@@ -113,9 +127,10 @@ def _show(args: argparse.Namespace, s: CronSchedule, verb: str) -> int:
         print_json(schedule_json(s, now_ms=wall_ms()))
     else:
         state = " (paused)" if s.paused else ""
-        print(
-            f"{verb} schedule {s.schedule_id}: {s.cron!r} in {s.timezone} -> {s.task} "
-            f"on {s.queue}{state}, version {s.version}"
+        print_text(
+            f"{verb} schedule {escape_text(s.schedule_id)}: {s.cron!r} in "
+            f"{escape_text(s.timezone)} -> {escape_text(s.task)} on {escape_text(s.queue)}"
+            f"{state}, version {s.version}"
         )
     return 0
 
@@ -160,6 +175,9 @@ def _add(args: argparse.Namespace) -> int:
 def _update(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     changes = _schedule_flags(args)
+    check_name("schedule_id", args.schedule_id)
+    if args.cron is not None:
+        parse_cron(args.cron)  # before connecting; the rest is checked against the stored one
     if args.payload is not None:
         changes["payload"] = read_payload(args.payload)
     with Scheduler(settings) as scheduler:
@@ -175,7 +193,7 @@ def _list(args: argparse.Namespace) -> int:
     if args.json:
         print_json(rows)
         return 0
-    print(
+    print_text(
         format_table(
             ["id", "cron", "timezone", "queue", "task", "paused", "next (UTC)", "version"],
             [
@@ -214,7 +232,6 @@ def _delete(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"schedule_id": args.schedule_id, "deleted": deleted})
     else:
-        print(
-            f"deleted schedule {args.schedule_id}" if deleted else f"no schedule {args.schedule_id}"
-        )
+        shown = escape_text(args.schedule_id)
+        print_text(f"deleted schedule {shown}" if deleted else f"no schedule {shown}")
     return 0 if deleted else 1

@@ -19,19 +19,26 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dueflow.apps.cli.common import add_global_options, format_table, print_json, settings_from_args
-from dueflow.apps.cli.progress import progress_bar
+from dueflow.apps.cli.common import (
+    add_global_options,
+    format_table,
+    print_json,
+    print_text,
+    settings_from_args,
+)
+from dueflow.apps.cli.progress_bar import progress_bar
 from dueflow.apps.ops.bounds import parse_time
-from dueflow.apps.ops.dlq import DlqFilter, parse_ref, read_dead_letters
+from dueflow.apps.ops.dlq import DlqFilter, latest_per_key, parse_ref, read_dead_letters
 from dueflow.apps.ops.purge import plan_purge, purge
-from dueflow.apps.ops.redrive import Redriver
+from dueflow.apps.ops.redrive import WOULD_REDRIVE, Redriver, dead_letter_state
 from dueflow.config import Settings
+from dueflow.control_chars import escape_text
 from dueflow.errors import InvalidInput, UnknownQueue
 from dueflow.kafka.pausing import operator_name
 from dueflow.kafka.queue_reader import with_registered_queues
 from dueflow.kafka.reading import ops_consumer
 from dueflow.reasons import DEAD_LETTER_REASONS
-from dueflow.timeutil import format_utc
+from dueflow.timeutil import show_utc
 from dueflow.wall_clock import wall_ms
 
 REASONS = DEAD_LETTER_REASONS
@@ -139,31 +146,45 @@ def _list(args: argparse.Namespace) -> int:
     consumer = ops_consumer(settings)
     try:
         entries = read_dead_letters(settings, consumer, args.queue, where=where)
+        total = len(entries)
+        latest = latest_per_key(entries)
+        entries.sort(key=lambda e: (e.dead_ms, e.partition, e.offset))
+        if args.limit:
+            entries = entries[-args.limit :]
+        # What became of each since: redriven (and how that went) or still dead.
+        states = Redriver(settings, by="").key_states(consumer, args.queue, entries)
     finally:
         consumer.close()
-    total = len(entries)
-    entries.sort(key=lambda e: (e.dead_ms, e.partition, e.offset))
-    if args.limit:
-        entries = entries[-args.limit :]
+    now = {
+        e.ref: dead_letter_state(
+            e,
+            states.get((e.partition, e.idempotency_key or "")),
+            latest=latest.get((e.partition, e.idempotency_key or ""), e) is e,
+        )
+        for e in entries
+    }
     if args.json:
-        summaries = [e.summary() for e in entries]
+        summaries = [{**e.summary(), "state": now[e.ref]} for e in entries]
         print_json({"queue": args.queue, "matched": total, "entries": summaries})
         return 0
     rows = [
         [
             e.ref,
-            format_utc(e.dead_ms),
+            show_utc(e.dead_ms),
             e.job_id,
             e.task,
             e.reason,
             _short(f"{e.error_type}: {e.summary()['error_message']}"),
             e.attempts,
+            now[e.ref],
         ]
         for e in entries
     ]
-    print(format_table(["ref", "dead at", "job", "task", "reason", "error", "attempts"], rows))
+    print_text(
+        format_table(["ref", "dead at", "job", "task", "reason", "error", "attempts", "now"], rows)
+    )
     shown = f"{len(entries)} shown of " if len(entries) < total else ""
-    print(f"{shown}{total} dead letter(s) in queue {args.queue}")
+    print_text(f"{shown}{total} dead letter(s) in queue {args.queue}")
     return 0
 
 
@@ -198,14 +219,15 @@ def _show(args: argparse.Namespace) -> int:
         "dead_at",
         "original",
         "trace_id",
+        "value_ref",
         "problem",
     ):
         if details.get(key) is not None:
-            print(f"{key:<16} {details[key]}")
+            print_text(f"{key:<16} {escape_text(details[key])}")
     if details.get("job"):
-        print(f"{'job':<16} {details['job']}")
-    if details.get("traceback"):
-        print("traceback:\n" + str(details["traceback"]))
+        print_text(f"{'job':<16} {escape_text(details['job'])}")
+    if details.get("traceback"):  # its own lines kept, each escaped
+        print_text("traceback:\n" + escape_text(details["traceback"], keep="\n"))
     return 0
 
 
@@ -225,15 +247,25 @@ def _redrive(args: argparse.Namespace) -> int:
         print_json(report.to_json())
     else:
         for item in report.items:
-            state = "redriven" if item.redriven else f"skipped: {item.why}"
-            print(f"{item.entry.ref:<10} {item.entry.job_id:<34} {state}")
-        verb = "would be checked" if args.dry_run else "redriven"
-        print(
-            f"{report.redriven} {verb}, {report.skipped} not, in queue {args.queue}"
-            f" (by {report.by})"
-        )
+            if item.why == WOULD_REDRIVE:
+                state = "would be redriven"
+            else:
+                state = "redriven" if item.redriven else f"skipped: {item.why}"
+            job = escape_text(item.entry.job_id)
+            print_text(f"{item.entry.ref:<10} {job:<34} {escape_text(state)}")
+        if args.dry_run:
+            would = report.would_redrive
+            print_text(
+                f"dry run, nothing written: {would} would be redriven, "
+                f"{len(report.items) - would} would be skipped, in queue {args.queue}"
+            )
+        else:
+            print_text(
+                f"{report.redriven} redriven, {report.skipped} skipped, in queue {args.queue}"
+                f" (by {escape_text(report.by)})"
+            )
         if report.error:
-            print(f"stopped early: {report.error}")
+            print_text(f"stopped early: {escape_text(report.error)}")
     return 1 if report.error else 0
 
 
@@ -273,4 +305,5 @@ def _purge(args: argparse.Namespace) -> int:
 
 
 def _short(text: str, width: int = 60) -> str:
+    text = escape_text(text)
     return text if len(text) <= width else text[: width - 1] + "…"

@@ -1,6 +1,6 @@
 """Entry point of the ``dueflow`` command: builds the parser from command modules.
 
-Exit codes (also in ``dueflow --help`` and the README):
+Exit codes (also in ``dueflow --help`` and docs/command-line.md):
 
 == ==========================================================================
 0  done
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
+import os
 import re
 import sys
 import traceback
@@ -33,6 +34,8 @@ from collections.abc import Sequence
 from confluent_kafka import KafkaException
 
 from dueflow import __version__
+from dueflow.apps.cli.common import bootstrap_source
+from dueflow.control_chars import escape_text
 from dueflow.errors import (
     ClusterUnreachable,
     ConfigError,
@@ -78,6 +81,7 @@ COMMAND_MODULES = (
     "dueflow.apps.cli.queue_cmd",
     "dueflow.apps.cli.dlq_cmd",
     "dueflow.apps.cli.replay_cmd",
+    "dueflow.apps.cli.deploy_cmd",
 )
 
 
@@ -152,7 +156,19 @@ def attach_negative_values(argv: Sequence[str], options: set[str]) -> list[str]:
     return out
 
 
+def import_from_working_directory(path: list[str] | None = None) -> None:
+    """Put the working directory first on ``sys.path``, as ``python -m`` and Celery's
+    ``-A`` do: ``dueflow worker --app myapp.tasks`` run from a project's folder finds
+    ``./myapp`` without PYTHONPATH (the ``dueflow`` script's own path is its bin
+    directory). Spawned worker children inherit it."""
+    path = sys.path if path is None else path
+    cwd = os.getcwd()
+    if cwd not in path and "" not in path:
+        path.insert(0, cwd)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    import_from_working_directory()
     parser = build_parser()
     raw = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(attach_negative_values(raw, value_options(parser)))
@@ -180,8 +196,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except ClusterUnreachable as exc:
-        from dueflow.apps.cli.common import bootstrap_source
-
         return _fail(
             f"cannot reach the Kafka cluster at {exc.bootstrap} "
             f"(bootstrap, from {bootstrap_source(args)}): {exc.reason}",
@@ -206,18 +220,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _fail(message: str, code: int, exc: BaseException, verbose: bool) -> int:
     """One line on stderr (and the traceback with ``--verbose``)."""
     if verbose:
-        sys.stderr.write("".join(traceback.format_exception(exc)))
+        sys.stderr.write(escape_text("".join(traceback.format_exception(exc)), keep="\n"))
     first = message.splitlines()[0] if message else type(exc).__name__
-    sys.stderr.write(f"dueflow: {first}\n")
+    sys.stderr.write(f"dueflow: {escape_text(first)}\n")
     return code
 
 
 def _say(text: str) -> None:
-    sys.stderr.write(f"dueflow: {text}\n")
+    sys.stderr.write(f"dueflow: {escape_text(text)}\n")
 
 
 def _write_client_line(level: int, text: str) -> None:
-    sys.stderr.write(f"dueflow: kafka client: {text}\n")
+    sys.stderr.write(f"dueflow: kafka client: {escape_text(text)}\n")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,4 +1,4 @@
-"""``dueflow queue create|list|describe|pause|resume``: queues as data, and their state.
+"""``dueflow queue create|list|describe|pause|resume|finalize``: queues as data, and their state.
 
 ::
 
@@ -7,6 +7,12 @@
     dueflow queue describe billing
     dueflow queue pause billing --reason "payment provider down"
     dueflow queue resume billing
+    dueflow queue finalize billing          # or --all
+
+``finalize`` switches clients to commands for cancelling, moving and updating
+the queue's jobs at any horizon, once every live worker of the queue applies
+them (:mod:`dueflow.apps.ops.finalize`; docs/operations.md, "Upgrading to
+steerable jobs").
 
 ``create`` makes the queue's topics, then writes its spec to the queue
 registry (``<prefix>.queues``); running producers, emitters and workers pick
@@ -27,17 +33,27 @@ import dataclasses
 import sys
 from typing import Any
 
-from dueflow.apps.cli.common import add_global_options, format_table, print_json, settings_from_args
-from dueflow.apps.ops.queues import create_queue, describe_topics
+from dueflow.apps.cli.common import (
+    add_global_options,
+    format_table,
+    print_json,
+    print_text,
+    settings_from_args,
+)
+from dueflow.apps.ops.finalize import Finalized, FinalizeRefused, finalize_queue
+from dueflow.apps.ops.queue_admin import create_queue, describe_topics
 from dueflow.config import QueueSpec, Settings, validate_queue
+from dueflow.control_chars import escape_text
 from dueflow.errors import ConfigError, InvalidInput, TopicMismatch, UnknownQueue
+from dueflow.kafka.features import read_queue_features
 from dueflow.kafka.pausing import operator_name, read_queue_controls, write_queue_control
 from dueflow.kafka.queue_reader import QueueRegistryReader, read_registry
 from dueflow.kafka.reading import ops_consumer
 from dueflow.kafka.topics import names, tier_label
+from dueflow.records.features import QueueFeatures
 from dueflow.records.pause_command import QueueControl
 from dueflow.records.queue_registry import spec_json
-from dueflow.timeutil import format_utc, parse_duration
+from dueflow.timeutil import parse_duration, show_utc
 from dueflow.wall_clock import wall_ms
 
 # QueueSpec field -> the `queue create` option that sets it
@@ -97,6 +113,17 @@ def register(sub: Any) -> None:
         add_global_options(sp)
         sp.add_argument("--json", action="store_true", help="machine-readable output")
         sp.set_defaults(func=_control, paused=paused)
+    fin = qsub.add_parser(
+        "finalize",
+        help="steer the queue's jobs with commands (any horizon) once every worker of it "
+        "can; one-way",
+    )
+    fin.add_argument("queue", nargs="?", help="queue name (or --all)")
+    fin.add_argument("--all", action="store_true", help="every queue (static and registered)")
+    fin.add_argument("--by", help="who (default: $DUEFLOW_OPERATOR or user@host)")
+    add_global_options(fin)
+    fin.add_argument("--json", action="store_true", help="machine-readable output")
+    fin.set_defaults(func=_finalize)
     lst = qsub.add_parser("list", help="the queues (static and registered) and which are paused")
     add_global_options(lst)
     lst.add_argument("--json", action="store_true", help="machine-readable output")
@@ -118,8 +145,42 @@ def _control(args: argparse.Namespace) -> int:
     if args.json:
         print_json(control.to_json())
     else:
-        print(f"queue {control.queue} {'paused' if control.paused else 'resumed'} by {control.by}")
+        state = "paused" if control.paused else "resumed"
+        print_text(f"queue {control.queue} {state} by {escape_text(control.by)}")
     return 0
+
+
+def _finalize(args: argparse.Namespace) -> int:
+    if args.all == (args.queue is not None):  # bad input before connecting
+        raise InvalidInput("queue", args.queue, "a queue name, or --all (not both)")
+    settings = _merged(settings_from_args(args))[0]
+    queues = settings.queue_names if args.all else [args.queue]
+    for q in queues:
+        if q not in settings.queue_names:
+            raise UnknownQueue(q, settings.queue_names)
+    by = args.by or operator_name()
+    done: list[Finalized] = []
+    refused: list[FinalizeRefused] = []
+    for q in queues:
+        try:
+            done.append(finalize_queue(settings, q, by=by, now_ms=wall_ms()))
+        except FinalizeRefused as exc:
+            refused.append(exc)
+    if args.json:
+        print_json(
+            {
+                "finalized": [f.to_json() for f in done],
+                "refused": [{"queue": r.queue, "members": r.members} for r in refused],
+            }
+        )
+    else:
+        for f in done:
+            what = "finalized" if f.written else "was finalized already"
+            workers = f"{len(f.workers)} live worker(s) checked" if f.workers else "no live worker"
+            print_text(f"queue {f.queue} {what}: its jobs are steered with commands ({workers})")
+        for r in refused:
+            print(f"dueflow: {escape_text(str(r))}", file=sys.stderr)
+    return 1 if refused else 0
 
 
 def _merged(settings: Settings) -> tuple[Settings, QueueRegistryReader]:
@@ -127,6 +188,17 @@ def _merged(settings: Settings) -> tuple[Settings, QueueRegistryReader]:
     reader = read_registry(settings)
     merged = dataclasses.replace(settings, queues=tuple(reader.view.specs.values()))
     return merged, reader
+
+
+def _features(settings: Settings) -> dict[str, QueueFeatures]:
+    """Every queue's features (finalized or not): none when there is no control topic."""
+    consumer = ops_consumer(settings)
+    try:
+        return read_queue_features(settings, consumer)[0]
+    except InvalidInput:
+        return {}
+    finally:
+        consumer.close()
 
 
 def _paused(settings: Settings) -> tuple[dict[str, QueueControl], list[str], list[str]]:
@@ -194,14 +266,14 @@ def _list(args: argparse.Namespace) -> int:
                 view.sources.get(q.name, "static"),
                 "paused" if c else "running",
             ]
-            + ([c.by, format_utc(c.at_ms), c.reason] if c else ["", "", ""])
+            + ([c.by, show_utc(c.at_ms), c.reason] if c else ["", "", ""])
         )
     headers = ["queue", "partitions", "retry tiers", "rate/s", "source", "state", "by", "since"]
-    print(format_table([*headers, "reason"], rows))
+    print_text(format_table([*headers, "reason"], rows))
     for line in problems:
-        print(f"bad control record {line}")
+        print_text(f"bad control record {escape_text(line)}")
     for line in [*registry_problems, *conflicts]:
-        print(line)
+        print_text(escape_text(line))
     return 0
 
 
@@ -241,9 +313,9 @@ def _create(args: argparse.Namespace) -> int:
         + (f", {spec.rate_limit_per_s}/s" if spec.rate_limit_per_s is not None else "")
     )
     for note in result.notes:
-        print(str(note))
+        print_text(escape_text(note))
     for conflict in result.static_conflicts:
-        print(f"warning: {conflict}")
+        print_text(f"warning: {escape_text(conflict)}")
     return 0
 
 
@@ -256,6 +328,8 @@ def _describe(args: argparse.Namespace) -> int:
     registered = reader.catalog.registered.get(args.name)
     topics = describe_topics(settings, spec)
     paused, _problems, _notes = _paused(settings)
+    features = _features(settings).get(spec.name)
+    finalized = features is not None and features.steerable
     conflicts = [str(c) for c in view.conflicts if c.queue == spec.name]
     rows: list[dict[str, Any]] = [
         {
@@ -280,6 +354,7 @@ def _describe(args: argparse.Namespace) -> int:
                 "spec": spec_json(spec),
                 "registered": registered.to_json() if registered is not None else None,
                 "paused": spec.name in paused,
+                "finalized": features.to_json() if finalized and features else None,
                 "topics": rows,
                 "conflicts": conflicts,
             }
@@ -291,10 +366,17 @@ def _describe(args: argparse.Namespace) -> int:
     print(f"rate limit   {spec.rate_limit_per_s if spec.rate_limit_per_s else 'none'}")
     print(f"idempotency  finished jobs kept {tier_label(spec.idempotency_retention_ms)}")
     if registered is not None:
-        print(f"registered   {format_utc(registered.created_ms)} by {registered.created_by}")
+        by = escape_text(registered.created_by)
+        print_text(f"registered   {show_utc(registered.created_ms)} by {by}")
     print(f"state        {'paused' if spec.name in paused else 'running'}")
+    if finalized and features is not None:
+        by = escape_text(features.by)
+        when = show_utc(features.at_ms)
+        print_text(f"steering     commands, any horizon (finalized {when} by {by})")
+    else:
+        print(f"steering     legacy records (`dueflow queue finalize {spec.name}` when ready)")
     print()
-    print(
+    print_text(
         format_table(
             ["topic", "role", "partitions", "on the cluster", "status"],
             [
@@ -310,5 +392,5 @@ def _describe(args: argparse.Namespace) -> int:
         )
     )
     for line in conflicts:
-        print(f"conflict: {line}")
+        print_text(f"conflict: {escape_text(line)}")
     return 0

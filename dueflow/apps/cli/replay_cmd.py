@@ -20,13 +20,20 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dueflow.apps.cli.common import add_global_options, format_table, print_json, settings_from_args
-from dueflow.apps.cli.progress import progress_bar
+from dueflow.apps.cli.common import (
+    add_global_options,
+    format_table,
+    print_json,
+    print_text,
+    settings_from_args,
+)
+from dueflow.apps.cli.progress_bar import progress_bar
 from dueflow.apps.ops.bounds import parse_bound
 from dueflow.apps.ops.replay import Replayer, plan_spans
+from dueflow.control_chars import escape_text
 from dueflow.kafka.pausing import operator_name
 from dueflow.kafka.reading import ops_consumer
-from dueflow.timeutil import format_utc
+from dueflow.timeutil import show_utc
 from dueflow.wall_clock import wall_ms
 
 SHOWN = 50
@@ -67,7 +74,7 @@ def _replay(args: argparse.Namespace) -> int:
         consumer.close()
     if args.json:
         print_json(report.to_json())
-        return 0
+        return 1 if report.refused else 0
     for s in spans:
         print(f"partition {s.partition}: offsets [{s.start}, {s.end})")
     if args.dry_run:
@@ -77,16 +84,27 @@ def _replay(args: argparse.Namespace) -> int:
                 r.job_id or "?",
                 r.key or "",
                 r.attempt,
-                format_utc(r.due_ms) if r.due_ms else "?",
+                show_utc(r.due_ms) if r.due_ms else "?",
             ]
             for r in report.records[:SHOWN]
         ]
         if rows:
-            print(format_table(["record", "job", "key", "attempt", "due"], rows))
+            print_text(format_table(["record", "job", "key", "attempt", "due"], rows))
         more = len(report.records) - SHOWN
         if more > 0:
             print(f"... and {more} more")
         print(f"{len(report.records)} record(s) would be replayed to {args.topic}")
     else:
-        print(f"replayed {len(report.records)} record(s) to {args.topic} (by {report.by})")
-    return 0
+        for r, why in report.refused[:SHOWN]:
+            job = escape_text(r.job_id or "?")
+            print_text(f"not replayed {r.partition}:{r.offset} ({job}): {escape_text(why)}")
+        if len(report.refused) > SHOWN:
+            print_text(f"... and {len(report.refused) - SHOWN} more not replayed")
+        by = escape_text(report.by)
+        print_text(f"replayed {report.replayed} record(s) to {args.topic} (by {by})")
+    if report.commands_skipped:
+        print(
+            f"{report.commands_skipped} command(s) (cancel, move, update) not replayed: "
+            "they were applied when first read"
+        )
+    return 1 if report.refused else 0

@@ -4,31 +4,64 @@
 default ``observability.status_url`` or ``http://<status_bind>:<status_port>``);
 where it does not answer they read Kafka directly: ``status`` shows the
 cluster view (lag, DLQ depth, pending timers, active emitter, DLQ tail),
-``job`` scans the job's outcomes partition (bounded by ``--scan-limit``).
+``job`` scans the job's outcomes partition (bounded by ``--scan-limit``) and
+says when the answer may be incomplete. ``job`` asks the view as
+``Scheduler.status`` does (:class:`~dueflow.producers.view_client.ViewClient`:
+the view's token when configured, and a view of another cluster or topic
+prefix does not count as an answer).
+``job ID --result [--wait 30]`` prints the job's result (its handler's return
+value) as JSON once it has succeeded: exit 0; 1 when it has not ended within
+``--wait`` seconds (default: no wait) or is not found; 4 when it ended without
+a result (dead, cancelled, expired, skipped, or its value was not kept).
+What they print: :mod:`dueflow.apps.cli.status_render`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import ssl
 import urllib.error
-import urllib.parse
 import urllib.request
-from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dueflow.apps.cli.common import (
     add_global_options,
+    add_listener_options,
     check_cluster,
     configure_logging,
-    format_table,
+    fail,
     print_json,
+    print_text,
     settings_from_args,
 )
+from dueflow.apps.cli.status_render import (
+    UNKNOWN,
+    UNKNOWN_JOB,
+    overdue,
+    render_job,
+    render_status,
+    status_from_cluster,
+    status_from_overview,
+    waiting_note,
+)
 from dueflow.config import Settings
+from dueflow.control_chars import escape_text
+from dueflow.errors import InvalidInput, JobOutcomeError, ResultTimeout
+from dueflow.kafka.clients import cluster_id_of, make_admin
+from dueflow.kafka.cluster_view import compute_view
+from dueflow.kafka.outcome_scan import scan_for_job
 from dueflow.kafka.queue_reader import with_registered_queues
-from dueflow.rules.job_status import PENDING_STATES
+from dueflow.observability import logs
+from dueflow.observability.health import Health
+from dueflow.observability.metrics import Metrics, serve
+from dueflow.rules.job_status import JobStatus
+from dueflow.streams.status.cluster_reader import ClusterReader
+from dueflow.streams.status.tls import server_context
 from dueflow.wall_clock import wall_ms
+
+if TYPE_CHECKING:
+    from dueflow.producers.view_client import ViewClient
 
 HTTP_TIMEOUT_S = 3.0
 
@@ -44,11 +77,25 @@ def register(sub: Any) -> None:
     job.add_argument("job_id", metavar="ID", help="the job id")
     _view_options(job)
     job.add_argument(
+        "--wait",
+        type=float,
+        metavar="SECONDS",
+        help="wait up to SECONDS (at most 60) for the job to end before answering "
+        "(status view only)",
+    )
+    job.add_argument(
         "--scan-limit",
         type=int,
         default=200_000,
         help="Kafka-direct: read at most this many newest records of the job's "
         "outcomes partition (default 200000)",
+    )
+    job.add_argument(
+        "--result",
+        action="store_true",
+        help="print the job's result (its handler's return value) as JSON: exit 0; 1 not "
+        "ended within --wait SECONDS (no limit of 60 here; default: answer at once) or not "
+        "found; 4 ended without one (dead, cancelled, expired, skipped, or not kept)",
     )
     job.set_defaults(func=_job)
 
@@ -61,8 +108,20 @@ def register(sub: Any) -> None:
         "configured token.",
     )
     add_global_options(view, service=True)
+    add_listener_options(view)
     view.add_argument("--port", type=int, help="HTTP port (observability.status_port; 0: any)")
     view.add_argument("--bind", help="HTTP address (observability.status_bind, 127.0.0.1)")
+    view.add_argument(
+        "--tls-cert",
+        metavar="PEM",
+        help="serve HTTPS only with this certificate file (observability.status_tls_cert; "
+        "with --tls-key)",
+    )
+    view.add_argument(
+        "--tls-key",
+        metavar="PEM",
+        help="the certificate's unencrypted private key file (observability.status_tls_key)",
+    )
     view.add_argument("--data-dir", help="faust data dir (observability.status_data_dir)")
     view.add_argument("--app-id", help="faust app id and consumer group (<prefix>.status)")
     view.set_defaults(func=_status_view)
@@ -77,10 +136,10 @@ def _view_options(p: argparse.ArgumentParser) -> None:
 # ------------------------------------------------------------------------ HTTP
 
 
-def _get(url: str) -> tuple[int, Any] | None:
+def _get(url: str, context: ssl.SSLContext | None = None) -> tuple[int, Any] | None:
     """``(status, json)`` from the status view; ``None`` when it does not answer."""
     try:
-        with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S) as resp:
+        with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S, context=context) as resp:
             return int(resp.status), json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         try:
@@ -95,15 +154,35 @@ def _base_url(args: argparse.Namespace, settings: Settings) -> str:
     return str(args.url or settings.observability.status_base_url).rstrip("/")
 
 
+def _view_context(args: argparse.Namespace, settings: Settings) -> ssl.SSLContext | None:
+    """The TLS context for the view of ``settings`` (its own certificate when these
+    are its settings: ``ViewClient``); None for ``--url`` (the system's CAs)."""
+    # imported here: dueflow.producers loads the whole SDK (about half a second)
+    from dueflow.producers.view_client import pinned_view_context
+
+    return None if args.url else pinned_view_context(settings.observability)
+
+
 # ---------------------------------------------------------------------- status
+
+
+def _answer_logging(args: argparse.Namespace, settings: Settings) -> None:
+    """``status`` and ``job`` answer on stdout; their log says only what went wrong
+    (warnings and errors, on stderr) unless ``--log-level`` asks for more."""
+    obs = settings.observability
+    level = args.log_level or max(obs.log_level.upper(), "WARNING", key=_LEVELS.index)
+    logs.configure(obs.log_format, level)
+
+
+_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
 
 def _status(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
-    configure_logging(settings)
+    _answer_logging(args, settings)
     doc: dict[str, Any] | None = None
     if not args.kafka:
-        got = _get(_base_url(args, settings) + "/api/overview")
+        got = _get(_base_url(args, settings) + "/api/overview", _view_context(args, settings))
         if got is not None and got[0] == 200:
             doc = status_from_overview(got[1])
     if doc is None:
@@ -111,109 +190,15 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         print_json(doc)
     else:
-        print(render_status(doc))
+        print_text(render_status(doc))
     return 0
 
 
 def _status_from_kafka(settings: Settings) -> dict[str, Any]:
-    from dueflow.kafka.cluster_view import compute_view
-    from dueflow.streams.status.cluster_reader import ClusterReader
-
     settings = with_registered_queues(settings)  # registered queues too
     with ClusterReader(settings) as reader:
         view = compute_view(reader.read(), settings)
     return status_from_cluster(view.to_json(), counts=None, source="kafka")
-
-
-def status_from_overview(overview: dict[str, Any]) -> dict[str, Any]:
-    counts = {q: v.get("counts", {}) for q, v in overview.get("queues", {}).items()}
-    cluster = overview.get("cluster") or {}
-    doc = status_from_cluster(cluster, counts=counts, source="status-view")
-    doc["recent_failures"] = overview.get("recent_failures", [])
-    return doc
-
-
-def status_from_cluster(
-    cluster: dict[str, Any], *, counts: dict[str, dict[str, int]] | None, source: str
-) -> dict[str, Any]:
-    """One document for both sources (the shape of ``status --json``)."""
-    queues: dict[str, Any] = {}
-    names = set(cluster.get("lag_by_queue", {})) | set(counts or {})
-    for q in sorted(names):
-        queues[q] = {
-            "counts": None if counts is None else counts.get(q, {}),
-            "lag": cluster.get("lag_by_queue", {}).get(q),
-            "dlq_depth": cluster.get("dlq_depth", {}).get(q),
-            "paused": cluster.get("paused", {}).get(q),
-        }
-    return {
-        "source": source,
-        "queues": queues,
-        "timers_pending": cluster.get("timers_pending", {}),
-        "active_emitter": cluster.get("active_emitter"),
-        "emitter_members": cluster.get("emitter_members"),
-        "emitter_shards": cluster.get("emitter_shards", {}),
-        "dlq_tail": cluster.get("failures", []),
-        "recent_failures": [],
-        "errors": cluster.get("errors", []),
-    }
-
-
-def render_status(doc: dict[str, Any]) -> str:
-    """The human form of ``status``."""
-    lines = [f"source: {doc['source']}"]
-    states = ["scheduled", "fired", "started", "retrying", "succeeded", "dead", "cancelled"]
-    rows = []
-    for q, info in doc["queues"].items():
-        counts = info["counts"]
-        cells = ["-" if counts is None else counts.get(s, 0) for s in states]
-        paused = info.get("paused")
-        state = f"paused by {paused.get('by') or '?'}" if paused else "running"
-        rows.append([q, *cells, _dash(info["lag"]), _dash(info["dlq_depth"]), state])
-    lines += ["", format_table(["queue", *states, "lag", "dlq", "workers"], rows)]
-    if doc["source"] == "kafka":
-        lines.append("(counts by state need the status view: `dueflow status-view`)")
-    timers = doc["timers_pending"]
-    if timers:
-        lines += ["", "pending timers: " + ", ".join(f"{k}={v}" for k, v in timers.items())]
-    holder = doc["active_emitter"]
-    if holder:
-        lines.append(
-            f"active emitter: {holder['client_id']} {holder['host']} "
-            f"({doc['emitter_members']} member(s) in the group)"
-        )
-    else:
-        lines.append("active emitter: NONE")
-    shards = doc.get("emitter_shards") or {}
-    if len(shards) > 1:
-        lines.append(
-            "emitter shards: "
-            + ", ".join(
-                f"{k}={v or 'NONE'}" for k, v in sorted(shards.items(), key=lambda kv: int(kv[0]))
-            )
-        )
-    if doc["dlq_tail"]:
-        lines += ["", "newest dead letters:"]
-        lines.append(
-            format_table(
-                ["queue", "job", "task", "reason", "error", "attempts", "dead at"],
-                [
-                    [
-                        f["queue"],
-                        f["job_id"],
-                        f["task"],
-                        f["reason"],
-                        _short(f"{f['error_type']}: {f['error_message']}"),
-                        f["attempts"],
-                        _when(f["dead_ms"]),
-                    ]
-                    for f in doc["dlq_tail"][:10]
-                ],
-            )
-        )
-    for err in doc["errors"]:
-        lines.append(f"warning: {err}")
-    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------- job
@@ -221,89 +206,170 @@ def render_status(doc: dict[str, Any]) -> str:
 
 def _job(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
-    configure_logging(settings)
-    job_id = args.job_id
+    _answer_logging(args, settings)
+    if args.wait is not None and not (args.wait >= 0 and (args.result or args.wait <= 60)):
+        raise InvalidInput("--wait", args.wait, "seconds from 0 to 60 (with --result: >= 0)")
+    if args.result:
+        return _job_result(args, settings)
+    view_error: str | None = None
     if not args.kafka:
-        url = _base_url(args, settings) + "/jobs/" + urllib.parse.quote(job_id, safe="")
-        got = _get(url)
-        if got is not None and got[0] in (200, 404):
-            status, body = got
-            found = status == 200
-            doc = {"job_id": job_id, "found": found, "source": "status-view"}
-            if found:
-                doc["job"] = body
-            else:
-                doc.update(state="unknown", error=body.get("error"))
-            if args.json:
-                print_json(doc)
-            elif found:
-                print(render_job(body, now_ms=wall_ms()))
-            else:
-                print(f"job {job_id}: {UNKNOWN} ({body.get('error')})")
-            return 0 if found else 1
-    from dueflow.streams.status.outcome_scan import scan_for_job
+        answered, view_error = _job_from_view(args, settings)
+        if answered is not None:
+            return answered
+    return _job_from_kafka(args, settings, view_error)
 
-    scan = scan_for_job(settings, job_id, max_records=args.scan_limit)
-    doc = {**scan.to_json(), "source": "kafka"}
+
+def _view_client(args: argparse.Namespace, settings: Settings) -> ViewClient:
+    """A client of the status view that ``job`` asks (as ``Scheduler.status`` does)."""
+    # imported here: dueflow.producers loads the whole SDK (about half a second)
+    from dueflow.producers.view_client import ViewClient
+
+    return ViewClient(
+        _base_url(args, settings),
+        # --url names the view to ask: its answer counts whatever it reads
+        topic_prefix=None if args.url else settings.topic_prefix,
+        token=settings.observability.status_token,
+        timeout_s=HTTP_TIMEOUT_S,
+        cluster_id=lambda: cluster_id_of(make_admin(settings), timeout_s=5.0),
+        ssl_context=_view_context(args, settings),
+    )
+
+
+def _job_from_view(args: argparse.Namespace, settings: Settings) -> tuple[int | None, str | None]:
+    """``job ID`` as the status view answers it: (exit code, None) once printed, else
+    (None, why the view did not answer, when that is worth saying)."""
+    # imported here: dueflow.producers loads the whole SDK (about half a second)
+    from dueflow.producers.view_client import ViewUnavailable
+
+    job_id = args.job_id
+    client = _view_client(args, settings)
+    try:
+        body = client.job(job_id, wait_ms=int((args.wait or 0) * 1000))
+    except ViewUnavailable as exc:
+        # Said when a view was named or set up, or answered wrongly; nothing
+        # listening at the default address is the usual case without one.
+        named = args.url or settings.observability.status_url
+        return None, (str(exc) if named or not exc.absent else None)
+    finally:
+        client.close()
+    doc: dict[str, Any] = {"job_id": job_id, "found": body is not None}
+    doc["source"] = "status-view"
+    now_ms = wall_ms()
+    note = None
+    if body is not None:
+        doc["job"] = body
+        if overdue(body, now_ms=now_ms):
+            note = waiting_note(
+                body,
+                now_ms=now_ms,
+                emitter_active=_view_emitter(
+                    _base_url(args, settings) + "/jobs/", _view_context(args, settings)
+                ),
+            )
+            doc["note"] = note
+    else:
+        doc["state"] = "unknown"
+        doc["error"] = UNKNOWN_JOB
     if args.json:
         print_json(doc)
+    elif body is not None:
+        print_text(render_job(body, now_ms=now_ms))
+        if note:
+            print_text(f"note: {note}")
     else:
-        where = (
-            f"scanned {scan.scanned} records of {scan.topic}[{scan.partition}] "
-            f"(offsets {scan.first_offset}..{scan.end_offset})"
+        print_text(f"job {escape_text(job_id)}: {UNKNOWN} ({UNKNOWN_JOB})")
+    return (0 if body is not None else 1), None
+
+
+def _job_from_kafka(args: argparse.Namespace, settings: Settings, view_error: str | None) -> int:
+    """``job ID`` from a bounded scan of the job's outcomes partition."""
+    job_id = args.job_id
+    scan = scan_for_job(settings, job_id, max_records=args.scan_limit)
+    doc = {**scan.to_json(), "source": "kafka", "complete": scan.skipped_older == 0}
+    if view_error is not None:
+        doc["status_view_error"] = view_error
+    now_ms = wall_ms()
+    note = None
+    if scan.view is not None and overdue(scan.view, now_ms=now_ms):
+        note = waiting_note(scan.view, now_ms=now_ms, emitter_active=_kafka_emitter(settings))
+        doc["note"] = note
+    if args.json:
+        print_json(doc)
+        return 0 if scan.view is not None else 1
+    if view_error is not None:
+        print_text(f"the status view did not answer ({view_error}): reading Kafka directly")
+    where = (
+        f"scanned {scan.scanned} records of {scan.topic}[{scan.partition}] "
+        f"(offsets {scan.first_offset}..{scan.end_offset})"
+    )
+    if scan.skipped_older:
+        where += (
+            f"; {scan.skipped_older} older records not read (--scan-limit): "
+            "the answer may be incomplete"
         )
-        if scan.skipped_older:
-            where += f"; {scan.skipped_older} older records not read (--scan-limit)"
-        if scan.view is None:
-            print(f"job {job_id}: {UNKNOWN}; {where}")
-        else:
-            print(render_job(scan.view, now_ms=wall_ms()))
-            print(where)
+    if scan.view is None:
+        print_text(f"job {escape_text(job_id)}: {UNKNOWN}; {where}")
+    else:
+        print_text(render_job(scan.view, now_ms=now_ms))
+        print_text(where)
+        if note:
+            print_text(f"note: {note}")
     return 0 if scan.view is not None else 1
 
 
-# No outcome of the job: a client writes `scheduled` for every job it schedules
-# unless scheduled_outcomes=False, so a job without one is most likely not there.
-UNKNOWN = (
-    "unknown: no outcome found (no such job; or scheduled by a client with "
-    "scheduled_outcomes=False and not run yet)"
-)
+def _job_result(args: argparse.Namespace, settings: Settings) -> int:
+    """``job ID --result``: the job's result as JSON, once it has ended: the status
+    view's long poll (``until=final``), else the bounded scan."""
+    # imported here: dueflow.producers loads the whole SDK (about half a second)
+    from dueflow.producers.lookup import OutcomeLookup
+    from dueflow.producers.result_wait import wait_for_result
+    from dueflow.producers.view_client import WAIT_MAX_MS, ViewUnavailable
+
+    job_id = args.job_id
+    wait_s = args.wait or 0.0
+    scan = OutcomeLookup(settings, scan_limit=args.scan_limit)
+    client = None if args.kafka else _view_client(args, settings)
+
+    def lookup(budget: float) -> JobStatus | None:
+        nonlocal client
+        if client is not None:
+            wait_ms = 0 if wait_s == 0 else int(min(budget * 1000, WAIT_MAX_MS))
+            try:
+                body = client.job(job_id, wait_ms=wait_ms, until="final")
+            except ViewUnavailable:
+                client.close()
+                client = None  # the scan from here on
+            else:
+                return None if body is None else JobStatus.from_view(body, source="status-view")
+        return scan.status(job_id, timeout_s=budget)
+
+    try:
+        value = wait_for_result(job_id, lookup, wait_s)
+    except ResultTimeout as exc:
+        return fail(str(exc), 1)
+    except JobOutcomeError as exc:  # dead, cancelled, not run, not kept
+        return fail(str(exc), 4)
+    finally:
+        if client is not None:
+            client.close()
+    print_json(value)
+    return 0
 
 
-def render_job(view: dict[str, Any], *, now_ms: int | None = None) -> str:
-    """The human form of ``job`` (``now_ms``: say how far the due time is)."""
-    err = view.get("last_error")
-    state = str(view["state"])
-    due_ms = view.get("due_ms")
-    due = _when(due_ms)
-    if state in PENDING_STATES:
-        state += " (pending: not started)"
-        if due_ms is not None and now_ms is not None:
-            ahead = int(due_ms) - now_ms
-            due += f" (in {_span(ahead)})" if ahead >= 0 else f" ({_span(-ahead)} ago)"
-    history = view.get("history") or []
-    last = "-"
-    if history and len(history[-1]) >= 3:
-        what, attempt, at = history[-1][:3]
-        last = f"{what} (attempt {attempt}) at {_when(at)}"
-    rows = [
-        ("job", view["job_id"]),
-        ("queue / task", f"{view['queue']} / {view['task']}"),
-        ("state", state),
-        ("attempts", view["attempts"]),
-        ("due", due),
-        ("last outcome", last),
-        ("first seen", _when(view.get("first_seen_ms"))),
-        ("fired", _when(view.get("fired_ms"))),
-        ("started", _when(view.get("started_ms"))),
-        ("finished", _when(view.get("finished_ms"))),
-        ("last update", _when(view.get("updated_ms"))),
-        ("duration", "-" if view.get("duration_ms") is None else f"{view['duration_ms']:.1f} ms"),
-        ("last error", "-" if not err else f"{err.get('type')}: {err.get('message')}"),
-        ("trace id", view.get("trace_id") or "-"),
-    ]
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+def _view_emitter(job_url: str, context: ssl.SSLContext | None = None) -> bool | None:
+    """Whether the status view sees an active emitter (None: it does not say)."""
+    got = _get(job_url.rsplit("/jobs/", 1)[0] + "/api/overview", context)
+    if got is None or got[0] != 200:
+        return None
+    cluster = got[1].get("cluster") or {}
+    if "active_emitter" not in cluster:
+        return None
+    return cluster["active_emitter"] is not None
+
+
+def _kafka_emitter(settings: Settings) -> bool | None:
+    with ClusterReader(settings) as reader:
+        return reader.emitter_active()
 
 
 # ----------------------------------------------------------------- status-view
@@ -311,54 +377,42 @@ def render_job(view: dict[str, Any], *, now_ms: int | None = None) -> str:
 
 def _status_view(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
-    check_cluster(settings)  # faust's client retries forever: ask first
-    obs = settings.observability
-    configure_logging(settings)
-    from dueflow.observability.metrics import Metrics
+    from dataclasses import replace
+
+    # imported here: the status view (faust, about 800 ms) and its console's tools (the
+    # SDK) load for this command only
+    from dueflow.apps.ops.console_actions import ConsoleTools
     from dueflow.streams.status.app import StatusView
 
-    if args.bind:
-        from dataclasses import replace
+    if args.tls_cert or args.tls_key:
+        tls = {"status_tls_cert": args.tls_cert, "status_tls_key": args.tls_key}
+        given = {k: v for k, v in tls.items() if v}
+        settings = replace(
+            settings, observability=replace(settings.observability, **given)
+        ).validate()
+    obs = settings.observability
+    server_context(obs)  # the TLS files load, before anything connects or listens
 
+    metrics = Metrics()
+    health = Health(liveness_timeout_s=obs.liveness_timeout_s)
+    if obs.metrics_port is not None:
+        # First: the probes answer (live, not ready) while the cluster is waited for.
+        serve(metrics, obs.metrics_port, addr=obs.metrics_bind, health=health)
+    check_cluster(settings)  # faust's client retries forever: ask first
+    configure_logging(settings)
+
+    if args.bind:
         settings = replace(settings, observability=replace(obs, status_bind=args.bind))
     # The queues registered by now are shown too (one created later: after a restart).
     settings = with_registered_queues(settings)
     view = StatusView(
         settings,
-        metrics=Metrics(),
+        metrics=metrics,
+        health=health,
         port=args.port,
         data_dir=args.data_dir,
         app_id=args.app_id,
+        tools=ConsoleTools(),
     )
     view.run(loglevel="info" if obs.log_level.upper() == "DEBUG" else "warning")
     return 0  # pragma: no cover - run() exits the process
-
-
-# --------------------------------------------------------------------- helpers
-
-
-def _when(ms: int | None) -> str:
-    if ms is None:
-        return "-"
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
-
-
-def _span(ms: int) -> str:
-    """``1d 2h``, ``3m 5s``, ``800ms``: the two largest units of a duration."""
-    if ms < 1000:
-        return f"{ms}ms"
-    parts: list[str] = []
-    rest = ms // 1000
-    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60), ("s", 1)):
-        if rest >= size or parts:
-            parts.append(f"{rest // size}{unit}")
-            rest %= size
-    return " ".join(p for p in parts[:2])
-
-
-def _dash(v: object) -> object:
-    return "-" if v is None else v
-
-
-def _short(text: str, n: int = 60) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"

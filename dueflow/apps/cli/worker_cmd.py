@@ -12,6 +12,12 @@ from the queue registry (``dueflow queue create``) or the static settings
 (TOML or ``DUEFLOW_QUEUES``; the registry wins); ``name:partitions`` here
 defines one statically. A queue that exists in neither yet is waited for: the
 worker serves it as soon as it is created (docs/queues.md).
+
+``--max-memory 800MiB``: a process whose resident memory reaches it finishes
+its jobs, leaves its groups and restarts (``--processes N``: the supervisor
+starts a fresh child; one process: it restarts in place, same pid). A process
+whose event loop an async handler keeps blocked restarts the same way
+(docs/workers.md, "Watchdog").
 """
 
 from __future__ import annotations
@@ -23,10 +29,18 @@ import shutil
 import tempfile
 from typing import Any
 
-from dueflow.apps.cli.common import add_global_options, check_cluster, settings_from_args
+from dueflow.apps.cli.common import (
+    add_global_options,
+    add_listener_options,
+    check_cluster,
+    settings_from_args,
+)
+from dueflow.byte_size import parse_byte_size
 from dueflow.config import QueueSpec, Settings
 from dueflow.errors import InvalidInput
 from dueflow.observability import logs
+from dueflow.observability.health import HEARTBEAT_SAMPLE, READY_SAMPLE, ChildrenHealth, Health
+from dueflow.observability.metrics import Metrics, enable_multiprocess, merged_samples, serve
 
 
 def register(sub: Any) -> None:
@@ -50,10 +64,11 @@ def register(sub: Any) -> None:
         "--drain-timeout", type=float, help="seconds in-flight jobs may finish at shutdown"
     )
     p.add_argument(
-        "--metrics-port",
-        type=int,
-        help="serve Prometheus /metrics on this port; with --processes, one merged view "
-        "(env DUEFLOW_OBSERVABILITY_METRICS_PORT)",
+        "--max-memory",
+        metavar="SIZE",
+        help="restart a worker process after its jobs once its resident memory reaches "
+        "SIZE (bytes, or with a unit: 800M, 1.5GiB); off by default "
+        "(env DUEFLOW_WORKER_MAX_MEMORY)",
     )
     p.add_argument(
         "--job-log",
@@ -61,6 +76,7 @@ def register(sub: Any) -> None:
         help="log every job's start and success too (all, the default) or only failed "
         "attempts, retries and dead letters (env DUEFLOW_OBSERVABILITY_JOB_LOG)",
     )
+    add_listener_options(p, merged=True)
     p.set_defaults(func=_run)
 
 
@@ -95,14 +111,17 @@ def worker_settings(args: argparse.Namespace) -> tuple[Settings, list[str] | Non
         changes["processes"] = args.processes
     if args.drain_timeout is not None:
         changes["shutdown_grace_s"] = args.drain_timeout
+    if getattr(args, "max_memory", None) is not None:
+        try:
+            changes["max_memory"] = parse_byte_size(args.max_memory)
+        except ValueError as exc:
+            raise InvalidInput("--max-memory", args.max_memory, str(exc)) from exc
     settings = dataclasses.replace(
         settings,
         queues=settings.queues + tuple(extra),
         worker=dataclasses.replace(worker, **changes),
     )
     observed: dict[str, Any] = {}
-    if args.metrics_port is not None:
-        observed["metrics_port"] = args.metrics_port
     if getattr(args, "job_log", None) is not None:
         observed["job_log"] = args.job_log
     if observed:
@@ -113,36 +132,67 @@ def worker_settings(args: argparse.Namespace) -> tuple[Settings, list[str] | Non
 
 
 def _run(args: argparse.Namespace) -> int:
+    # imported here: the worker package and runtime (50-350 ms) load for this command only
+    from dueflow.consumers.registry import TaskRegistry
+
     settings, queues = worker_settings(args)
     app = [m.strip() for item in args.app for m in item.split(",") if m.strip()]
-    check_cluster(settings)  # before logging, metrics, processes are set up
+    # The app first: an import error is the answer at once, not after waiting
+    # for a cluster that may be down too.
+    registry = TaskRegistry.from_modules(app)
     obs = settings.observability
-    logs.configure(obs.log_format, obs.log_level)
-    from dueflow.observability.metrics import Metrics, enable_multiprocess, serve
-
+    health = Health(liveness_timeout_s=obs.liveness_timeout_s)
     if settings.worker.processes > 1:
-        from dueflow.consumers.supervisor import Supervisor
+        from dueflow.consumers.supervisor import Supervisor  # this command's only
 
         own_dir = None
+        on_turn = None
         if obs.metrics_port is not None:
             directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
             if not directory:
                 directory = own_dir = tempfile.mkdtemp(prefix="dueflow-metrics-")
             enable_multiprocess(directory)  # before the children start
-            serve(Metrics(), obs.metrics_port)  # the view merged over the children
+            # The view merged over the children; the probes ask the children's gauges.
+            merged = ChildrenHealth(
+                health,
+                expected=settings.worker.processes,
+                samples=lambda: merged_samples([READY_SAMPLE, HEARTBEAT_SAMPLE]),
+            )
+            parent = Metrics()
+            serve(parent, obs.metrics_port, addr=obs.metrics_bind, health=merged)
+
+            def on_turn() -> None:
+                merged.publish(parent.ready, parent.loop_heartbeat)
+
         try:
+            check_cluster(settings)  # before logging is set up and processes start
+            logs.configure(obs.log_format, obs.log_level)
             return Supervisor(
-                settings, app=app, queues=queues, processes=settings.worker.processes
+                settings,
+                app=app,
+                queues=queues,
+                processes=settings.worker.processes,
+                health=health,
+                on_turn=on_turn,
             ).run()
         finally:
             if own_dir is not None:
                 shutil.rmtree(own_dir, ignore_errors=True)
 
-    from dueflow.consumers.registry import TaskRegistry
-    from dueflow.consumers.worker import run_worker
+    from dueflow.consumers.worker_process import run_worker  # this command's only
 
-    registry = TaskRegistry.from_modules(app)
     metrics = Metrics()
     if obs.metrics_port is not None:
-        serve(metrics, obs.metrics_port)
-    return run_worker(settings, registry, queues=queues, metrics=metrics)
+        # First: the probes answer (live, not ready) while the cluster is waited for.
+        serve(metrics, obs.metrics_port, addr=obs.metrics_bind, health=health)
+    check_cluster(settings)  # before logging is set up
+    logs.configure(obs.log_format, obs.log_level)
+    # One process has no supervisor: a restart (max_memory, a blocked loop) is in place.
+    return run_worker(
+        settings,
+        registry,
+        queues=queues,
+        metrics=metrics,
+        restart_in_place=True,
+        health=health,
+    )

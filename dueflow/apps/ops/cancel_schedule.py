@@ -3,7 +3,8 @@
 ``dueflow cancel --schedule ID`` pauses the schedule (``--delete``: deletes
 it) so the emitter places no further occurrence and drops the pending one
 when it comes due, and cancels that pending occurrence by its job id
-(``<schedule_id>@<occurrence_ms>``, see ``dueflow.records.cron_occurrence``), so a
+(``<schedule_id>@<occurrence_ms>``, see ``dueflow.records.cron_occurrence``): a
+command to its worker on a finalized queue, else the records below; so a
 worker skips it even if the emitter fired it before it read the pause. Both
 the occurrence's cancellation and, for the status view, an outcome
 ``cancelled`` are written as ``dueflow cancel JOB`` writes them.
@@ -26,7 +27,9 @@ from dueflow.kafka.reading import Span, partitions_of, read_spans, watermarks
 from dueflow.kafka.topics import names
 from dueflow.producers.cancel import cancel_records
 from dueflow.producers.scheduler import Scheduler
+from dueflow.producers.steering_commands import command_records
 from dueflow.records.cron_occurrence import CronState, occurrence_id
+from dueflow.steering_model import Command
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +89,24 @@ def cancel_schedule(
     job_id = None
     if pending is not None:
         job_id = occurrence_id(schedule_id, pending)
+        spec = scheduler.queue_spec(schedule.queue)
+        if scheduler.steerable(schedule.queue):  # a command, at any horizon
+            cmd = Command(
+                command_id=scheduler.planner.ids.new(now_ms),
+                op="cancel",
+                job_id=job_id,
+                idempotency_key=job_id,
+                queue=schedule.queue,
+                at_ms=now_ms,
+                known_due_ms=pending,
+            )
+            for rec in command_records(
+                names(settings), cmd, partitions=spec.partitions, schedule_id=schedule_id
+            ):
+                scheduler.write_record(rec)
+            return CancelledSchedule(
+                schedule_id, schedule.queue, "deleted" if delete else "paused", job_id, pending
+            )
         for rec in cancel_records(
             names=names(settings),
             job_id=job_id,
@@ -95,7 +116,7 @@ def cancel_schedule(
             task=schedule.task,
             due_ms=pending,
             schedule_id=schedule_id,
-            partitions=scheduler.queue_spec(schedule.queue).partitions,
+            partitions=spec.partitions,
         ):
             scheduler.write_record(rec)
     return CancelledSchedule(

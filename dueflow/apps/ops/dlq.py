@@ -23,7 +23,8 @@ from dueflow.errors import InvalidInput, UndecodableRecord
 from dueflow.kafka.reading import Span, offsets_for_time, partitions_of, read_spans, watermarks
 from dueflow.kafka.topics import names
 from dueflow.records import codec
-from dueflow.timeutil import format_utc
+from dueflow.records.size_budget import VALUE_REF
+from dueflow.timeutil import show_utc
 
 # DLQ records are written at commit time, a little after their dead_ms: a
 # time-bounded read starts this much earlier (the filter then decides).
@@ -100,7 +101,7 @@ class DeadLetterEntry:
             "error_message": str(self._get("error_message", self.problem or "")),
             "attempts": self.attempts,
             "dead_ms": self.dead_ms,
-            "dead_at": format_utc(self.dead_ms),
+            "dead_at": show_utc(self.dead_ms),
         }
 
     def details(self) -> dict[str, Any]:
@@ -120,6 +121,9 @@ class DeadLetterEntry:
             out["trace_id"] = rec.get("trace_id")
             out["job_headers"] = {k: _text(v) for k, v in (rec.get("job_headers") or {}).items()}
             out["job_value_bytes"] = len(rec.get("job_value") or b"")
+            ref = (rec.get("job_headers") or {}).get(VALUE_REF)
+            if ref is not None:  # the value did not fit: it is in the record named here
+                out["value_ref"] = _text(ref)
             out["job"] = _job_view(rec.get("job_value") or b"", rec.get("job_headers") or {})
         return out
 
@@ -136,8 +140,7 @@ def _text(raw: bytes | None) -> str | None:
 def _job_view(value: bytes, job_headers: Mapping[str, bytes]) -> dict[str, Any] | None:
     """The dead job's own record, decoded for display (None when it does not decode)."""
     try:
-        version = codec.parse_schema_header(job_headers.get(hdr.SCHEMA), expected="job")
-        job = codec.decode("job", value, writer_version=version)
+        job = codec.decode_job_value(value, job_headers.get(hdr.SCHEMA))
     except UndecodableRecord:
         return None
     payload = job.get("payload")

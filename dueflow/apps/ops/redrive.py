@@ -13,6 +13,12 @@ partition):
    ``df-redriven-by`` / ``df-redriven-at`` / ``df-redriven-from``,
 3. an outcome ``fired`` for the status view.
 
+A dead letter that keeps the job's value by reference (``df-value-ref``: it
+did not fit the DLQ topic) is redriven with the value read from the record
+it names; one whose record is gone, or whose redriven record would exceed the
+exec topic's ``max.message.bytes``, is reported with the reason and the run
+goes on (:mod:`dueflow.apps.ops.redrive_input`).
+
 It is idempotent. Before writing, and after ``init_transactions`` (so any
 other redrive run is fenced or finished), the key's state is read from
 partition p of the idempotency topic: a record is redriven only while the
@@ -35,6 +41,7 @@ from confluent_kafka import KafkaException, Producer
 
 from dueflow import headers as hdr
 from dueflow.apps.ops.dlq import DeadLetterEntry, DlqFilter, latest_per_key, read_dead_letters
+from dueflow.apps.ops.redrive_input import JobBytes, resolve, size_verdict
 from dueflow.config import Settings
 from dueflow.errors import (
     DueflowError,
@@ -46,9 +53,10 @@ from dueflow.errors import (
 from dueflow.kafka.clients import kafka_error, make_transactional_producer
 from dueflow.kafka.fatal import served
 from dueflow.kafka.reading import Span, offsets_for_time, ops_consumer, read_spans, watermarks
+from dueflow.kafka.topic_limits import TopicLimits, producer_max_bytes
 from dueflow.kafka.topics import names
-from dueflow.records import codec
-from dueflow.records.fast import decode_key_state, encode_outcome
+from dueflow.records.size_budget import BY_MAX_CHARS, DEFAULT_MAX_MESSAGE_BYTES
+from dueflow.records.worker_codec import decode_key_state, encode_outcome, outcome_header
 from dueflow.wall_clock import wall_ms
 
 # Headers of a job's failed attempts: a redriven job starts over.
@@ -100,6 +108,31 @@ def redrive_verdict(entry: DeadLetterEntry, state: KeyState, *, latest: bool) ->
     return None
 
 
+def dead_letter_state(entry: DeadLetterEntry, state: KeyState, *, latest: bool) -> str:
+    """What became of a dead letter since it was written (pure), for ``dlq list``:
+    ``dead`` while its key still has this death (it may be redriven), else
+    ``redriven`` (pending again), ``redriven, running`` (retrying), ``redriven,
+    done``, ``redriven, dead again`` (see its newer dead letter), ``cancelled``;
+    ``-`` when it cannot be told (no key, or a record that does not decode)."""
+    if entry.record is None or not entry.idempotency_key or entry.key is None:
+        return "-"
+    if not latest:
+        return "redriven, dead again"
+    if state is None:
+        return "redriven"
+    name, at_ms = state
+    if name == "done":
+        return "redriven, done"
+    if name == "cancelled":
+        return "cancelled"
+    if name == "retrying":
+        return "redriven, running"
+    return "dead" if at_ms == entry.dead_ms else "redriven, dead again"
+
+
+WOULD_REDRIVE = "dry run: would redrive"
+
+
 @dataclass(frozen=True, slots=True)
 class RedriveItem:
     entry: DeadLetterEntry
@@ -130,6 +163,11 @@ class RedriveReport:
     def skipped(self) -> int:
         return sum(1 for i in self.items if not i.redriven)
 
+    @property
+    def would_redrive(self) -> int:
+        """A dry run: how many it would redrive (the others are skipped, with why)."""
+        return sum(1 for i in self.items if i.why == WOULD_REDRIVE)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "queue": self.queue,
@@ -137,6 +175,7 @@ class RedriveReport:
             "by": self.by,
             "redriven": self.redriven,
             "skipped": self.skipped,
+            "would_redrive": self.would_redrive,
             "error": self.error,
             "items": [i.to_json() for i in self.items],
         }
@@ -159,6 +198,8 @@ class Redriver:
             raise InvalidInput("rate", rate_per_s, "records per second > 0")
         if batch < 1:
             raise InvalidInput("batch", batch, "an integer >= 1")
+        if not isinstance(by, str) or len(by) > BY_MAX_CHARS:
+            raise InvalidInput("by", by, f"who redrives: at most {BY_MAX_CHARS} characters")
         self._settings = settings
         self._names = names(settings)
         self._by = by
@@ -208,13 +249,15 @@ class Redriver:
                     todo.append(e)
                 else:
                     report.items.append(RedriveItem(e, False, why))
+            jobs = self._jobs(consumer, queue, todo, report)
+            todo = [e for e in todo if (e.partition, e.offset) in jobs]
             if limit is not None:
                 todo = todo[:limit]  # the oldest redrivable ones
             if dry_run or producer is None:
-                report.items.extend(RedriveItem(e, False, "dry run: would redrive") for e in todo)
+                report.items.extend(RedriveItem(e, False, WOULD_REDRIVE) for e in todo)
                 return report
             try:
-                self._write(producer, queue, todo, report, on_progress)
+                self._write(producer, queue, todo, jobs, report, on_progress)
             except DueflowError as exc:
                 report.error = str(exc)
                 finished = {(i.entry.partition, i.entry.offset) for i in report.items}
@@ -233,6 +276,12 @@ class Redriver:
                     served(producer.flush, 5)
 
     # ------------------------------------------------------------------ states
+    def key_states(
+        self, consumer: Any, queue: str, entries: Sequence[DeadLetterEntry]
+    ) -> dict[tuple[int, str], KeyState]:
+        """The current state of each entry's key (``dlq list`` shows what became of it)."""
+        return self._states(consumer, queue, entries)
+
     def _states(
         self, consumer: Any, queue: str, entries: Sequence[DeadLetterEntry]
     ) -> dict[tuple[int, str], KeyState]:
@@ -273,12 +322,45 @@ class Redriver:
         read_spans(consumer, spans, take)
         return states
 
+    def _jobs(
+        self,
+        consumer: Any,
+        queue: str,
+        todo: Sequence[DeadLetterEntry],
+        report: RedriveReport,
+    ) -> dict[tuple[int, int], JobBytes]:
+        """The value and headers to redrive of each of ``todo`` (read where a dead
+        letter keeps them by reference); those that cannot be had, or would not fit
+        the exec topic, go to ``report`` as not redriven."""
+        found = resolve(consumer, todo)
+        topic = self._names.exec(queue)
+        got = TopicLimits(self._settings).describe([topic]) if todo else {}
+        max_bytes = got.get(topic, DEFAULT_MAX_MESSAGE_BYTES)
+        producer = producer_max_bytes(self._settings)
+        now = self._clock()
+        out: dict[tuple[int, int], JobBytes] = {}
+        for e in todo:
+            job = found.get((e.partition, e.offset), "the DLQ record does not decode")
+            if isinstance(job, str):
+                report.items.append(RedriveItem(e, False, job))
+                continue
+            headers = redrive_headers(
+                job.headers, by=self._by, at_ms=now, source=f"{e.topic}:{e.partition}:{e.offset}"
+            )
+            why = size_verdict(topic, max_bytes, producer, e.key, job.value, headers)
+            if why is not None:
+                report.items.append(RedriveItem(e, False, why))
+                continue
+            out[(e.partition, e.offset)] = job
+        return out
+
     # ------------------------------------------------------------------ writes
     def _write(
         self,
         producer: Producer,
         queue: str,
         todo: Sequence[DeadLetterEntry],
+        jobs: Mapping[tuple[int, int], JobBytes],
         report: RedriveReport,
         on_progress: Callable[[int, int], None] | None,
     ) -> None:
@@ -289,7 +371,7 @@ class Redriver:
         for chunk in _chunks(todo, self._batch):
             _call("begin_transaction", producer.begin_transaction)
             try:
-                self._write_chunk(producer, queue, chunk, exec_topic, idem_topic)
+                self._write_chunk(producer, queue, chunk, jobs, exec_topic, idem_topic)
                 _call("commit_transaction", producer.commit_transaction, 60)
             except DueflowError:
                 with contextlib.suppress(KafkaException):
@@ -309,23 +391,23 @@ class Redriver:
         producer: Producer,
         queue: str,
         chunk: Sequence[DeadLetterEntry],
+        jobs: Mapping[tuple[int, int], JobBytes],
         exec_topic: str,
         idem_topic: str,
     ) -> None:
         now = self._clock()
         for e in chunk:
-            rec = e.record
-            assert rec is not None
+            job = jobs[(e.partition, e.offset)]
             assert e.key is not None
             source = f"{e.topic}:{e.partition}:{e.offset}"
             _produce(producer, idem_topic, None, e.key, e.partition, [])
             _produce(
                 producer,
                 exec_topic,
-                rec["job_value"],
+                job.value,
                 e.key,
                 e.partition,
-                redrive_headers(rec["job_headers"], by=self._by, at_ms=now, source=source),
+                redrive_headers(job.headers, by=self._by, at_ms=now, source=source),
             )
             _produce(
                 producer,
@@ -342,7 +424,7 @@ class Redriver:
                 ),
                 e.job_id.encode(),
                 None,
-                [(hdr.SCHEMA, codec.schema_header("outcome"))],
+                [(hdr.SCHEMA, outcome_header("fired"))],
             )
 
 

@@ -5,12 +5,18 @@ Each committed record of ``[from, to)`` is written again to the same topic
 and the **same partition** (explicit: a job keeps its partition, where its
 idempotency state lives), key, value and headers unchanged, plus
 ``df-replayed-from`` (``topic:partition:offset``), ``df-replayed-by`` and
-``df-replayed-at``. A retry record keeps its ``df-due``: a replay never runs
+``df-replayed-at``. A record that would then exceed the topic's
+``max.message.bytes`` (or the producer's ``message.max.bytes``) is not
+written: the report lists it with the reason, and the run goes on. A retry
+record keeps its ``df-due``: a replay never runs
 a job early. Replaying is safe because workers skip a key whose state is
 final (done, dead, cancelled): only jobs that never finished run. Writes are
 bounded to ``rate_per_s`` records per second. Bounds are offsets or times
 (``offsets_for_times``); ``to`` defaults to the end of each partition as of
 the start of the replay, so the replayed records themselves are never read.
+Commands in the range (``df-kind`` steer, ...: :mod:`dueflow.records.command`)
+are not written again: they were applied when they were first read (a worker
+ignores a replayed one anyway); the report counts them.
 """
 
 from __future__ import annotations
@@ -29,7 +35,10 @@ from dueflow.errors import InvalidInput, KafkaOperationError
 from dueflow.kafka.clients import make_producer
 from dueflow.kafka.fatal import served
 from dueflow.kafka.reading import Span, offsets_for_time, partitions_of, read_spans, watermarks
+from dueflow.kafka.topic_limits import TopicLimits, producer_max_bytes
 from dueflow.kafka.topics import names
+from dueflow.records.record_size import producer_size, record_size
+from dueflow.records.size_budget import BY_MAX_CHARS, DEFAULT_MAX_MESSAGE_BYTES
 from dueflow.wall_clock import wall_ms
 
 
@@ -129,14 +138,23 @@ class ReplayReport:
     by: str
     spans: list[Span]
     records: list[ReplayedRecord] = field(default_factory=list)
+    # records not written again, and why (too large for the topic now)
+    refused: list[tuple[ReplayedRecord, str]] = field(default_factory=list)
+    commands_skipped: int = 0
+
+    @property
+    def replayed(self) -> int:
+        return 0 if self.dry_run else len(self.records) - len(self.refused)
 
     def to_json(self, *, limit: int = 1000) -> dict[str, Any]:
         return {
             "topic": self.topic,
             "dry_run": self.dry_run,
             "by": self.by,
-            "replayed": 0 if self.dry_run else len(self.records),
+            "replayed": self.replayed,
             "records": len(self.records),
+            "not_replayed": [{**r.to_json(), "why": why} for r, why in self.refused[:limit]],
+            "commands_skipped": self.commands_skipped,
             "ranges": [
                 {"partition": s.partition, "from": s.start, "to": s.end} for s in self.spans
             ],
@@ -162,6 +180,30 @@ def _describe(msg: Any) -> ReplayedRecord:
     )
 
 
+def _too_large(
+    topic: str,
+    max_bytes: int,
+    producer_max: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: list[tuple[str, bytes]],
+) -> str | None:
+    """Why a record replayed with ``headers`` would not be written (pure)."""
+    size = record_size(key, value, headers)
+    if size > max_bytes:
+        return (
+            f"the replayed record would be {size} bytes, over max.message.bytes "
+            f"{max_bytes} of {topic}"
+        )
+    psize = producer_size(key, value, headers)
+    if psize > producer_max:
+        return (
+            f"the replayed record would be {psize} bytes, over the producer's "
+            f"message.max.bytes {producer_max}"
+        )
+    return None
+
+
 class Replayer:
     """Reads spans and produces their records again (idempotent producer, acks=all)."""
 
@@ -176,6 +218,8 @@ class Replayer:
     ) -> None:
         if rate_per_s <= 0:
             raise InvalidInput("rate", rate_per_s, "records per second > 0")
+        if not isinstance(by, str) or len(by) > BY_MAX_CHARS:
+            raise InvalidInput("by", by, f"who replays: at most {BY_MAX_CHARS} characters")
         self._settings = settings
         self._by = by
         self._rate = rate_per_s
@@ -196,18 +240,30 @@ class Replayer:
         producer: Producer | None = None if dry_run else make_producer(self._settings)
         began = time.monotonic()
         failed: list[Any] = []
+        max_bytes = DEFAULT_MAX_MESSAGE_BYTES
+        if producer is not None:
+            max_bytes = TopicLimits(self._settings).describe([topic]).get(topic, max_bytes)
+        producer_max = producer_max_bytes(self._settings)
 
         def on_delivery(err: Any, _msg: Any) -> None:
             if err is not None:
                 failed.append(err)
 
         def take(msg: Any) -> None:
-            report.records.append(_describe(msg))
+            if hdr.is_command(msg.headers()):
+                report.commands_skipped += 1
+                return
+            described = _describe(msg)
+            report.records.append(described)
             if producer is not None:
                 source = f"{msg.topic()}:{msg.partition()}:{msg.offset()}"
                 headers = replay_headers(
                     msg.headers(), source=source, by=self._by, at_ms=self._clock()
                 )
+                why = _too_large(topic, max_bytes, producer_max, msg.key(), msg.value(), headers)
+                if why is not None:
+                    report.refused.append((described, why))
+                    return
                 produce: Callable[..., None] = producer.produce
                 while True:
                     try:

@@ -21,26 +21,44 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 
 from confluent_kafka import KafkaError, Message, Producer
 
 from dueflow.config import Settings
-from dueflow.errors import DueflowError
+from dueflow.errors import DueflowError, InvalidInput
 from dueflow.kafka.fatal import served
-from dueflow.model import Backoff
 from dueflow.observability.metrics import Metrics
 from dueflow.observability.tracing import JobTracer
+from dueflow.producers.call_options import (
+    CronChanges,
+    CronDefinition,
+    ScheduleOptions,
+    schedule_call,
+)
 from dueflow.producers.cancel import OutgoingRecord
 from dueflow.producers.core import PlannedTimer, ScheduleSpan, delivery_error
+from dueflow.producers.fan_in_commands import GroupScheduled
 from dueflow.producers.lookup import DEFAULT_SCAN_LIMIT
 from dueflow.producers.recent import DEFAULT_CAPACITY
-from dueflow.producers.results import BulkResult, Cancelled, Rescheduled, Scheduled
+from dueflow.producers.result_wait import await_result, check_timeout
+from dueflow.producers.results import (
+    BulkResult,
+    Cancelled,
+    JsonValue,
+    Rescheduled,
+    Scheduled,
+    Updated,
+)
 from dueflow.producers.scheduler import App, Scheduler
 from dueflow.records.job_request import Duration, Instant, JobRequest
 from dueflow.rules.cron import CronSchedule
 from dueflow.rules.job_status import JobStatus
 from dueflow.wall_clock import wall_ms
+
+# result(): the longest one look at the status view waits in a worker thread, so an
+# await that is cancelled leaves its thread waiting for at most this long.
+RESULT_WAIT_CHUNK_S = 5.0
 
 
 class _Future:
@@ -87,6 +105,7 @@ class AsyncScheduler:
         scheduled_outcomes: bool = True,
         status_scan_limit: int = DEFAULT_SCAN_LIMIT,
         app: App = None,
+        check_existing_ids: bool = False,
     ) -> None:
         self.sync = Scheduler(
             settings,
@@ -100,6 +119,7 @@ class AsyncScheduler:
             scheduled_outcomes=scheduled_outcomes,
             status_scan_limit=status_scan_limit,
             app=app,
+            check_existing_ids=check_existing_ids,
         )
         self._poller: threading.Thread | None = None
         self._stop = threading.Event()
@@ -141,40 +161,20 @@ class AsyncScheduler:
 
     # ------------------------------------------------------------ one job
     async def schedule(
-        self,
-        task: str,
-        payload: Any = None,
-        *,
-        run_at: Instant | None = None,
-        delay: Duration | None = None,
-        queue: str | None = None,
-        job_id: str | None = None,
-        idempotency_key: str | None = None,
-        max_attempts: int | None = None,
-        backoff: Backoff | str | Mapping[str, Any] | None = None,
-        timeout: Duration | None = None,  # noqa: ASYNC109 - the job's run time limit
-        jitter: Duration | None = None,
-        labels: Mapping[str, str] | None = None,
-        expires: Instant | None = None,
-        max_lateness: Duration | None = None,
+        self, task: str, payload: Any = None, **options: Unpack[ScheduleOptions]
     ) -> Scheduled:
-        """See :meth:`Scheduler.schedule`."""
-        return await self.schedule_request(
-            JobRequest(
-                task,
-                payload,
-                run_at=run_at,
-                delay=delay,
-                queue=queue,
-                job_id=job_id,
-                idempotency_key=idempotency_key,
-                max_attempts=max_attempts,
-                backoff=backoff,
-                timeout=timeout,
-                jitter=jitter,
-                labels=labels,
-                expires=expires,
-                max_lateness=max_lateness,
+        """See :meth:`Scheduler.schedule` (with ``unique_key=``, the admission is
+        written and waited for in a worker thread)."""
+        call = schedule_call("schedule", task, payload, options)
+        if call.unique is None:
+            return await self.schedule_request(call.request)
+        self._require_started()
+        return await asyncio.to_thread(
+            functools.partial(
+                self.sync.schedule_unique,
+                call.request,
+                call.unique.spec,
+                wait=call.admission_wait,
             )
         )
 
@@ -191,7 +191,14 @@ class AsyncScheduler:
             except DueflowError:
                 planner.count_error(req.queue)
                 raise
+        if req.queue not in planner.budgets and isinstance(req.queue, str):
+            # The queue's topic limits are read the first time: off the loop.
+            await asyncio.to_thread(planner.budget_of, req.queue)
+        if planner.schema_ids is not None and planner.schema_id is None:
+            # The registry option: the first schedule asks for the id, off the loop.
+            await asyncio.to_thread(planner.ensure_schema_id)
         now_ms = sync.clock()
+        check = sync.check_existing_ids and req.job_id is not None
         span = None
         if sync.tracer.enabled:
             span = ScheduleSpan(sync.tracer, req, ids=planner.ids, now_ms=now_ms)
@@ -201,7 +208,8 @@ class AsyncScheduler:
             if isinstance(planned, Scheduled):
                 result = planned
             else:
-                result = await self._write_one(planned)
+                earlier = await asyncio.to_thread(sync.existing, planned) if check else None
+                result = earlier if earlier is not None else await self._write_one(planned)
         except DueflowError as exc:
             if span is not None:
                 span.end(error=exc)
@@ -235,34 +243,50 @@ class AsyncScheduler:
 
     # ------------------------------------------------------------ where is it
     async def status(self, job_id: str) -> JobStatus | None:
-        """See :meth:`Scheduler.status` (the scan runs in a worker thread)."""
+        """See :meth:`Scheduler.status` (the lookup, an HTTP request to the status view
+        or the fallback scan, runs in a worker thread)."""
         self._require_started()
         return await asyncio.to_thread(self.sync.status, job_id)
 
+    # The same keyword as Scheduler.result: a job's wait, not the call's cancellation.
+    async def result(self, job_id: str, *, timeout: float | None = 30.0) -> JsonValue:  # noqa: ASYNC109
+        """See :meth:`Scheduler.result`: awaits the job's end (each lookup runs in a
+        worker thread; cancelling the await stops the waiting)."""
+        self._require_started()
+        if not isinstance(job_id, str) or not job_id:
+            raise InvalidInput("job_id", job_id, "a non-empty string")
+        timeout_s = check_timeout(timeout)
+        sync = self.sync
+        await asyncio.to_thread(sync._read_own_writes)
+
+        ask = sync._result_lookup(job_id, chunk_s=RESULT_WAIT_CHUNK_S)
+
+        async def lookup(budget: float) -> JobStatus | None:
+            return await asyncio.to_thread(ask, budget)
+
+        return await await_result(job_id, lookup, timeout_s)
+
     # ------------------------------------------------------------ cancel
     async def cancel(
-        self, job_id: str, *, queue: str | None = None, idempotency_key: str | None = None
+        self,
+        job_id: str,
+        *,
+        queue: str | None = None,
+        idempotency_key: str | None = None,
+        wait: float | None = None,
     ) -> Cancelled:
-        """See :meth:`Scheduler.cancel` (the lookup runs in a worker thread)."""
+        """See :meth:`Scheduler.cancel` (the lookup, the writes and the wait for the
+        verdict run in a worker thread)."""
         self._require_started()
-        records, cancelled = await asyncio.to_thread(
+        return await asyncio.to_thread(
             functools.partial(
-                self.sync.cancel_plan, job_id, queue=queue, idempotency_key=idempotency_key
+                self.sync.cancel,
+                job_id,
+                queue=queue,
+                idempotency_key=idempotency_key,
+                wait=wait,
             )
         )
-        if not records:
-            return cancelled
-        results = await asyncio.gather(
-            *(self._produce_record(rec) for rec in records), return_exceptions=True
-        )
-        for rec, res in zip(records, results, strict=True):
-            if isinstance(res, _DeliveryFailed):
-                raise delivery_error(f"cancelling job {job_id!r} ({rec.topic})", res.err)
-            if isinstance(res, BaseException):
-                raise res
-        partition = results[0]
-        assert isinstance(partition, int)
-        return cancelled._replace(partition=partition)
 
     # ------------------------------------------------------------ reschedule
     async def reschedule(
@@ -272,22 +296,68 @@ class AsyncScheduler:
         run_at: Instant | None = None,
         delay: Duration | None = None,
         queue: str | None = None,
+        wait: float | None = None,
     ) -> Rescheduled:
         """See :meth:`Scheduler.reschedule` (runs in a worker thread: it reads Kafka)."""
         self._require_started()
         return await asyncio.to_thread(
-            functools.partial(self.sync.reschedule, job_id, run_at=run_at, delay=delay, queue=queue)
+            functools.partial(
+                self.sync.reschedule, job_id, run_at=run_at, delay=delay, queue=queue, wait=wait
+            )
+        )
+
+    # ------------------------------------------------------------ update
+    async def update(
+        self,
+        job_id: str,
+        *,
+        payload: Any,
+        run_at: Instant | None = None,
+        delay: Duration | None = None,
+        queue: str | None = None,
+        wait: float | None = None,
+    ) -> Updated:
+        """See :meth:`Scheduler.update` (runs in a worker thread: it reads Kafka)."""
+        self._require_started()
+        return await asyncio.to_thread(
+            functools.partial(
+                self.sync.update,
+                job_id,
+                payload=payload,
+                run_at=run_at,
+                delay=delay,
+                queue=queue,
+                wait=wait,
+            )
+        )
+
+    # ------------------------------------------------------------ fan-in
+    async def group(
+        self,
+        members: Iterable[JobRequest | Mapping[str, Any]],
+        *,
+        then: JobRequest | Mapping[str, Any],
+        group_id: str | None = None,
+    ) -> GroupScheduled:
+        """See :meth:`Scheduler.group` (runs in a worker thread: it waits for the broker)."""
+        self._require_started()
+        return await asyncio.to_thread(
+            functools.partial(self.sync.group, list(members), then=then, group_id=group_id)
         )
 
     # ------------------------------------------------------------ cron
-    async def add_schedule(self, schedule_id: str, **definition: Any) -> CronSchedule:
+    async def add_schedule(
+        self, schedule_id: str, **definition: Unpack[CronDefinition]
+    ) -> CronSchedule:
         """See :meth:`Scheduler.add_schedule` (same keywords; runs in a worker thread)."""
         self._require_started()
         return await asyncio.to_thread(
             functools.partial(self.sync.add_schedule, schedule_id, **definition)
         )
 
-    async def update_schedule(self, schedule_id: str, **changes: Any) -> CronSchedule:
+    async def update_schedule(
+        self, schedule_id: str, **changes: Unpack[CronChanges]
+    ) -> CronSchedule:
         """See :meth:`Scheduler.update_schedule`."""
         self._require_started()
         return await asyncio.to_thread(

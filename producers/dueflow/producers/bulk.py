@@ -3,10 +3,18 @@
 One pass over the input: each job is checked and planned completely (its
 record built, every limit checked) before it is produced; a bad job becomes a
 :class:`BulkError` at its index, nothing of it is written, and the rest go on.
-Delivery reports come only for failures (the bulk producer is configured
-with ``delivery.report.only.error``): each names its job through the job id
-at the start of the record value and is mapped back to the input index at
-the end, so the per-job cost of a success is a single ``produce`` call.
+The delivery callback runs only for failures (the bulk producer is
+configured with ``delivery.report.only.error``): each names its job through
+the job id at the start of the record value and is mapped back to the input
+index at the end. confluent-kafka applies that setting in its own layer, so
+``poll``/``flush`` still serve a report for every record (taking the GIL for
+each), as for any producer: a success costs a ``produce`` call and that,
+whether or not a callback is given.
+
+With ``scheduled`` outcomes on, the planner builds each job's outcome record
+with its timer record; they are produced once the timers are acknowledged:
+after the last job, or every :data:`OUTCOMES_PER_FLUSH` jobs (the producer is
+flushed first), so what a call holds stays bounded whatever its input.
 
 This loop is the hot path of the 100k-jobs/s goal: it binds methods to
 locals and avoids per-job objects on purpose; :class:`BulkPlanner` plans
@@ -22,18 +30,22 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from dueflow.errors import ConflictError, DueflowError, InvalidInput, KafkaOperationError
+from dueflow.headers import CONTENT_HASH
 from dueflow.kafka.clients import kafka_error
 from dueflow.kafka.fatal import served
 from dueflow.kafka.topics import names
-from dueflow.observability.tracing import JobTracer, trace_id_of
+from dueflow.observability.tracing import JobTracer
 from dueflow.producers.bulk_plan import BulkPlanner, Plan
 from dueflow.producers.core import ScheduleSpan, TimerPlanner, delivery_error
-from dueflow.producers.outcomes import HEADERS as OUTCOME_RECORD_HEADERS
+from dueflow.producers.outcomes import SCHEMA_HEADER as OUTCOME_SCHEMA
 from dueflow.producers.outcomes import OutcomeReports
 from dueflow.producers.results import BulkError, BulkResult, Scheduled
-from dueflow.records.fast import encode_scheduled
 from dueflow.records.job_binary import leading_strings
 from dueflow.records.job_request import JobRequest, as_request
+
+# With `scheduled` outcomes: the jobs whose outcomes a call holds at most before it
+# flushes the producer and writes them (about 40 MB of records).
+OUTCOMES_PER_FLUSH = 100_000
 
 
 class BulkDeliveries:
@@ -74,13 +86,13 @@ class BulkRun:
         self.poll_every = max(1, poll_every)
         self.result = BulkResult()
         self.deliveries = BulkDeliveries()
-        self.bulk = BulkPlanner(planner)
+        # With `scheduled` outcomes on, the planner keeps each produced job's outcome
+        # record; they are written once the timers are acknowledged.
+        self.bulk = BulkPlanner(planner, outcomes=outcome_reports is not None)
         self.per_queue: dict[str, int] = {}
         self.tracer = tracer or JobTracer()
-        # With `scheduled` outcomes on: what they need of each produced job, written
-        # after the timers are acknowledged (see dueflow.producers.outcomes).
         self.outcome_reports = outcome_reports
-        self.written: list[tuple[str, str, str, str, int, str | None, str | None]] = []
+        self._reported = 0  # delivery failures already told to the outcome writer
 
     def run(
         self, jobs: Iterable[JobRequest | Mapping[str, Any]], *, flush_timeout_s: float
@@ -99,7 +111,7 @@ class BulkRun:
         topic = self.planner.topic
         poll_every = self.poll_every
         traced = self.tracer.enabled
-        written = self.written if self.outcome_reports is not None else None
+        outcomes = bulk.outcomes
         produced = 0
         index = -1
         for index, item in enumerate(jobs):
@@ -120,7 +132,7 @@ class BulkRun:
                 result.duplicates += 1
                 job_id, due_ms = planned.job_id, planned.due_ms
             else:
-                job_id, due_ms, queue, task, key, partition, key_bytes, value, headers = planned
+                job_id, due_ms, queue, _, _, partition, key_bytes, value, headers, _ = planned
                 try:
                     # positional (topic, value, key, partition, callback,
                     # on_delivery, timestamp, headers): cheaper than keywords
@@ -139,25 +151,30 @@ class BulkRun:
                 if produced % poll_every == 0:
                     poll(0)
                     bulk.remember()
+                    if outcomes is not None and len(outcomes) >= OUTCOMES_PER_FLUSH:
+                        self._flush(flush_timeout_s)
+                        self._write_outcomes()
                 per_queue[queue] = per_queue.get(queue, 0) + 1
-                if written is not None:
-                    trace_id = trace_id_of(headers) if traced else None
-                    written.append((job_id, queue, task, key, due_ms, trace_id, None))
             ids.append(job_id)
             dues.append(due_ms)
             if span is not None:
                 span.end(due_ms=due_ms)
         result.total = index + 1
         bulk.remember()
-        remaining = served(self.producer.flush, flush_timeout_s)
+        self._flush(flush_timeout_s)
+        if outcomes:
+            self._write_outcomes()
+            served(self.producer.flush, flush_timeout_s)
+        self._settle()
+        return result
+
+    def _flush(self, timeout_s: float) -> None:
+        """Wait until every record produced is acknowledged or failed."""
+        remaining = served(self.producer.flush, timeout_s)
         if remaining:
             raise KafkaOperationError(
-                f"{remaining} records still unacknowledged after {flush_timeout_s:.0f}s"
+                f"{remaining} records still unacknowledged after {timeout_s:.0f}s"
             )
-        self._settle()
-        if written:
-            self._write_outcomes(flush_timeout_s)
-        return result
 
     def _produce_when_full(
         self, partition: int, key: bytes, value: bytes, headers: list[tuple[str, bytes]]
@@ -180,28 +197,36 @@ class BulkRun:
         planned = self.planner.plan(span.request, now_ms=now_ms, trace_headers=span.headers)
         return self.bulk.general(planned)
 
-    def _write_outcomes(self, flush_timeout_s: float) -> None:
-        """The ``scheduled`` outcomes of the jobs whose timers were acknowledged."""
-        failed = {job_id for job_id, _queue, _err in self.deliveries.failures}
+    def _write_outcomes(self) -> None:
+        """Produce the ``scheduled`` outcomes the planner holds: their timers are
+        acknowledged (the producer was flushed), but for those that failed."""
+        outcomes = self.bulk.outcomes
+        if not outcomes:
+            return
+        failures = self.deliveries.failures
+        failed = {job_id.encode() for job_id, _queue, _err in failures[self._reported :]}
+        self._reported = len(failures)
         topic = names(self.planner.settings).outcomes
         produce: Callable[..., None] = self.producer.produce  # headers: bytes values
         reports = self.outcome_reports
-        headers = OUTCOME_RECORD_HEADERS
-        at_ms = self.clock()
-        for job_id, queue, task, key, due_ms, trace_id, schedule_id in self.written:
-            if failed and job_id in failed:
+        schema = OUTCOME_SCHEMA
+        for key, value, chash in outcomes:
+            if failed and key in failed:
                 continue
-            value = encode_scheduled(job_id, queue, task, key, due_ms, at_ms, trace_id, schedule_id)
-            while True:
-                try:
-                    # positional (topic, value, key, partition, callback, on_delivery,
-                    # timestamp, headers), as for the timers: one per job
-                    produce(topic, value, job_id.encode(), -1, reports, None, 0, headers)
-                    break
-                except BufferError:
+            headers = [schema, (CONTENT_HASH, chash)] if chash else [schema]
+            try:
+                # positional (topic, value, key, partition, callback, on_delivery,
+                # timestamp, headers), as for the timers: one per job
+                produce(topic, value, key, -1, reports, None, 0, headers)
+            except BufferError:  # the producer queue is full: let it drain
+                while True:
                     served(self.producer.poll, 0.05)
-        self.written = []
-        served(self.producer.flush, flush_timeout_s)
+                    try:
+                        produce(topic, value, key, -1, reports, None, 0, headers)
+                        break
+                    except BufferError:
+                        continue
+        outcomes.clear()
 
     def _reject(
         self, index: int, job_id: str | None, error: DueflowError, span: ScheduleSpan | None

@@ -23,8 +23,13 @@ from dataclasses import dataclass
 from dueflow import headers as hdr
 from dueflow.errors import InvalidInput
 from dueflow.kafka.topics import TopicNames
-from dueflow.records.fast import IDEMPOTENCY_V1, OUTCOME_V1, encode_key_state, encode_outcome
 from dueflow.records.job_request import MAX_NAME_CHARS
+from dueflow.records.worker_codec import (
+    IDEMPOTENCY_V1,
+    OUTCOME_V1,
+    encode_key_state,
+    encode_outcome,
+)
 from dueflow.rules.partitioning import partition_for_key
 
 

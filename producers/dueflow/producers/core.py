@@ -19,48 +19,37 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 from opentelemetry import trace
 
 from dueflow import headers as hdr
-from dueflow.config import Settings
+from dueflow.config import QueueSpec, Settings
 from dueflow.errors import ConflictError, InvalidInput, KafkaOperationError, TopicMismatch
 from dueflow.ids import TAIL_BYTES, uuid7_head, uuid7_tails
 from dueflow.kafka.clients import kafka_error
+from dueflow.kafka.topic_limits import default_limits
 from dueflow.kafka.topics import names
 from dueflow.observability import tracing
 from dueflow.observability.metrics import Metrics
 from dueflow.observability.tracing import JobTracer
 from dueflow.producers.recent import RecentJobs
 from dueflow.producers.results import Scheduled
-from dueflow.records.job_binary import encode_plain_job
 from dueflow.records.job_request import (
-    MAX_INT32,
-    NO_STRINGS,
-    OCTET_STREAM,
     JobRequest,
     JobRules,
     PreparedJob,
-    bad_attempts,
-    bad_name,
-    bad_task,
-    content_hash,
     deadline_of,
-    due_after,
-    encode_payload,
-    is_name,
     prepare_job,
     unknown_queue,
 )
+from dueflow.records.record_size import header_bytes
+from dueflow.records.size_budget import DEFAULT_MAX_MESSAGE_BYTES, JobBudget, JobShape
 from dueflow.records.timer_record import (
     TimerPlacer,
     TimerRecord,
-    record_of,
-    record_too_large,
+    framed_timer,
     timer_record,
 )
-from dueflow.task_name import is_task_name
 
 _new_tuple = tuple.__new__  # NamedTuple without its Python-level __new__ (hot path)
 
-# The broker's default max.message.bytes, used until the topic is described.
-DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
+__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "JobIds", "PlannedTimer", "TimerPlanner"]
 
 
 class JobIds:
@@ -119,7 +108,12 @@ class PlannedTimer(NamedTuple):
 class TimerPlanner:
     """Checks requests and builds timer records; remembers recent jobs (no I/O of
     its own: ``queue_lookup`` is the client's way to learn of a queue it does not
-    know yet, see :meth:`check_queue`)."""
+    know yet, see :meth:`check_queue`; ``budgets`` gives the size budget of a queue,
+    reading its topics' limits the first time, see :meth:`budget_of`).
+
+    Without ``budgets`` a queue's budget is that of a cluster with the broker's
+    default limits (``max_record_bytes`` for the timer topic), as ``dueflow topics
+    ensure`` creates it (:func:`dueflow.kafka.topic_limits.default_limits`)."""
 
     def __init__(
         self,
@@ -131,8 +125,14 @@ class TimerPlanner:
         metrics: Metrics | None = None,
         rules: JobRules | None = None,
         queue_lookup: Callable[[str], bool] | None = None,
+        budgets: Callable[[str], JobBudget] | None = None,
+        schema_ids: Callable[[], int] | None = None,
     ) -> None:
         self.settings = settings
+        # The schema registry option: the registry's id of job.avsc (asked for at the
+        # first plan, see ensure_schema_id); every job value is framed with it.
+        self.schema_ids = schema_ids
+        self.schema_id: int | None = None
         # Replaced as a whole (one attribute store) when the known queues change.
         self.rules = rules or JobRules.from_settings(settings)
         self.queue_lookup = queue_lookup
@@ -142,6 +142,57 @@ class TimerPlanner:
         self.ids = ids
         self.max_record_bytes = max_record_bytes
         self.metrics = metrics
+        self._budget_lookup = budgets
+        # queue -> its budget, once known (the hot path looks here first)
+        self.budgets: dict[str, JobBudget] = {}
+
+    def budget_of(self, queue: str) -> JobBudget:
+        """The size budget of ``queue`` (its topics' limits are read the first time)."""
+        found = self.budgets.get(queue)
+        if found is not None:
+            return found
+        if self._budget_lookup is not None:
+            found = self._budget_lookup(queue)
+        else:
+            spec = _spec_of(self.settings, queue)
+            found = JobBudget(
+                default_limits(self.settings, spec, timers_max_bytes=self.max_record_bytes)
+            )
+        self.budgets[queue] = found
+        return found
+
+    def check_size(
+        self,
+        budget: JobBudget,
+        key: bytes,
+        value: bytes,
+        headers: Sequence[tuple[str, bytes]],
+        payload: int,
+    ) -> None:
+        """Raise :class:`~dueflow.records.size_budget.RecordTooLarge` unless every
+        hop of the job whose timer record is ``key``/``value``/``headers`` fits
+        (the slow path: called for records above the budget's fast limit)."""
+        refusal = budget.refusal(
+            JobShape(
+                len(key),
+                len(value),
+                header_bytes(headers),
+                len(headers),
+                len(hdr.header(headers, hdr.JOB_ID) or b""),
+                len(hdr.header(headers, hdr.TASK) or b""),
+                payload,
+            )
+        )
+        if refusal is not None:
+            raise refusal
+
+    def ensure_schema_id(self) -> int | None:
+        """The registry's id of job.avsc with the registry option on (asked for the
+        first time: :class:`~dueflow.errors.SchemaRegistryError` when the registry
+        does not answer), else None."""
+        if self.schema_id is None and self.schema_ids is not None:
+            self.schema_id = self.schema_ids()
+        return self.schema_id
 
     def set_queues(self, queues: Iterable[str]) -> None:
         """The queues that exist changed (the registry was read)."""
@@ -170,62 +221,47 @@ class TimerPlanner:
         now_ms: int,
         trace_headers: Sequence[tuple[str, bytes]] = (),
     ) -> PlannedTimer | Scheduled:
-        """The record to write for ``req``, or the earlier result of an idempotent repeat.
+        """The record to write for ``req``, or the earlier result of an idempotent repeat:
+        :func:`prepare_job` (a queue it does not know is looked up: :meth:`check_queue`),
+        then :func:`timer_record`.
 
         Raises :class:`InvalidInput` for bad input (payload too large included)
         and :class:`~dueflow.errors.ConflictError` for a job id this client
         scheduled with other content. A returned plan is claimed in the
-        recent-jobs memory: call :meth:`failed` if writing it fails.
+        recent-jobs memory: call :meth:`failed` if writing it fails. With the
+        registry option, the first plan asks the registry for the schema id
+        (:meth:`ensure_schema_id`) and every value is framed.
         """
-        if (
-            req.run_at is None
-            and req.jitter is None
-            and req.backoff is None
-            and req.timeout is None
-            and req.labels is None
-            and req.expires is None
-            and req.max_lateness is None
-            and not trace_headers
-        ):
-            return self._plan_plain(req, now_ms)
-        return self._plan_general(req, now_ms, trace_headers)
-
-    def _plan_general(
-        self, req: JobRequest, now_ms: int, trace_headers: Sequence[tuple[str, bytes]]
-    ) -> PlannedTimer | Scheduled:
-        """:meth:`plan` for any request: :func:`prepare_job`, then :func:`timer_record`."""
+        if self.schema_ids is not None and self.schema_id is None:
+            self.ensure_schema_id()
         try:
-            if is_task_name(req.task):
-                queue = self.rules.queue_of(req)
-                self.check_queue(queue)  # before prepare_job, which knows no registry
-                if req.queue is None:
-                    req = replace(req, queue=queue)  # type: ignore[arg-type]
             job = prepare_job(
                 req,
                 now_ms=now_ms,
                 rules=self.rules,
                 new_job_id=self.ids.new,
                 trace=_trace_map(trace_headers) if trace_headers else None,
+                check_queue=self.check_queue,
             )
-            deadline = deadline_of(req, job.due_ms)
-            if deadline is not None:  # the worker reads it (dueflow.rules.deadline)
-                trace_headers = [*trace_headers, (hdr.EXPIRES, b"%d" % deadline)]
+            queue = job.queue
+            if req.expires is not None or req.max_lateness is not None:
+                deadline = deadline_of(req, job.due_ms)
+                if deadline is not None:  # the worker reads it (dueflow.rules.deadline)
+                    trace_headers = [*trace_headers, (hdr.EXPIRES, b"%d" % deadline)]
             record = timer_record(
                 job, now_ms=now_ms, placer=self.placer, trace_headers=trace_headers
             )
-            if record.size > self.max_record_bytes:
-                raise self.too_large(len(job.payload), record.size)
+            if self.schema_id is not None:  # the registry option
+                record = framed_timer(record, self.schema_id)
+            partition, key_bytes, value, headers, size = record
+            budget = self.budgets.get(queue) or self.budget_of(queue)
+            if size > budget.fast_limit or trace_headers:
+                self.check_size(budget, key_bytes, value, headers, len(job.payload))
+            task = job.task
             earlier = self.recent.claim(
                 job.job_id,
-                (
-                    job.content_hash or "",
-                    job.due_ms,
-                    job.queue,
-                    job.task,
-                    job.idempotency_key,
-                    record.partition,
-                ),
-                job.task,
+                (job.content_hash or "", job.due_ms, queue, task, job.idempotency_key, partition),
+                task,
             )
         except (InvalidInput, ConflictError):
             self.count_error(self.rules.queue_of(req))
@@ -233,88 +269,6 @@ class TimerPlanner:
         if earlier is not None:
             return earlier
         return _new_tuple(PlannedTimer, (job, record))
-
-    def _plan_plain(self, req: JobRequest, now_ms: int) -> PlannedTimer | Scheduled:
-        """:meth:`plan` for the common request: only task, payload, delay, queue,
-        ids and attempts given. The same checks, errors and bytes as
-        :func:`prepare_job` + :func:`timer_record` (a property test compares
-        the two on random requests), in one frame: the per-job path of
-        ``schedule_many`` at 100k jobs/s."""
-        try:
-            task = req.task
-            if not is_task_name(task):
-                raise bad_task(task)
-            queue = req.queue
-            if queue is None:
-                queue = self.rules.router.queue_for(task)
-            if queue not in self.rules.queues:
-                self.check_queue(queue)
-            payload = req.payload
-            if type(payload) is bytes:
-                content_type = OCTET_STREAM
-            else:
-                payload, content_type = encode_payload(payload)
-            job_id = req.job_id
-            if job_id is None:
-                job_id = self.ids.new(now_ms)
-            elif not is_name(job_id):
-                raise bad_name("job_id", job_id)
-            key = req.idempotency_key
-            if key is None:
-                key = job_id
-            elif not is_name(key):
-                raise bad_name("idempotency_key", key)
-            delay = req.delay
-            due_ms = now_ms if delay is None else due_after(delay, now_ms=now_ms)
-            attempts = req.max_attempts
-            if attempts is None:
-                attempts = self.rules.default_max_attempts
-            elif type(attempts) is not int or not 1 <= attempts <= MAX_INT32:
-                raise bad_attempts(attempts)
-            chash = content_hash(task, payload, content_type)
-            job = _new_tuple(
-                PreparedJob,
-                (
-                    job_id,
-                    queue,
-                    task,
-                    payload,
-                    content_type,
-                    due_ms,
-                    key,
-                    attempts,
-                    None,
-                    None,
-                    0,
-                    now_ms,
-                    NO_STRINGS,
-                    None,
-                    None,
-                    chash,
-                    NO_STRINGS,
-                ),
-            )
-            job_id_b = job_id.encode()
-            key_b = job_id_b if key is job_id else key.encode()
-            value = encode_plain_job(job, job_id_b, key_b)
-            record = record_of(job, job_id_b, key_b, value, now_ms, self.placer)
-            if record.size > self.max_record_bytes:
-                raise self.too_large(len(job.payload), record.size)
-            earlier = self.recent.claim(
-                job_id, (chash, due_ms, queue, task, key, record.partition), task
-            )
-        except (InvalidInput, ConflictError):
-            self.count_error(self.rules.queue_of(req))
-            raise
-        if earlier is not None:
-            return earlier
-        return _new_tuple(PlannedTimer, (job, record))
-
-    def too_large(self, payload_bytes: int, record_bytes: int) -> InvalidInput:
-        """The error for a payload whose timer record exceeds the topic's limit."""
-        return record_too_large(
-            payload_bytes, record_bytes, limit=self.max_record_bytes, topic=self.topic
-        )
 
     def delivered(self, queue: str, n: int = 1) -> None:
         if self.metrics is not None:
@@ -356,6 +310,15 @@ class ScheduleSpan:
         if error is not None:
             self.step.fail(error)
         self.step.end()
+
+
+def _spec_of(settings: Settings, queue: str) -> QueueSpec:
+    """The static spec of ``queue``, or a default one (a registered queue: only
+    its topic names matter to a default budget)."""
+    for spec in settings.queues:
+        if spec.name == queue:
+            return spec
+    return QueueSpec(queue)
 
 
 def default_tracer() -> JobTracer:

@@ -20,9 +20,9 @@ from dueflow.kafka.topics import TopicNames
 from dueflow.producers.cancel import OutgoingRecord
 from dueflow.producers.targets import Target
 from dueflow.records import codec
-from dueflow.records.fast import OUTCOME_V2, decode_job, encode_outcome
 from dueflow.records.reschedule import reschedule_key
-from dueflow.records.timer_record import TimerPlacer, TimerRecord, timer_record
+from dueflow.records.timer_record import TimerPlacer, TimerRecord, framed_timer, timer_record
+from dueflow.records.worker_codec import OUTCOME_V2, decode_job, encode_outcome
 from dueflow.rules.deadline import moved_deadline
 from dueflow.rules.job_status import PENDING_STATES
 from dueflow.rules.partitioning import partition_for_key
@@ -63,11 +63,15 @@ def moved_timer(
     due_ms: int,
     now_ms: int,
     placer: TimerPlacer,
+    schema_id: int | None = None,
 ) -> TimerRecord:
     """The timer record of the job in ``value`` (a timer's or an exec record's, with
-    its ``headers``), due at ``due_ms`` instead, written at ``now_ms``. Raises
+    its ``headers``), due at ``due_ms`` instead, written at ``now_ms``: plain, or
+    framed with ``schema_id`` (the rescheduling client's registry option: the id
+    names the schema this writes with, whatever the value it read held). Raises
     :class:`UndecodableRecord` when the value is not a job."""
-    job = decode_job(value, hdr.header(headers, hdr.SCHEMA))
+    schema = hdr.header(headers, hdr.SCHEMA)
+    job = decode_job(value, schema)
     if job.schedule_id is not None:
         raise UndecodableRecord("a cron occurrence, not a one-shot job")
     kept = [(k, v) for k, v in headers if k in KEPT_HEADERS]
@@ -75,9 +79,10 @@ def moved_timer(
     if deadline is not None and deadline.isdigit():  # the same window after the new due time
         moved = moved_deadline(int(deadline), old_due_ms=job.due_ms, new_due_ms=due_ms)
         kept.append((hdr.EXPIRES, b"%d" % moved))
-    return timer_record(
+    timer = timer_record(
         replace(job, due_ms=due_ms), now_ms=now_ms, placer=placer, trace_headers=kept
     )
+    return timer if schema_id is None else framed_timer(timer, schema_id)
 
 
 def reschedule_records(

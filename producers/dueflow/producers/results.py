@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import NamedTuple
+from typing import NamedTuple, TypeAlias
 
 from dueflow.errors import DueflowError, InvalidInput
-from dueflow.timeutil import format_utc, from_utc_ms
+from dueflow.timeutil import format_utc, from_utc_ms, show_utc
+
+# A value JSON holds: what ``Scheduler.result`` gives back of a handler's return value.
+JsonValue: TypeAlias = bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"] | None
 
 
 class Scheduled(NamedTuple):
@@ -17,6 +20,11 @@ class Scheduled(NamedTuple):
     already been scheduled through this client: nothing new was written and
     the values are those of the first call. ``expires_ms``: the job's deadline
     (``expires`` / ``max_lateness``), if it has one.
+
+    With ``unique_key=``: ``duplicate`` is True when the key was held by another
+    job, whose id ``job_id`` then is (the other fields are the request's);
+    ``pending_admission`` is True when the worker's verdict did not come within
+    the wait (the request stands, and is decided when the worker gets to it).
     """
 
     job_id: str
@@ -28,6 +36,7 @@ class Scheduled(NamedTuple):
     partition: int
     duplicate: bool = False
     expires_ms: int | None = None
+    pending_admission: bool = False
 
     @property
     def due(self) -> datetime:
@@ -45,6 +54,7 @@ class Scheduled(NamedTuple):
             "partition": self.partition,
             "duplicate": self.duplicate,
             "expires_ms": self.expires_ms,
+            "pending_admission": self.pending_admission,
         }
 
 
@@ -125,6 +135,12 @@ class Cancelled(NamedTuple):
     given. ``state``: the job's state before, as its outcomes told (``None``:
     not known); a job that had finished (``succeeded``, ``dead``, ...) is not
     cancelled. ``known``: this client scheduled the job itself.
+
+    On a finalized queue the cancellation is a command (``command_id``) that
+    the worker owning the job's partition applies; with ``wait=`` the call
+    returns its ``verdict`` (``cancelled``, or ``refused`` with ``reason``,
+    then ``cancelled`` is False); ``verdict`` None: not waited for, or none
+    came in time (``reason`` says which).
     """
 
     job_id: str
@@ -136,13 +152,24 @@ class Cancelled(NamedTuple):
     found: bool = True
     state: str | None = None
     cancelled: bool = True
+    command_id: str | None = None
+    verdict: str | None = None
+    reason: str | None = None
 
     @property
     def message(self) -> str:
         """One line for humans: what happened and what it means."""
         where = f"queue {self.queue}, key {self.idempotency_key}"
+        if not self.cancelled and self.verdict == "refused":
+            return f"job {self.job_id} not cancelled: {self.reason} ({where})"
         if not self.cancelled:
             return f"job {self.job_id} not cancelled: it has {self.state} already ({where})"
+        if self.command_id is not None and self.verdict is None:
+            why = f" ({self.reason})" if self.reason else ""
+            return (
+                f"cancel of job {self.job_id} sent to its worker ({where}){why}: "
+                "it applies it before the job's due time"
+            )
         if not self.found:
             return (
                 f"job {self.job_id} not found (no outcome of it): a cancellation was written "
@@ -164,6 +191,9 @@ class Cancelled(NamedTuple):
             "found": self.found,
             "state": self.state,
             "cancelled": self.cancelled,
+            "command_id": self.command_id,
+            "verdict": self.verdict,
+            "reason": self.reason,
             "message": self.message,
         }
 
@@ -176,6 +206,11 @@ class Rescheduled(NamedTuple):
     :mod:`dueflow.records.reschedule` for the rule and its races). Otherwise
     ``reason`` says why not (not found, started or finished, a cron occurrence,
     due then already, its timer has fired and a worker took it).
+
+    On a finalized queue the move is a command (``command_id``) that the worker
+    owning the job's partition applies; with ``wait=`` the call returns its
+    ``verdict`` (``rescheduled``, or ``refused`` with ``reason``, then
+    ``rescheduled`` is False).
     """
 
     job_id: str
@@ -187,7 +222,9 @@ class Rescheduled(NamedTuple):
     found: bool
     state: str | None
     reason: str | None = None
-    partition: int = -1  # of the new timer
+    partition: int = -1  # of the new timer (of the command, on a finalized queue)
+    command_id: str | None = None
+    verdict: str | None = None
 
     @property
     def due(self) -> datetime:
@@ -204,7 +241,7 @@ class Rescheduled(NamedTuple):
         """One line for humans."""
         if not self.rescheduled:
             return f"job {self.job_id} not rescheduled: {self.reason}"
-        old = "?" if self.old_due_ms is None else format_utc(self.old_due_ms)
+        old = "?" if self.old_due_ms is None else show_utc(self.old_due_ms)
         return (
             f"rescheduled job {self.job_id} (queue {self.queue}): due {format_utc(self.due_ms)}, "
             f"not {old}"
@@ -216,7 +253,7 @@ class Rescheduled(NamedTuple):
             "queue": self.queue,
             "idempotency_key": self.idempotency_key,
             "old_due_ms": self.old_due_ms,
-            "old_due": None if self.old_due_ms is None else format_utc(self.old_due_ms),
+            "old_due": None if self.old_due_ms is None else show_utc(self.old_due_ms),
             "due_ms": self.due_ms,
             "due": format_utc(self.due_ms),
             "rescheduled": self.rescheduled,
@@ -224,5 +261,56 @@ class Rescheduled(NamedTuple):
             "state": self.state,
             "reason": self.reason,
             "partition": self.partition,
+            "command_id": self.command_id,
+            "verdict": self.verdict,
+            "message": self.message,
+        }
+
+
+class Updated(NamedTuple):
+    """What ``update`` did for ``job_id``: a command replacing its payload (and maybe
+    its due time) that the worker owning the job's partition applies before the job
+    runs. ``updated`` False: ``reason`` says why not (not found, started or finished,
+    a cron occurrence, or the worker refused it: ``verdict`` ``refused``).
+    ``verdict`` None: not waited for (``wait=``), or none came in time."""
+
+    job_id: str
+    queue: str
+    idempotency_key: str
+    updated: bool
+    found: bool
+    state: str | None
+    due_ms: int | None = None  # the new due time, when one was given
+    reason: str | None = None
+    partition: int = -1
+    command_id: str | None = None
+    verdict: str | None = None
+
+    @property
+    def message(self) -> str:
+        """One line for humans."""
+        if not self.updated:
+            return f"job {self.job_id} not updated: {self.reason}"
+        due = "" if self.due_ms is None else f", due {format_utc(self.due_ms)}"
+        if self.verdict is None:
+            return f"update of job {self.job_id} (queue {self.queue}{due}) sent to its worker" + (
+                f" ({self.reason})" if self.reason else ""
+            )
+        return f"updated job {self.job_id} (queue {self.queue}{due}): it runs with the new payload"
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "job_id": self.job_id,
+            "queue": self.queue,
+            "idempotency_key": self.idempotency_key,
+            "updated": self.updated,
+            "found": self.found,
+            "state": self.state,
+            "due_ms": self.due_ms,
+            "due": None if self.due_ms is None else format_utc(self.due_ms),
+            "reason": self.reason,
+            "partition": self.partition,
+            "command_id": self.command_id,
+            "verdict": self.verdict,
             "message": self.message,
         }

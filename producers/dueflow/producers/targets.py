@@ -42,6 +42,9 @@ class Target:
     schedule_id: str | None
     content_hash: str | None
     known: bool  # this client scheduled it (recent-jobs memory)
+    # the exec partition it is delivered on when known (a job admitted under a unique
+    # key: its key's); None: its idempotency key's
+    partition: int | None = None
 
 
 def resolve_target(
@@ -56,48 +59,10 @@ def resolve_target(
 ) -> Target:
     """The job ``job_id`` means for ``verb`` (``cancel``, ``reschedule``); raises
     :class:`InvalidInput` when the queue or key is wrong or ambiguous."""
-    flag = "queue= (--queue on the command line)"
     if queue is not None and queue not in queues:
         raise InvalidInput("queue", queue, f"one of the configured queues {sorted(queues)}")
     if status is not None:
-        known_in = list(status.queues) or [status.queue]
-        if queue is None:
-            if len(known_in) > 1:
-                raise InvalidInput(
-                    "queue",
-                    None,
-                    f"one of {known_in}: job id {job_id!r} is known in more than one queue; "
-                    f"give {flag} to say which one to {verb}",
-                )
-            queue = known_in[0]
-        elif queue not in known_in:
-            raise InvalidInput(
-                "queue",
-                queue,
-                f"the queue job {job_id!r} was scheduled to ({', '.join(map(repr, known_in))}): "
-                f"a {verb} written to {queue!r} would not reach it",
-            )
-        single = len(known_in) == 1
-        key = status.idempotency_key or job_id
-        if idempotency_key is not None and idempotency_key != key and single:
-            raise InvalidInput(
-                "idempotency_key",
-                idempotency_key,
-                f"the key job {job_id!r} was scheduled with ({key!r}), or none",
-            )
-        return Target(
-            job_id=job_id,
-            queue=queue,
-            idempotency_key=idempotency_key or key,
-            found=True,
-            # an id reused across queues: its outcomes mix, its state is not known
-            state=status.state if single else None,
-            due_ms=status.due_ms if single else None,
-            task=status.task,
-            schedule_id=status.schedule_id,
-            content_hash=recent.content_hash if recent is not None else None,
-            known=recent is not None,
-        )
+        return _known_target(job_id, queue, idempotency_key, status, recent, verb)
     if recent is not None:
         if queue is not None and queue != recent.queue:
             raise InvalidInput(
@@ -120,7 +85,7 @@ def resolve_target(
             "queue",
             None,
             f"the job's queue: job {job_id!r} is not known (no outcome of it was found and "
-            f"this client did not schedule it), so its queue cannot be told; give {flag} "
+            f"this client did not schedule it), so its queue cannot be told; give {_FLAG} "
             f"to {verb} it there anyway",
         )
     return Target(
@@ -134,6 +99,61 @@ def resolve_target(
         schedule_id=None,
         content_hash=None,
         known=False,
+    )
+
+
+# How a caller names the queue (the SDK's keyword, the CLI's flag).
+_FLAG = "queue= (--queue on the command line)"
+
+
+def _known_target(
+    job_id: str,
+    queue: str | None,
+    idempotency_key: str | None,
+    status: JobStatus,
+    recent: Scheduled | None,
+    verb: str,
+) -> Target:
+    """The target of a job whose outcomes were found (``status``): the queue they
+    name (``queue`` must be one of them), its key; :class:`InvalidInput` otherwise."""
+    known_in = list(status.queues) or [status.queue]
+    if queue is None:
+        if len(known_in) > 1:
+            raise InvalidInput(
+                "queue",
+                None,
+                f"one of {known_in}: job id {job_id!r} is known in more than one queue; "
+                f"give {_FLAG} to say which one to {verb}",
+            )
+        queue = known_in[0]
+    elif queue not in known_in:
+        raise InvalidInput(
+            "queue",
+            queue,
+            f"the queue job {job_id!r} was scheduled to ({', '.join(map(repr, known_in))}): "
+            f"a {verb} written to {queue!r} would not reach it",
+        )
+    single = len(known_in) == 1
+    key = status.idempotency_key or job_id
+    if idempotency_key is not None and idempotency_key != key and single:
+        raise InvalidInput(
+            "idempotency_key",
+            idempotency_key,
+            f"the key job {job_id!r} was scheduled with ({key!r}), or none",
+        )
+    return Target(
+        job_id=job_id,
+        queue=queue,
+        idempotency_key=idempotency_key or key,
+        found=True,
+        # an id reused across queues: its outcomes mix, its state is not known
+        state=status.state if single else None,
+        due_ms=status.due_ms if single else None,
+        task=status.task,
+        schedule_id=status.schedule_id,
+        content_hash=recent.content_hash if recent is not None else None,
+        known=recent is not None,
+        partition=status.exec_partition if single else None,
     )
 
 

@@ -38,9 +38,10 @@ from dueflow.records.cron_occurrence import (
 from dueflow.rules.cron import CronSchedule, misfire_plan
 from dueflow.rules.cron_overlap import exec_partition
 from dueflow.rules.wheel import place_timer, shard_for
-from dueflow.streams.emitter.drainer import Emit, Sender
-from dueflow.streams.emitter.quarantine import quarantine_record
-from dueflow.streams.emitter.schedules import ScheduleTable
+from dueflow.streams.emitter.firing import Emit, Sender
+from dueflow.streams.emitter.limits import EmitterLimits
+from dueflow.streams.emitter.quarantine_records import count_cut, quarantine_record
+from dueflow.streams.emitter.schedule_table import ScheduleTable
 
 log = logging.getLogger("dueflow.emitter.cron")
 
@@ -56,8 +57,10 @@ class CronKeeper:
         sender: Sender,
         *,
         partitions: Mapping[bytes, int] | None = None,
+        limits: EmitterLimits | None = None,
     ) -> None:
         self._settings = settings
+        self._limits = limits
         self._metrics = metrics
         self._table = table
         self._send = sender.send
@@ -104,7 +107,7 @@ class CronKeeper:
         for b in bad:
             if b.offset < self._quarantined_to.get(b.partition, 0):
                 continue
-            value, headers = quarantine_record(
+            record = quarantine_record(
                 reason=b.reason,
                 topic=self._table.topic,
                 partition=b.partition,
@@ -113,8 +116,10 @@ class CronKeeper:
                 value=b.value,
                 headers=b.headers,
                 at_ms=now_ms,
+                limit=None if self._limits is None else self._limits.quarantine,
             )
-            self._send(self._names.quarantine, value, b.key, headers)
+            self._send(self._names.quarantine, record.value, record.key, record.headers)
+            count_cut(self._metrics, record)
             self._metrics.quarantined.labels("emitter", reason_label(b.reason)).inc()
             self._quarantined_to[b.partition] = b.offset + 1
             self._dirty_offsets = True

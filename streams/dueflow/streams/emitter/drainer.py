@@ -19,15 +19,17 @@ timers due within a few seconds of it, at most about the budget.
 
 The hot path (near and level-0 records) reads headers only and keeps the
 original message for firing, so the value bytes are forwarded unchanged.
+Every timer fires through :class:`~dueflow.streams.emitter.firing.Firing`
+(the one fire path: the size bound, the fire headers, tracing, the send).
+Partition pauses are :class:`~dueflow.streams.emitter.pauses.PartitionPauses`.
 """
 
 from __future__ import annotations
 
 import heapq
 import logging
-import zlib
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from confluent_kafka import KafkaError, Message, TopicPartition
 
@@ -35,7 +37,7 @@ from dueflow import headers as hdr
 from dueflow.config import Settings
 from dueflow.kafka.topics import names
 from dueflow.observability.logs import event
-from dueflow.observability.metrics import Metrics, observe_ages
+from dueflow.observability.metrics import Metrics
 from dueflow.observability.tracing import JobTracer
 from dueflow.reasons import UNKNOWN_QUEUE, reason_label
 from dueflow.rules.drain import (
@@ -48,21 +50,22 @@ from dueflow.rules.drain import (
     landed_late,
     latest_fired,
     next_drain_ms,
-    read_ahead_ms,
 )
 from dueflow.rules.due_queue import DueQueue
 from dueflow.rules.open_offsets import OpenOffsets
 from dueflow.rules.token_bucket import TokenBucket
-from dueflow.rules.wheel import NEAR_LEVEL, place_timer
-from dueflow.streams.emitter.quarantine import quarantine_record
-from dueflow.streams.emitter.queues import QueueTopics
+from dueflow.rules.wheel import NEAR_LEVEL
+from dueflow.streams.emitter.firing import CronFiring, Firing, Sender
+from dueflow.streams.emitter.limits import EmitterLimits
+from dueflow.streams.emitter.pauses import PartitionControl, PartitionPauses
+from dueflow.streams.emitter.rewrites import TimerRewrites
+from dueflow.streams.emitter.shard_layout import ShardLayout
+from dueflow.streams.emitter.target_queues import QueueTopics
 
 log = logging.getLogger("dueflow.emitter.drain")
 
 _EOF = KafkaError._PARTITION_EOF
 PARK_PASS_MS = 100  # how often partitions read to their end are looked at for parking
-_FIRED = hdr.FIRED
-_SOURCE = hdr.SOURCE
 
 # A timer in the queue, under its due time: (partition, offset, message, exec topic,
 # is cron, headers, exec partition or -1: by key).
@@ -76,55 +79,6 @@ class SealedCommit:
 
     offsets: list[TopicPartition]
     fired: dict[str, list[int]]
-
-
-class PartitionControl(Protocol):
-    def pause(self, partition: int, next_offset: int) -> None:
-        """Stop fetching; continue at ``next_offset`` on resume."""
-
-    def hold(self, partition: int) -> None:
-        """Stop fetching; continue after the last record delivered on resume."""
-
-    def resume(self, partition: int) -> None: ...
-
-    def end_offset(self, partition: int) -> int:
-        """The partition's end offset as of the last fetch (no request); -1: unknown."""
-
-
-class Sender(Protocol):
-    def send(
-        self, topic: str, value: bytes | None, key: bytes | None, headers: Any, partition: int = -1
-    ) -> None: ...
-
-
-class Emit(Protocol):
-    """Fire one job into its exec topic in the open transaction (adds df-fired and
-    counts the fire); ``partition`` -1: the key's (Kafka's partitioner)."""
-
-    def __call__(
-        self,
-        topic: str,
-        value: bytes | None,
-        key: bytes | None,
-        headers: list[Any],
-        due: int,
-        partition: int = -1,
-    ) -> None: ...
-
-
-class CronFiring(Protocol):
-    """What the drainer calls for a due cron occurrence instead of forwarding it."""
-
-    def fire_occurrence(
-        self,
-        message: Message,
-        due_ms: int,
-        topic: str,
-        headers: list[Any],
-        now_ms: int,
-        emit: Emit,
-    ) -> None:
-        """Handle one occurrence in the open transaction, firing through ``emit``."""
 
 
 class WheelDrainer:
@@ -142,27 +96,42 @@ class WheelDrainer:
         cron: CronFiring | None = None,
         tracer: JobTracer | None = None,
         queues: QueueTopics | None = None,
+        limits: EmitterLimits | None = None,
     ) -> None:
         geo = settings.wheel  # this shard's (WheelGeometry.of_shard)
         em = settings.emitter
-        ours = geo.partitions
-        # Per-partition lists are indexed by partition: this shard's are
-        # ours.start .. n-1 (the entries below are never used).
-        n = ours.stop
         self._geo = geo
         self._topic = names(settings).timers
-        self._quarantine_topic = names(settings).quarantine
         self._source = source
-        self._send = sender.send
         self._metrics = metrics
-        self._cron = cron
-        # Off unless OTEL_TRACES_EXPORTER says otherwise: then every fire is a span.
-        self._tracer = tracer if tracer is not None and tracer.enabled else None
         # Kept current by the emitter as queues are registered (shared dicts).
         self._queues = queues if queues is not None else QueueTopics(settings)
         self._exec_topics = self._queues.exec_topics
         self._exec_partitions = self._queues.exec_partitions
-        self._queue_of_topic = self._queues.queue_of_topic
+        # Record size limits (shared by the process's shards): exec topic -> the
+        # largest len(key) + len(value) fired without measuring (see limits.py).
+        self._limits = (
+            limits if limits is not None else EmitterLimits(settings, read=lambda topics: {})
+        )
+        self._rewrites = TimerRewrites(
+            sender=sender,
+            geometry=geo,
+            timer_topic=self._topic,
+            quarantine_topic=names(settings).quarantine,
+            limits=self._limits,
+            metrics=metrics,
+        )
+        self._firing = Firing(
+            sender=sender,
+            timer_topic=self._topic,
+            partitions=geo.partitions.stop,
+            limits=self._limits,
+            metrics=metrics,
+            quarantine=self._quarantine,
+            queue_of_topic=self._queues.queue_of_topic,
+            cron=cron,
+            tracer=tracer,
+        )
         self._horizon = heap_horizon_ms(geo)
         self._slot = geo.levels[0].width_ms  # lag of the drain clock, pause hysteresis
         self._budget = em.heap_budget
@@ -171,19 +140,43 @@ class WheelDrainer:
             capacity=max(1.0, em.catchup_max_rate_per_s / 20.0),
             now=now_ms,
         )
+        self._lay_out_partitions(committed)
+        self._queue = DueQueue()
+        self._pauses = PartitionPauses(source, stash_cap=max(1, em.heap_budget // 2))
+        # The pauses' own containers (never replaced), read on the hot path.
+        self._paused = self._pauses.paused  # partition -> resume key
+        self._eof = self._pauses.eof
+        self._eof_at = self._pauses.eof_at
+        self._parked = self._pauses.parked
+        self._feeder_queue: list[tuple[int, int]] = []  # (blocker due - read-ahead, p)
+        self._blocker: dict[int, int] = {}  # paused feeder -> offset of its blocker
+        self._full: set[int] = set()  # feeders paused because the heap was full
+        self._slot_queue: list[tuple[int, int]] = []  # (ready time, p), slots of level >= 1
+        self._rate_paused: set[int] = set()  # slots waiting for tokens
+        # Parked: slot partitions read to their end and paused until their next
+        # visit comes near (see _park_idle), so a fetch asks only for the
+        # partitions that can hold a record needed soon: at 5k timers/s every
+        # fetch used to carry all 260 partitions of the default wheel, and the
+        # broker read each of them ~150 times a second.
+        self._park_min = self._slot  # not parked for less than this
+        self._next_park_ms = 0
+        self._touched: set[int] = set()
 
-        self._level = [geo.locate(p)[0] for p in range(n)]
-        self._index = [geo.locate(p)[1] for p in range(n)]
-        self._feeders = [p for p in ours if self._level[p] <= 0]
-        self._ahead = [read_ahead_ms(geo, lv) if lv <= 0 else 0 for lv in self._level]
-        # Flow control reads a level-0 feeder one slot further ahead than firing
-        # needs: while a backlog drains, the drain clock moves many seconds per
-        # second, and a feeder resumed only just in time would stop firing until
-        # its first fetch comes back.
-        self._lead = [
-            a + self._slot if lv == 0 else a for a, lv in zip(self._ahead, self._level, strict=True)
-        ]
-        self._lead_slot = [a + self._slot for a in self._lead]  # a feeder pauses past this
+    def _lay_out_partitions(self, committed: dict[int, tuple[int, Checkpoint | None]]) -> None:
+        """Per-partition state, from the wheel and the committed offsets (with their
+        checkpoints)."""
+        geo = self._geo
+        ours = geo.partitions
+        # Per-partition lists are indexed by partition: this shard's are
+        # ours.start .. n-1 (the entries below are never used).
+        n = ours.stop
+        layout = ShardLayout.of(geo)
+        self._level = layout.level
+        self._index = layout.index
+        self._feeders = layout.feeders
+        self._ahead = layout.ahead
+        self._lead = layout.lead
+        self._lead_slot = layout.lead_slot
         self._open = [OpenOffsets() if lv <= 0 else None for lv in self._level]
         self._read_to = [max(committed.get(p, (-1, None))[0], 0) for p in range(n)]
         # Due time a feeder has been read up to. Firing does not pass it (records
@@ -204,38 +197,12 @@ class WheelDrainer:
             if ck is not None and ck.read_to > max(offset, 0):
                 self._replay[p] = ck
         self.fired: TimerKey | None = latest_fired(checkpoints)
+        # Firing without transactions, the previous active emitter may have fired
+        # timers after its last commit: those this period fires again are due by the
+        # time it started. Counted (an upper bound) as re-fires; None: not counted.
+        self.refire_before_ms: int | None = None
         self.drain_ms = self.fired[0] if self.fired is not None else 0
         self._unheard = set(self._feeders)  # feeders with neither a record nor an end yet
-
-        self._queue = DueQueue()
-        self._paused: dict[int, int] = {}  # partition -> resume key
-        self._feeder_queue: list[tuple[int, int]] = []  # (blocker due - read-ahead, p)
-        self._blocker: dict[int, int] = {}  # paused feeder -> offset of its blocker
-        self._full: set[int] = set()  # feeders paused because the heap was full
-        self._slot_queue: list[tuple[int, int]] = []  # (ready time, p), slots of level >= 1
-        self._rate_paused: set[int] = set()  # slots waiting for tokens
-        # Records a feeder delivered past the one that paused it (kept, up to a cap,
-        # so a resume needs no fetch) and the offset the next one must have.
-        self._stash: dict[int, list[Message]] = {}
-        self._stash_next: dict[int, int] = {}
-        self._stashed = 0
-        self._stash_cap = max(1, em.heap_budget // 2)
-        self._eof: set[int] = set()
-        self._eof_at: dict[int, int] = {}  # partition -> offset of its last end event
-        # Parked: slot partitions read to their end and paused until their next
-        # visit comes near (see _park_idle), so a fetch asks only for the
-        # partitions that can hold a record needed soon: at 5k timers/s every
-        # fetch used to carry all 260 partitions of the default wheel, and the
-        # broker read each of them ~150 times a second. Offset: where it goes on.
-        self._parked: dict[int, int] = {}
-        self._park_min = self._slot  # not parked for less than this
-        self._next_park_ms = 0
-        self._touched: set[int] = set()
-        # df-source value of a record: self._sources[p] % offset.
-        self._sources = [
-            f"{self._topic}:{p}:".encode().replace(b"%", b"%%") + b"%d" for p in range(n)
-        ]
-        self._batch: dict[str, list[int]] = {}  # exec topic -> due times fired, this txn
 
     # ------------------------------------------------------------------ state
     @property
@@ -264,53 +231,27 @@ class WheelDrainer:
     # ------------------------------------------------------------------ reading
     def on_messages(self, messages: list[Message], now_ms: int) -> None:
         """Handle a batch of records (and partition-end events) from the source."""
-        level_of = self._level
-        read_to = self._read_to
-        paused = self._paused
+        level_of, read_to, paused, eof = self._level, self._read_to, self._paused, self._eof
         classify = classify_timer
-        exec_topics = self._exec_topics
-        exec_partitions = self._exec_partitions
-        horizon = self._horizon
-        push = self._queue.push
-        opens = self._open
-        lead = self._lead
-        touched = self._touched
-        replay = self._replay
-        unheard = self._unheard
-        eof = self._eof
-        frontier = self._frontier
-        budget = self._budget
+        exec_topics, exec_partitions = self._exec_topics, self._exec_partitions
+        push, opens, touched, frontier = self._queue.push, self._open, self._touched, self._frontier
+        replay, unheard = self._replay, self._unheard
+        horizon, budget, lead_slot = self._horizon, self._budget, self._lead_slot
         drain = self.drain_ms  # not moved while records are read
-        lead_slot = self._lead_slot
         # The last fired key (it does not change while records are read), due first:
         # most records are due after it and cost one comparison.
         fired = self.fired
         fired_due = fired[0] if fired is not None else -1
         fired_at = fired[1:] if fired is not None else (-1, -1)
         at_once = 0
-        # Firing as read (below) without a call, unless traced or a cron occurrence.
-        plain = self._tracer is None
-        has_cron = self._cron is not None
-        send = self._send
-        sources = self._sources
-        batches = self._batch
-        fire_pair: tuple[str, bytes] | None = None  # (df-fired, now), made once
+        fire = self._firing.at(now_ms)
         for m in messages:
             p: int = m.partition()  # type: ignore[assignment]
             if p in paused:
-                self._keep(p, m)  # delivered after the pause: kept, or fetched again
+                self._pauses.keep(p, m)  # delivered after the pause: kept, or fetched again
                 continue
-            err = m.error()
-            if err is not None:
-                if err.code() == _EOF:
-                    eof.add(p)
-                    self._eof_at[p] = m.offset()  # type: ignore[assignment]
-                    unheard.discard(p)
-                    ck = replay.get(p)
-                    if ck is not None and m.offset() >= ck.read_to:  # type: ignore[operator]
-                        del replay[p]
-                    continue
-                event(log, "timer consumer error", logging.WARNING, error=str(err))
+            if m.error() is not None:
+                self._on_event(m, p)
                 continue
             off: int = m.offset()  # type: ignore[assignment]
             if off < read_to[p]:
@@ -340,7 +281,7 @@ class WheelDrainer:
             frontier[p] = due
             if due - m.timestamp()[1] > horizon:
                 if ck is None:
-                    self._place_again(m, p, due, level, now_ms)
+                    self._place_again(m, p, off, due, level, now_ms)
                 continue
             if ck is not None and ck.fired is not None and (due, p, off) <= ck.fired:
                 continue  # fired by the previous emitter
@@ -348,31 +289,31 @@ class WheelDrainer:
                 # Read after later timers fired (written overdue, or placed again
                 # during a catch-up): due already, fire it now so no commit leaves it
                 # behind. It still spends a token: the rate limit holds on average.
-                if plain and not (cron and has_cron):  # what _fire does, inline
-                    if fire_pair is None:
-                        fire_pair = (_FIRED, str(now_ms).encode())
-                    headers.append(fire_pair)
-                    headers.append((_SOURCE, sources[p] % off))
-                    send(topic, m.value(), m.key(), headers, target)
-                    fired_here = batches.get(topic)
-                    if fired_here is None:
-                        fired_here = batches[topic] = []
-                    fired_here.append(due)
-                else:
-                    self._fire(m, p, off, due, topic, cron, headers, now_ms, target)
+                fire(m, p, off, due, topic, cron, headers, target)
                 at_once += 1
                 touched.add(p)
                 continue
             opens[p].add(off)  # type: ignore[union-attr]
             held = push(due, (p, off, m, topic, cron, headers, target))
             if ck is None and (held >= budget or (level == 0 and due > drain + lead_slot[p])):
-                self._hold(p, off + 1, due - lead[p])
-                self._blocker[p] = off
-                heapq.heappush(self._feeder_queue, (due - lead[p], p))
+                self._hold(p, off, due - self._lead[p])
                 if held >= budget:
                     self._full.add(p)
         if at_once:
             self._bucket.take(at_once)
+
+    def _on_event(self, m: Message, p: int) -> None:
+        """A partition-end event (or a consumer error) of partition ``p``."""
+        err = m.error()
+        if err.code() != _EOF:  # type: ignore[union-attr]
+            event(log, "timer consumer error", logging.WARNING, error=str(err))
+            return
+        self._eof.add(p)
+        self._eof_at[p] = m.offset()  # type: ignore[assignment]
+        self._unheard.discard(p)
+        ck = self._replay.get(p)
+        if ck is not None and m.offset() >= ck.read_to:  # type: ignore[operator]
+            del self._replay[p]
 
     def _from_slot(self, m: Message, p: int, off: int, level: int, now_ms: int) -> None:
         """A record of a level >= 1 slot: handle it when ready, else stop the partition."""
@@ -399,16 +340,14 @@ class WheelDrainer:
             self._bucket.take(1)
             if landed_late(geometry=self._geo, level=level, due_ms=due, append_ms=ts):
                 self._metrics.late_timers.inc()
-            self._fire(m, p, off, due, topic, cron, m.headers(), now_ms, target)  # type: ignore[arg-type]
+            headers: Any = m.headers()
+            self._firing.at(now_ms)(m, p, off, due, topic, cron, headers, target)
         else:
-            placement = place_timer(
-                due_ms=due, now_ms=now_ms, geometry=self._geo, spread=zlib.crc32(m.key() or b"")
-            )
-            if placement.partition == p:  # cannot happen for a ready record; never loop
+            to = self._rewrites.placement(m, due, now_ms)
+            if to == p:  # cannot happen for a ready record; never loop
                 self._pause_slot(p, off, ready + self._geo.levels[level].width_ms)
                 return
-            self._send(self._topic, m.value(), m.key(), m.headers(), placement.partition)
-            self._metrics.cascaded.labels(str(level)).inc()
+            self._rewrites.place(m, p, off, to, now_ms, str(level))
         self._read_to[p] = off + 1
         self._touched.add(p)
 
@@ -424,138 +363,40 @@ class WheelDrainer:
             return reason
         return classify_timer(headers, m.key(), self._exec_topics, self._exec_partitions)
 
-    def _place_again(self, m: Message, p: int, due: int, level: int, now_ms: int) -> None:
+    def _place_again(self, m: Message, p: int, off: int, due: int, level: int, now_ms: int) -> None:
         """A heap feeder's record due too far from when it was written (a producer
         clock far ahead): put it where it belongs now."""
-        placement = place_timer(
-            due_ms=due, now_ms=now_ms, geometry=self._geo, spread=zlib.crc32(m.key() or b"")
-        )
-        self._send(self._topic, m.value(), m.key(), m.headers(), placement.partition)
-        self._metrics.cascaded.labels("near" if level == NEAR_LEVEL else str(level)).inc()
+        to = self._rewrites.placement(m, due, now_ms)
+        self._rewrites.place(m, p, off, to, now_ms, "near" if level == NEAR_LEVEL else str(level))
         self._touched.add(p)
 
     def _quarantine(self, m: Message, p: int, off: int, reason: str, now_ms: int) -> None:
-        value, headers = quarantine_record(
-            reason=reason,
-            topic=self._topic,
-            partition=p,
-            offset=off,
-            key=m.key(),
-            value=m.value(),
-            headers=m.headers(),  # type: ignore[arg-type]
-            at_ms=now_ms,
-        )
-        self._send(self._quarantine_topic, value, m.key(), headers)
-        self._metrics.quarantined.labels("emitter", reason_label(reason)).inc()
-        event(log, "timer quarantined", logging.WARNING, reason=reason, partition=p, offset=off)
+        self._rewrites.quarantine(m, p, off, reason, now_ms)
         self._touched.add(p)
 
     def _pause(self, p: int, next_offset: int, key: int) -> None:
-        self._source.pause(p, next_offset)
-        self._paused[p] = key
-        self._eof.discard(p)
+        self._pauses.pause(p, next_offset, key)
 
-    def _hold(self, p: int, next_offset: int, key: int) -> None:
-        """Pause a feeder but keep what it already delivered (see :meth:`_keep`)."""
-        self._source.hold(p)
-        self._paused[p] = key
-        self._eof.discard(p)
-        self._stash[p] = []
-        self._stash_next[p] = next_offset
-
-    def _keep(self, p: int, m: Message) -> None:
-        stash = self._stash.get(p)
-        if stash is None or m.error() is not None:
-            return  # a slot's records are read again on resume; ends are reported again
-        off: int = m.offset()  # type: ignore[assignment]
-        nxt = self._stash_next[p]
-        if off < nxt:
-            return
-        if nxt >= 0 and self._stashed < self._stash_cap:
-            stash.append(m)
-            self._stashed += 1
-            self._stash_next[p] = off + 1
-        elif nxt >= 0:  # too much kept already: fetch the rest again on resume
-            self._source.pause(p, nxt)
-            self._stash_next[p] = -1
+    def _hold(self, p: int, off: int, key: int) -> None:
+        """Pause a feeder at its record ``off``, due past its read-ahead (its blocker),
+        until ``key``; what it delivered after that record is kept."""
+        self._pauses.hold(p, off + 1, key)
+        self._blocker[p] = off
+        heapq.heappush(self._feeder_queue, (key, p))
 
     def _pause_slot(self, p: int, offset: int, ready_ms: int) -> None:
         self._pause(p, offset, ready_ms)
         heapq.heappush(self._slot_queue, (ready_ms, p))
 
     def _resume(self, p: int, now_ms: int) -> None:
-        del self._paused[p]
-        self._parked.pop(p, None)
         self._full.discard(p)
         self._blocker.pop(p, None)
-        self._stash_next.pop(p, None)
-        stash = self._stash.pop(p, None)
-        if stash:
-            self._stashed -= len(stash)
-            self.on_messages(stash, now_ms)  # may pause it again, keeping the rest
-        if p not in self._paused:
-            self._source.resume(p)
+        kept = self._pauses.release(p)
+        if kept:
+            self.on_messages(kept, now_ms)  # may pause it again, keeping the rest
+        self._pauses.resume(p)
 
     # ------------------------------------------------------------------ firing
-    def _fire(
-        self,
-        m: Message,
-        p: int,
-        off: int,
-        due: int,
-        topic: str,
-        cron: bool,
-        headers: list[Any] | None,
-        now_ms: int,
-        target: int = -1,
-    ) -> None:
-        """Fire one timer into ``topic`` (partition ``target``; -1: by its key)."""
-        headers = headers if headers is not None else []
-        if cron and self._cron is not None:
-            self._cron.fire_occurrence(m, due, topic, headers, now_ms, self._emitter(now_ms))
-            return
-        hdr.fired(headers, fired_at=str(now_ms).encode(), source=self._sources[p] % off)
-        if self._tracer is not None:
-            step = self._tracer.span_for_fire(
-                headers,
-                job_id=(m.key() or b"").decode("utf-8", "replace"),
-                queue=self._queue_of_topic.get(topic),
-                lateness_ms=now_ms - due,
-            )
-            headers = hdr.replace(headers, step.headers)
-            step.end()
-        self._send(topic, m.value(), m.key(), headers, target)
-        batch = self._batch.get(topic)
-        if batch is None:
-            batch = self._batch[topic] = []
-        batch.append(due)
-
-    def _emitter(self, now_ms: int) -> Emit:
-        fired_at = str(now_ms).encode()
-
-        def emit(
-            topic: str,
-            value: bytes | None,
-            key: bytes | None,
-            headers: list[Any],
-            due: int,
-            partition: int = -1,
-        ) -> None:
-            hdr.fired(headers, fired_at=fired_at)
-            if self._tracer is not None:
-                step = self._tracer.span_for_fire(
-                    headers,
-                    job_id=(key or b"").decode("utf-8", "replace"),
-                    queue=self._queue_of_topic.get(topic),
-                    lateness_ms=now_ms - due,
-                )
-                headers = hdr.replace(headers, step.headers)
-                step.end()
-            self._send(topic, value, key, headers, partition)
-            self._batch.setdefault(topic, []).append(due)
-
-        return emit
-
     def fire_due(self, now_ms: int) -> int:
         """Fire queued timers due at ``now_ms`` in key order, within the rate limit and
         the fire limit (never past a feeder that has not been read that far)."""
@@ -568,12 +409,7 @@ class WheelDrainer:
         opens = self._open
         touched = self._touched
         blocker = self._blocker
-        send = self._send
-        batches = self._batch
-        sources = self._sources
-        fire_pair = (_FIRED, str(now_ms).encode())
-        traced = self._tracer is not None
-        cron_keeper = self._cron
+        fire = self._firing.at(now_ms)
         count = 0
         last: TimerKey | None = None
         while count < budget:
@@ -581,25 +417,11 @@ class WheelDrainer:
             if got is None:
                 break
             due, entries = got
-            fired_here: list[int] | None = None
             n = 0
             for p, off, m, topic, cron, headers, target in entries:
                 if count >= budget:
                     break
-                if traced:
-                    self._fire(m, p, off, due, topic, cron, headers, now_ms, target)
-                elif cron and cron_keeper is not None:
-                    cron_keeper.fire_occurrence(
-                        m, due, topic, headers, now_ms, self._emitter(now_ms)
-                    )
-                else:
-                    headers.append(fire_pair)
-                    headers.append((_SOURCE, sources[p] % off))
-                    send(topic, m.value(), m.key(), headers, target)
-                    fired_here = batches.get(topic)
-                    if fired_here is None:
-                        fired_here = batches[topic] = []
-                    fired_here.append(due)
+                fire(m, p, off, due, topic, cron, headers, target)
                 opens[p].finish(off)  # type: ignore[union-attr]
                 touched.add(p)
                 count += 1
@@ -697,7 +519,7 @@ class WheelDrainer:
         clock far behind) is noticed by :meth:`wake_parked`.
         """
         paused, level_of, index, geo = self._paused, self._level, self._index, self._geo
-        parked, eof_at, read_to, replay = self._parked, self._eof_at, self._read_to, self._replay
+        eof_at, read_to, replay = self._eof_at, self._read_to, self._replay
         horizon = drain_ms + self._park_min
         for p in self._eof:
             level = level_of[p]
@@ -709,9 +531,7 @@ class WheelDrainer:
             if key <= horizon:
                 continue
             at = max(eof_at.get(p, 0), read_to[p])
-            self._source.pause(p, at)
-            paused[p] = key
-            parked[p] = at
+            self._pauses.park(p, at, key)
             heapq.heappush(self._slot_queue, (key, p))
 
     @property
@@ -773,10 +593,13 @@ class WheelDrainer:
     def seal(self) -> SealedCommit:
         """The offsets the transaction being committed carries, and the fires in it:
         what follows goes in the next transaction."""
-        sealed = SealedCommit(self.commit_offsets(), self._batch)
+        sealed = SealedCommit(self.commit_offsets(), self._firing.take_fired())
         self._touched.clear()
-        self._batch = {}
         return sealed
+
+    def take_fired(self) -> dict[str, list[int]]:
+        """The due times fired since the last call (or seal), per exec topic."""
+        return self._firing.take_fired()
 
     def on_committed(self, sealed: SealedCommit, done_ms: int) -> None:
         """The transaction :meth:`seal` described committed at ``done_ms``: count
@@ -785,10 +608,17 @@ class WheelDrainer:
         Lateness is measured here, at commit: a fired job is visible to workers
         (read_committed) only from now on.
         """
-        for tp in sealed.offsets:
-            self.committed_offsets[tp.partition] = tp.offset
-        metrics = self._metrics
-        for topic, dues in sealed.fired.items():
-            queue = self._queue_of_topic.get(topic, topic)
-            metrics.fires.labels(queue).inc(len(dues))
-            observe_ages(metrics.fire_lateness.labels(queue), done_ms, dues)
+        self.confirm(sealed.offsets)
+        self.on_visible(sealed.fired, done_ms)
+
+    def confirm(self, offsets: list[TopicPartition]) -> None:
+        """``offsets`` are committed: records below them may be deleted."""
+        mine = self.committed_offsets
+        for tp in offsets:
+            if tp.topic == self._topic and tp.partition in mine:
+                mine[tp.partition] = tp.offset
+
+    def on_visible(self, fired: dict[str, list[int]], done_ms: int) -> None:
+        """Jobs fired at ``fired`` due times (per exec topic) are visible to consumers
+        since ``done_ms``: count them and their lateness, and the re-fires among them."""
+        self._firing.count_visible(fired, done_ms, refire_before_ms=self.refire_before_ms)

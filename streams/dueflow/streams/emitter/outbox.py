@@ -34,11 +34,19 @@ offset for that partition before this transaction commits, so every commit
 sends, besides its own offsets, the newest offset known for the partition its
 transaction was opened with: a transaction never commits an offset older than
 one committed before it.
+
+Records refused as too large. A record the broker refuses fails its
+transaction, and the failure does not always say why: the next ``produce`` or
+the commit may fail with librdkafka's "erroneous state" instead. The failed
+delivery itself says it (only failed deliveries are reported):
+:meth:`Outbox.refused_too_large` tells the process, which then measures every
+record (:mod:`dueflow.streams.emitter.limits`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -47,18 +55,19 @@ from typing import Any, NoReturn
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
-from dueflow.config import EMITTER_MAX_PRODUCERS, Settings
-from dueflow.errors import FencedError, KafkaOperationError
+from dueflow.config import Settings
+from dueflow.errors import KafkaOperationError
 from dueflow.kafka.blocking import ClientWedged, DaemonThreadExecutor, abandon
 from dueflow.kafka.clients import make_transactional_producer
 from dueflow.kafka.fatal import served
+from dueflow.kafka.topic_limits import TOO_LARGE_CODES
 from dueflow.kafka.topics import names
 from dueflow.observability.logs import event
+from dueflow.streams.emitter.fence import MAX_PRODUCERS, fence_id, txn_error, wrap_txn_error
 from dueflow.wall_clock import wall_ms
 
 log = logging.getLogger("dueflow.emitter.outbox")
 
-MAX_PRODUCERS = EMITTER_MAX_PRODUCERS  # transactional ids fenced at every takeover
 
 _Key = tuple[str, int]
 POLL_EVERY_NS = 10_000_000
@@ -116,6 +125,7 @@ class Outbox:
         # most _ABORT_S: a commit running longer than this is wedged (librdkafka
         # #5456/#5511 after broker restarts), and its producers are abandoned.
         self._deadline_s = em.transaction_timeout_ms / 1000.0 + _ABORT_S + 5.0
+        self._too_large = False  # the broker refused a record of this outbox as too large
 
     # ------------------------------------------------------------------ state
     @property
@@ -161,16 +171,16 @@ class Outbox:
             **{
                 "transaction.timeout.ms": em.transaction_timeout_ms,
                 # Records go out while the transaction is open, so the commit's
-                # flush has little left to send. Measured (issue 18, e2e steady at
-                # 5k jobs/s, 2 runs each): linger 100 ms (records sent only by the
-                # commit) halved the broker's requests (2,800-3,100/s to
-                # 1,500-1,900/s) but not its CPU (137-172 against 149-171 us/job),
-                # and made commits longer: start - due p99 267-305 ms against
-                # 163-258 ms.
+                # flush has little left to send. A long linger (records sent only
+                # by the commit) halves the broker's requests but not its CPU, and
+                # makes every commit a round trip longer: a longer tail.
                 "linger.ms": 2,
                 # A failed delivery fails the transaction (its commit raises): the
-                # per-record delivery reports would only cost time.
+                # per-record delivery reports would only cost time. The failures
+                # are reported: one says whether the broker refused a record as too
+                # large, which the error that ends the transaction may not.
                 "delivery.report.only.error": True,
+                "on_delivery": self._delivered,
                 # Adding the offsets to a transaction waits for the previous one's
                 # markers: ask again soon (lateness), not after the default backoff.
                 "retry.backoff.ms": 1,
@@ -178,12 +188,30 @@ class Outbox:
             },
         )
 
+    def _delivered(self, err: KafkaError | None, _msg: object) -> None:
+        if err is not None and err.code() in TOO_LARGE_CODES:
+            self._too_large = True
+
+    def refused_too_large(self, wait_s: float = 0.0) -> bool:
+        """True when the broker refused a record of this outbox as too large (the
+        failed deliveries not served yet are served first, for up to ``wait_s``: the
+        report of a refused record may reach the client just after the error that
+        the refusal caused)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            for lane in self._lanes:
+                if lane.producer is not None:
+                    with contextlib.suppress(KafkaException):  # fatal: the session ends anyway
+                        served(lane.producer.poll, 0 if wait_s <= 0 else 0.05)
+            if self._too_large or time.monotonic() >= deadline:
+                return self._too_large
+
     def _ready_producer(self, txn_id: str, timeout_s: float) -> Producer:
         producer = self._new_producer(txn_id)
         try:
             producer.list_topics(timeout=timeout_s)  # metadata before the first write
         except KafkaException as exc:
-            raise _wrap("list_topics", exc) from exc
+            raise wrap_txn_error("list_topics", exc) from exc
         return producer
 
     def start(self, timeout_s: float = 60.0) -> None:
@@ -206,57 +234,20 @@ class Outbox:
             self._close_lane(lane, abort=False)
 
     def _fence_lane(self, lane: _Lane, deadline: float) -> None:
-        """``init_transactions`` for one id.
+        """``init_transactions`` for one id (:func:`~dueflow.streams.emitter.fence.fence_id`:
+        a producer the coordinator refused while it aborts the old transaction is
+        dropped, and a fresh one, made ahead by :meth:`prepare`, asks again)."""
 
-        When the previous holder died with a transaction open, the coordinator
-        first aborts it and answers ``CONCURRENT_TRANSACTIONS`` meanwhile;
-        librdkafka then asks again only after a fixed 500 ms. The abort takes a
-        few milliseconds, so a producer that was refused (or has not fenced
-        within :data:`_FENCE_TRY_S`) is destroyed and a fresh one (made ahead by
-        :meth:`prepare`) asks 10 ms later. Safe: a destroyed producer asks
-        nothing more, and a late request of one would only fence this emitter
-        (which then starts over), never let two write.
-        """
-        for attempt in range(_FENCE_ATTEMPTS + 1):
-            quick = attempt < _FENCE_ATTEMPTS
-            if lane.spares:
-                producer = lane.spares.pop(0)
-            else:
-                producer = self._ready_producer(lane.txn_id, max(1.0, deadline - time.monotonic()))
-            if self._fence(lane, producer, quick=quick, deadline=deadline):
-                lane.producer = producer
-                if attempt:
-                    event(log, "fenced with a fresh producer", attempts=attempt + 1)
-                break
-            # Refused: dropped (destroyed when `producer` is bound to the next one;
-            # close() would try an abort, and warn). The coordinator is aborting
-            # the old transaction: give it a moment before the next one asks.
-            time.sleep(_FENCE_PAUSE_S)
-        lane.spares.clear()  # never initialised: destroyed without a word
+        def failed(producer: Producer) -> None:
+            lane.producer = producer  # closed by close()
 
-    def _fence(self, lane: _Lane, producer: Producer, *, quick: bool, deadline: float) -> bool:
-        """``init_transactions``: True when done, False when ``quick`` and the
-        coordinator refused (then librdkafka would ask again only in 500 ms).
-
-        It waits in slices: a slice that ends with librdkafka's last error being
-        a refusal (CONCURRENT_TRANSACTIONS, ...) means no request is in flight;
-        one that ends with _TIMED_OUT means the answer has not come yet, and the
-        next call resumes the wait.
-        """
-        limit = time.monotonic() + _FENCE_TRY_S if quick else deadline
-        while True:
-            left = limit - time.monotonic()
-            wait_s = min(_FENCE_SLICE_S, max(0.001, left)) if quick else max(1.0, left)
-            try:
-                producer.init_transactions(wait_s)
-                return True
-            except KafkaException as exc:
-                err = _error(exc)
-                if not quick or err is None or (not err.retriable() and err.code() not in _REFUSED):
-                    lane.producer = producer  # closed by close()
-                    raise _wrap("init_transactions", exc) from exc
-                if err.code() != KafkaError._TIMED_OUT or time.monotonic() >= limit:
-                    return False
+        lane.producer = fence_id(
+            lane.txn_id,
+            lane.spares,
+            lambda timeout_s: self._ready_producer(lane.txn_id, timeout_s),
+            deadline,
+            failed,
+        )
 
     # ------------------------------------------------------------------ writing
     def send(
@@ -281,7 +272,7 @@ class Outbox:
             except BufferError:  # local queue full: let deliveries drain
                 _serve(producer, 0.05)
             except KafkaException as exc:
-                raise _wrap(f"produce to {topic}", exc) from exc
+                raise wrap_txn_error(f"produce to {topic}", exc) from exc
         if not lane.records:
             lane.first_ms = self._clock()
         lane.records += 1
@@ -292,7 +283,7 @@ class Outbox:
         try:
             producer.begin_transaction()
         except KafkaException as exc:
-            raise _wrap("begin_transaction", exc) from exc
+            raise wrap_txn_error("begin_transaction", exc) from exc
         lane.open = True
         lane.records = 0
         lane.ahead = None
@@ -450,7 +441,7 @@ class Outbox:
                     producer.commit_transaction(max(1.0, deadline - time.monotonic()))
                     return self._clock()
                 except KafkaException as exc:
-                    err = _error(exc)
+                    err = txn_error(exc)
                     if (
                         err is not None
                         and err.retriable()
@@ -481,11 +472,11 @@ class Outbox:
     def _fail_blocking(self, lane: _Lane, what: str, exc: KafkaException) -> NoReturn:
         """A transaction failed (on the lane's thread): abort it if it can be, and raise."""
         lane.open, lane.records = False, 0
-        err = _error(exc)
+        err = txn_error(exc)
         if err is not None and err.txn_requires_abort() and not err.fatal():
             self._abort_blocking(lane)
             raise TransactionAborted(f"transaction aborted: {exc}", cause=exc) from exc
-        raise _wrap(what, exc) from exc
+        raise wrap_txn_error(what, exc) from exc
 
     def _task_done(self, lane: _Lane) -> bool:
         """The lane's open-ahead finished (raising what it raised), or none is pending."""
@@ -583,7 +574,10 @@ class Outbox:
         if producer is not None:
             try:
                 served(producer.flush, 1.0 if abort else 10.0)
-            except KafkaException as exc:  # a fenced producer raises: closing goes on
+            except (KafkaException, SystemError) as exc:
+                # A fenced producer raises: closing goes on. Its error callback raises
+                # once per fatal error, and a second one inside the same flush reaches
+                # Python as a SystemError (an exception already set).
                 event(log, "producer close failed", logging.WARNING, error=str(exc))
         calls, lane.calls = lane.calls, None
         if calls is not None:
@@ -596,19 +590,7 @@ class Outbox:
 # written).
 _NO_OPEN_AHEAD_FROM = 3
 
-# Fencing: producers tried at most, and how long each waits before the next one.
-_FENCE_ATTEMPTS = 4
-_FENCE_TRY_S = 0.15  # at most, per producer
-_FENCE_SLICE_S = 0.01
-_FENCE_SPARES = 2  # made ahead; later attempts make theirs
-_FENCE_PAUSE_S = 0.01
-_REFUSED = (
-    KafkaError._TIMED_OUT,
-    KafkaError.CONCURRENT_TRANSACTIONS,
-    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-    KafkaError.COORDINATOR_NOT_AVAILABLE,
-    KafkaError.NOT_COORDINATOR,
-)
+_FENCE_SPARES = 2  # producers made ahead per id written with; later attempts make theirs
 
 
 def _serve(producer: Producer, timeout_s: float) -> None:
@@ -618,24 +600,4 @@ def _serve(producer: Producer, timeout_s: float) -> None:
     try:
         served(producer.poll, timeout_s)
     except KafkaException as exc:
-        raise _wrap("poll", exc) from exc
-
-
-def _error(exc: KafkaException) -> KafkaError | None:
-    arg = exc.args[0] if exc.args else None
-    return arg if isinstance(arg, KafkaError) else None
-
-
-def _wrap(what: str, exc: KafkaException) -> Exception:
-    err = _error(exc)
-    if err is not None and (err.fatal() or err.code() == KafkaError._FENCED):
-        return FencedError(f"{what}: fenced by another emitter ({exc})", cause=exc)
-    if err is not None and err.code() in (
-        KafkaError.PRODUCER_FENCED,
-        KafkaError.INVALID_PRODUCER_EPOCH,
-        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-    ):
-        return FencedError(f"{what}: fenced by another emitter ({exc})", cause=exc)
-    wrapped = KafkaOperationError(f"{what}: {exc}", cause=exc)
-    wrapped.retriable = bool(err is not None and err.retriable())
-    return wrapped
+        raise wrap_txn_error("poll", exc) from exc

@@ -2,13 +2,19 @@
 for the others.
 
 The loop polls the lease every turn. On acquiring a shard the process starts an
-:class:`~dueflow.streams.emitter.session.ActiveSession` for it (which fences
-every older emitter of that shard); on losing it, or on being fenced, it stops
-emitting that shard at once and aborts its open transaction; a shard revoked by
-a rebalance is committed and handed over. A failed transaction is aborted and
-the shard's session starts again from the committed offsets. A stop request
-commits every open transaction and leaves the group, so the others take over
-at once.
+:class:`~dueflow.streams.emitter.session.ActiveSession` for it: an
+:class:`~dueflow.streams.emitter.acked_session.AckedSession` (fires without
+transactions, offsets committed through the lease group) or, with
+``emitter.transactional``, a
+:class:`~dueflow.streams.emitter.txn_session.TransactionalSession`; either
+first fences the shard's transactional ids, so an older emitter of that shard
+that fires in transactions commits nothing more. On losing a shard, or on being
+fenced, it stops emitting that shard at once (inside the lease callback, before
+librdkafka rejoins) and commits nothing more; a shard revoked by a rebalance
+is committed and handed over. A failed transaction or delivery, or a loop that
+did not run for longer than the lease may last, starts the shard's session
+again from the committed offsets. A stop request commits every shard and
+leaves the group, so the others take over at once.
 
 The shards a process drives share its loop and its timer consumer: one read
 per turn, its records handed to each shard's drainer by partition; each shard
@@ -31,19 +37,27 @@ from confluent_kafka import Message
 from dueflow.config import Settings
 from dueflow.errors import ConfigError, FencedError, KafkaOperationError
 from dueflow.kafka.clock_probe import ClockProbe
+from dueflow.kafka.topic_limits import is_too_large
+from dueflow.observability.health import Health
 from dueflow.observability.logs import event
 from dueflow.observability.metrics import Metrics
 from dueflow.observability.tracing import JobTracer
+from dueflow.streams.emitter.acked_outbox import AckedOutbox
+from dueflow.streams.emitter.acked_session import AckedSession, EmitterStalled
 from dueflow.streams.emitter.housekeeping import PendingTotals
 from dueflow.streams.emitter.lease import Lease
+from dueflow.streams.emitter.limits import EmitterLimits
 from dueflow.streams.emitter.outbox import Outbox, TransactionAborted
-from dueflow.streams.emitter.queues import EmitterQueues
-from dueflow.streams.emitter.schedules import ScheduleTable
+from dueflow.streams.emitter.schedule_table import ScheduleTable
 from dueflow.streams.emitter.session import ActiveSession
 from dueflow.streams.emitter.shape import check_topic_shape
+from dueflow.streams.emitter.target_queues import EmitterQueues
+from dueflow.streams.emitter.txn_session import TransactionalSession
 from dueflow.streams.emitter.wheel_source import WheelSource
 
 log = logging.getLogger("dueflow.emitter")
+# Why an active shard starts over from its committed offsets (not a hand-over).
+_RESTARTS = frozenset({"fenced", "stalled", "transaction aborted", "error"})
 _SCHEDULES_EVERY_S = 0.01
 _QUEUES_EVERY_S = 0.1
 
@@ -58,9 +72,17 @@ class EmitterProcess:
         *,
         clock_ms: Callable[[], int] | None = None,
         tracer: JobTracer | None = None,
+        health: Health | None = None,
     ) -> None:
         self._settings = settings
         self._metrics = metrics
+        # /livez: the loop beats every turn; /readyz: a member of the emitter group.
+        self.health = (
+            health
+            if health is not None
+            else Health(liveness_timeout_s=settings.observability.liveness_timeout_s)
+        )
+        self._published_at = 0.0
         # Timers are due on the broker's clock: unless a clock is given, the
         # emitter reads "now" as the earliest the broker's clock can read.
         self._probe = None if clock_ms is not None else ClockProbe(settings, component="emitter")
@@ -77,22 +99,27 @@ class EmitterProcess:
         self.queues = EmitterQueues(settings, clock_ms=self._clock)
         self.schedules = ScheduleTable(settings, known_queue=self.queues.knows)
         self.source = WheelSource(settings)  # shared by every shard driven here
-        self.sessions: dict[int, ActiveSession] = {}
+        # Record size limits of the topics written to (read on first use, shared).
+        self.limits = EmitterLimits(settings)
+        self.sessions: dict[int, ActiveSession[Any]] = {}
         # Shards being taken over off the loop: session, its start, when asked.
-        self._starting: dict[int, tuple[ActiveSession, concurrent.futures.Future[None], float]] = {}
+        self._starting: dict[
+            int, tuple[ActiveSession[Any], concurrent.futures.Future[None], float]
+        ] = {}
+        self._transactional = settings.emitter.transactional
         self._pending = PendingTotals(metrics)
         self._cooldown_until: dict[int, float] = {}
         self._schedules_at = 0.0  # monotonic time of the next schedules poll
         self._queues_at = 0.0  # ... and of the next queue registry poll
         # Each shard's next active period's producers, prepared (hot standby).
-        self._outboxes: dict[int, Outbox] = {}
+        self._outboxes: dict[int, Outbox | AckedOutbox] = {}
         metrics.emitter_leader.set(0)
         for queue in settings.queue_names:  # series at 0 from the start, not from the first fire
             metrics.fires.labels(queue)
             metrics.fire_lateness.labels(queue)
 
     @property
-    def session(self) -> ActiveSession | None:
+    def session(self) -> ActiveSession[Any] | None:
         """The session of the lowest shard this process drives (None: a standby)."""
         return self.sessions[min(self.sessions)] if self.sessions else None
 
@@ -112,11 +139,14 @@ class EmitterProcess:
         for shard in range(min(self._settings.wheel.shards, _PREPARED_MAX)):
             self._prepare_outbox(shard)
         self.lease.start()
+        self.health.add_check("emitter group", self.lease.readiness)
         event(log, "emitter started", role="standby", shards=self._settings.wheel.shards)
         try:
             while not stop.is_set():
+                self._beat()
                 self._turn()
         finally:
+            self.health.stopping()
             for shard in sorted(self.sessions):
                 self._deactivate(shard, "shutdown", commit=True, prepare=False)
             for session, done, _ in self._starting.values():
@@ -126,7 +156,7 @@ class EmitterProcess:
                     session.close(commit=False)
             self._starting.clear()
             for outbox in self._outboxes.values():
-                outbox.close(abort=False)
+                _close_prepared(outbox)
             self._outboxes.clear()
             self.lease.close()
             self.queues.close()
@@ -135,6 +165,14 @@ class EmitterProcess:
             if self._probe is not None:
                 self._probe.close()
             event(log, "emitter stopped")
+
+    def _beat(self) -> None:
+        """The loop turned (/livez); once a second, the health gauges too."""
+        self.health.beat()
+        now = time.monotonic()
+        if now - self._published_at >= 1.0:
+            self._published_at = now
+            self.health.publish(self._metrics.ready, self._metrics.loop_heartbeat)
 
     def _turn(self) -> None:
         held = self.lease.poll(0.0 if self.sessions else 0.05)
@@ -179,7 +217,7 @@ class EmitterProcess:
         else:
             self._step_all()
 
-    def _shared_work(self, session: ActiveSession, changed: set[str]) -> None:
+    def _shared_work(self, session: ActiveSession[Any], changed: set[str]) -> None:
         if self.queues.reader.bad:
             session.quarantine_queue_records()
         if changed or self.schedules.bad:
@@ -223,8 +261,14 @@ class EmitterProcess:
             self._cooldown_until[shard] = (
                 time.monotonic() + self._settings.emitter.session_timeout_ms / 1e3
             )
+        except EmitterStalled as exc:
+            event(
+                log, "emitter stalled; starting over", logging.WARNING, error=str(exc), shard=shard
+            )
+            self._deactivate(shard, "stalled", commit=False)
         except TransactionAborted as exc:
             self._metrics.emitter_transactions.labels("aborted").inc()
+            self._refused_as_too_large(exc, shard)
             event(
                 log,
                 "transaction aborted; restarting from committed",
@@ -241,9 +285,33 @@ class EmitterProcess:
                 error=str(exc),
                 shard=shard,
             )
+            too_large = self._refused_as_too_large(exc, shard)
             self._deactivate(shard, "error", commit=False)
-            self._cooldown_until[shard] = time.monotonic() + 1.0
+            if not too_large:
+                self._cooldown_until[shard] = time.monotonic() + 1.0
         return None
+
+    def _refused_as_too_large(self, exc: BaseException, shard: int) -> bool:
+        """A write was refused as too large (the error says so, or the shard's failed
+        deliveries do): the shard starts again from its committed offsets at once,
+        with the limits read again and every record measured, so the record that was
+        refused is quarantined this time (limits.py)."""
+        session = self.sessions.get(shard)
+        outbox = session.outbox if session is not None else None
+        # (the outbox without transactions fails with the failed delivery's own error)
+        refused = is_too_large(exc) or (
+            isinstance(outbox, Outbox) and outbox.refused_too_large(wait_s=0.2)
+        )
+        if not refused:
+            return False
+        self.limits.refused(self._clock())
+        event(
+            log,
+            "a record was refused as too large: limits read again, records measured",
+            logging.WARNING,
+            shard=shard,
+        )
+        return True
 
     def _on_release(self, shards: frozenset[int], lost: bool) -> None:
         """Lease callback (inside ``lease.poll``): a revoked shard commits and hands
@@ -259,8 +327,13 @@ class EmitterProcess:
             return  # made at the takeover
         old = self._outboxes.pop(shard, None)
         if old is not None:
-            old.close(abort=False)
-        outbox = Outbox(self._shard_settings[shard], clock_ms=self._clock)
+            _close_prepared(old)
+        settings = self._shard_settings[shard]
+        outbox: Outbox | AckedOutbox = (
+            Outbox(settings, clock_ms=self._clock)
+            if self._transactional
+            else AckedOutbox(settings, clock_ms=self._clock)
+        )
         try:
             outbox.prepare()
         except KafkaOperationError as exc:  # the takeover makes them then
@@ -299,20 +372,36 @@ class EmitterProcess:
                 continue
             self._activated(shard, session, started)
 
-    def _new_session(self, shard: int) -> ActiveSession:
-        return ActiveSession(
-            self._shard_settings[shard],
+    def _new_session(self, shard: int) -> ActiveSession[Any]:
+        settings = self._shard_settings[shard]
+        prepared = self._outboxes.pop(shard, None)
+        common: dict[str, Any] = {
+            "schedules": self.schedules,
+            "source": self.source,
+            "clock_ms": self._clock,
+            "tracer": self._tracer,
+            "queues": self.queues,
+            "pending": self._pending,
+            "limits": self.limits,
+        }
+        if self._transactional:
+            outbox = prepared if isinstance(prepared, Outbox) else None
+            return TransactionalSession(
+                settings,
+                self._metrics,
+                outbox=outbox or Outbox(settings, clock_ms=self._clock),
+                **common,
+            )
+        acked = prepared if isinstance(prepared, AckedOutbox) else None
+        return AckedSession(
+            settings,
             self._metrics,
-            schedules=self.schedules,
-            source=self.source,
-            clock_ms=self._clock,
-            tracer=self._tracer,
-            outbox=self._outboxes.pop(shard, None),
-            queues=self.queues,
-            pending=self._pending,
+            outbox=acked or AckedOutbox(settings, clock_ms=self._clock),
+            lease=self.lease,
+            **common,
         )
 
-    def _failed_start(self, shard: int, session: ActiveSession, exc: Exception) -> None:
+    def _failed_start(self, shard: int, session: ActiveSession[Any], exc: Exception) -> None:
         event(log, "emitter could not start", logging.ERROR, error=str(exc), shard=shard)
         session.close(commit=False)
         self._cooldown_until[shard] = time.monotonic() + 1.0
@@ -320,7 +409,7 @@ class EmitterProcess:
             self.source.renew()  # the next try with fresh clients
         self._prepare_outbox(shard)
 
-    def _activated(self, shard: int, session: ActiveSession, started: float) -> None:
+    def _activated(self, shard: int, session: ActiveSession[Any], started: float) -> None:
         self.sessions[shard] = session
         self._metrics.emitter_leader.set(len(self.sessions))
         self._metrics.emitter_failovers.inc()
@@ -347,6 +436,8 @@ class EmitterProcess:
         if session is None:
             return
         self._metrics.emitter_leader.set(len(self.sessions))
+        if why in _RESTARTS:
+            self._metrics.emitter_restarts.labels(why).inc()
         # Only a shard's active emitter measures its pending timers: a standby's
         # old numbers would go stale (and dashboards take the least report per level).
         self._pending.forget(shard)
@@ -366,9 +457,17 @@ class EmitterProcess:
         )
 
 
+def _close_prepared(outbox: Outbox | AckedOutbox) -> None:
+    if isinstance(outbox, Outbox):
+        outbox.close(abort=False)
+    else:
+        outbox.close()
+
+
 # Shards whose producers a standby makes ahead: each costs about six idle
-# producers (every transactional id, and spares for a quick fence), so a
-# process makes them for the first two shards; a shard beyond makes them at
+# producers in transactions (every transactional id, and spares for a quick
+# fence), five without (its producer, and one per transactional id to fence), so
+# a process makes them for the first two shards; a shard beyond makes them at
 # its takeover (a few tens of milliseconds more on a quiet machine).
 _PREPARED_MAX = 2
 # One read of the shared consumer when several shards share the loop.

@@ -1,12 +1,13 @@
-"""One period as the active emitter: fence, re-read, drain, commit.
+"""One period as the active emitter of a shard: read in, drain, commit.
 
-:meth:`ActiveSession.start` fences every earlier emitter (``init_transactions``
-with the fixed transactional id aborts its open transaction), reads the
-committed timer offsets and checkpoints, and assigns every timer partition.
+:meth:`ActiveSession.start` reads the committed timer offsets and checkpoints
+and the cron state, and assigns every timer partition of the shard;
 :meth:`ActiveSession.step` is one turn of the loop: read, fire what is due,
-move the drain clock, and commit when the batch is full (by count) or old
-enough (by time). :meth:`ActiveSession.close` commits or aborts the open
-transaction.
+move the drain clock, commit when due. How fires are written and the offsets
+committed is a subclass's: :class:`~dueflow.streams.emitter.acked_session.AckedSession`
+(an idempotent producer; offsets committed through the lease group once
+acknowledged) or :class:`~dueflow.streams.emitter.txn_session.TransactionalSession`
+(fires and offsets in Kafka transactions).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from confluent_kafka import Message
 
@@ -25,21 +26,34 @@ from dueflow.observability.logs import event
 from dueflow.observability.metrics import Metrics
 from dueflow.observability.tracing import JobTracer
 from dueflow.records.cron_occurrence import CronState
-from dueflow.rules.drain import Checkpoint, commit_age_ms, commit_due
+from dueflow.rules.drain import Checkpoint
 from dueflow.streams.emitter.cron_keeper import CronKeeper
-from dueflow.streams.emitter.drainer import SealedCommit, WheelDrainer
+from dueflow.streams.emitter.drainer import WheelDrainer
 from dueflow.streams.emitter.end_watch import EndWatch
 from dueflow.streams.emitter.housekeeping import Housekeeping, PendingTotals
-from dueflow.streams.emitter.outbox import Outbox
-from dueflow.streams.emitter.queues import EmitterQueues, RegistryQuarantine
-from dueflow.streams.emitter.schedules import ScheduleTable, read_cron_state
+from dueflow.streams.emitter.limits import EmitterLimits
+from dueflow.streams.emitter.schedule_table import ScheduleTable, read_cron_state
+from dueflow.streams.emitter.target_queues import EmitterQueues, RegistryQuarantine
 from dueflow.streams.emitter.wheel_source import WheelSource
 from dueflow.wall_clock import wall_ms
 
 log = logging.getLogger("dueflow.emitter")
 
 
-class ActiveSession:
+class SessionOutbox(Protocol):
+    """What every active period writes through."""
+
+    def start(self, timeout_s: float = 60.0) -> None: ...
+
+    def send(
+        self, topic: str, value: bytes | None, key: bytes | None, headers: Any, partition: int = -1
+    ) -> None: ...
+
+
+OutboxT = TypeVar("OutboxT", bound=SessionOutbox)
+
+
+class ActiveSession(Generic[OutboxT]):
     """The active emitter's clients and drainer, for as long as it holds the lease."""
 
     def __init__(
@@ -51,11 +65,12 @@ class ActiveSession:
         source: WheelSource,
         clock_ms: Callable[[], int] = wall_ms,
         tracer: JobTracer | None = None,
-        outbox: Outbox | None = None,
+        outbox: OutboxT,
         queues: EmitterQueues | None = None,
         pending: PendingTotals | None = None,
+        limits: EmitterLimits | None = None,
     ) -> None:
-        # settings.wheel is this session's shard (WheelGeometry.of_shard).
+        # settings.wheel is the session's shard (WheelGeometry.of_shard).
         self.shard = settings.wheel.shard
         self.partitions = settings.wheel.partitions
         # Shard 0's emitter quarantines the bad queue registry and schedule records.
@@ -66,20 +81,22 @@ class ActiveSession:
         self._clock = clock_ms
         self._schedules = schedules
         self._tracer = tracer
-        # prepared ahead
-        self.outbox = outbox if outbox is not None else Outbox(settings, clock_ms=clock_ms)
+        self.limits = limits if limits is not None else EmitterLimits(settings)
+        self.outbox = outbox  # prepared ahead (a hot standby)
         self.cron = CronKeeper(
             settings,
             metrics,
             schedules,
             self.outbox,
             partitions=queues.exec_partitions if queues is not None else None,
+            limits=self.limits,
         )
         self.registry_quarantine = RegistryQuarantine(
             topic=names(settings).queues,
             quarantine_topic=names(settings).quarantine,
             send=self.outbox.send,
             metrics=metrics,
+            limit=lambda: self.limits.quarantine,
         )
         self.source = source  # started by the process: warm before the takeover
         self.housekeeping = Housekeeping(
@@ -93,14 +110,9 @@ class ActiveSession:
         em = settings.emitter
         self._batch_records = em.batch_max_records
         self._batch_ms = em.batch_max_ms
-        self._batch_min_ms = em.batch_min_ms
         # Small reads, so a slot read in one go does not hold up timers due meanwhile.
         self._consume_max = max(1, min(em.batch_max_records, 1_000))
-        # A transaction opened ahead that nothing was written to is committed after
-        # this long, well before the coordinator would abort it.
-        self._idle_commit_ms = max(1, min(10_000, em.transaction_timeout_ms // 3))
         self._group_metadata: Any = None
-        self._sealed: SealedCommit | None = None  # the commit in flight
         # What prepare_start read, for finish_start.
         self._took: dict[str, int] = {}
         self._committed: dict[int, tuple[int, Checkpoint | None]] = {}
@@ -114,16 +126,17 @@ class ActiveSession:
         return self._drainer
 
     def start(self, timeout_s: float = 60.0) -> None:
-        """Fence older emitters and start reading from the committed offsets."""
+        """Take over (fence the older emitters that fire in transactions) and start
+        reading from the committed offsets."""
         self.prepare_start(timeout_s)
         self.finish_start()
 
     def prepare_start(self, timeout_s: float = 60.0, *, apart: bool = False) -> None:
-        """The waiting part of :meth:`start`: fence, read the committed offsets and
-        the cron state. ``apart``: on a thread of its own while the process's loop
-        drives other shards (it then touches only this session's clients, the
-        shared timer consumer's thread-safe ``committed``, and reads the cron
-        state with a consumer of its own)."""
+        """The waiting part of :meth:`start`: fence the transactional ids, read the
+        committed offsets and the cron state. ``apart``: on a thread of its own
+        while the process's loop drives other shards (it then touches only this
+        session's clients, the shared timer consumer's thread-safe
+        ``committed``, and reads the cron state with a consumer of its own)."""
         took = self._took = {}
         t = self._started = time.monotonic()
 
@@ -178,6 +191,7 @@ class ActiveSession:
             cron=self.cron,
             tracer=self._tracer,
             queues=self._queues,
+            limits=self.limits,
         )
         self.cron.start(state=self._cron_state, quarantined_to=self._quarantined_to, now_ms=now)
         if self._singletons:
@@ -204,32 +218,10 @@ class ActiveSession:
         self.after_read(messages, self._clock())
 
     def before_read(self, may_wait: bool = True) -> tuple[int, int]:
-        """The first half of :meth:`step`: collect the commit in flight; return
-        ``(wake, now)``: until when the read may wait for records. ``may_wait``
-        False (other shards share the loop): never wait here for a commit."""
-        drainer = self.drainer
-        outbox = self.outbox
-        self._collect()
-        now = self._clock()
-        wake = drainer.wake_ms(now)
-        if outbox.records:
-            overdue = drainer.overdue_ms(now)
-            age = (
-                commit_age_ms(max_ms=self._batch_ms, behind_ms=overdue)
-                if overdue >= 0
-                else self._batch_min_ms
-            )
-            due_at = outbox.first_ms + age
-            if due_at <= now and not outbox.can_submit() and wake > now:
-                if not may_wait:  # look again soon: the commit in flight may be done
-                    return min(wake, now + 1), now
-                # The previous commit is in flight: wait for it (or the next timer).
-                outbox.wait_submittable((wake - now) / 1000.0)
-                self._collect()
-                now = self._clock()
-                wake = max(now, min(wake, due_at))
-            wake = min(wake, due_at)
-        return wake, now
+        """The first half of :meth:`step`: return ``(wake, now)``: until when the
+        read may wait for records. ``may_wait`` False (other shards share the
+        loop): never wait here."""
+        raise NotImplementedError
 
     def consume_max(self) -> int:
         return self._consume_max
@@ -237,7 +229,6 @@ class ActiveSession:
     def after_read(self, messages: list[Message], now: int) -> None:
         """The second half of :meth:`step`: this shard's records read meanwhile."""
         drainer = self.drainer
-        outbox = self.outbox
         if messages:
             drainer.on_messages(messages, now)
         drainer.advance(now)
@@ -250,31 +241,22 @@ class ActiveSession:
                 after_start_ms=round((self._read_in - self._started) * 1000),
                 unheard=0,
             )
-        overdue = drainer.overdue_ms(now) if outbox.records else -1
-        if outbox.records and commit_due(
-            records=outbox.records,
-            age_ms=now - outbox.first_ms,
-            busy=overdue >= 0,
-            max_records=self._batch_records,
-            max_ms=self._batch_ms,
-            behind_ms=overdue,
-            min_ms=self._batch_min_ms,
-        ):
-            self._submit_if_ready()
-        elif outbox.in_transaction and now - outbox.opened_ms >= self._idle_commit_ms:
-            self._submit_if_ready()  # an open transaction nothing was written to: keep it young
-        else:
-            outbox.poll()
+        self._after_fire(now)
         self.housekeeping.tick(now, drainer.committed_offsets)
         self.end_watch.tick(now, drainer)
 
-    def _submit_if_ready(self) -> None:
-        """Hand the open transaction over to commit, unless the previous commit (or
-        the next producer's open-ahead) is still in flight: then a later turn does."""
-        if self.outbox.can_submit():
-            self.commit(wait=False)
-        else:
-            self.outbox.poll()
+    def _first_committed(self) -> None:
+        if self._first_commit is None:
+            self._first_commit = time.monotonic()
+            event(
+                log,
+                "emitter first commit",
+                after_start_ms=round((self._first_commit - self._started) * 1000),
+            )
+
+    def _after_fire(self, now: int) -> None:
+        """After the turn fired: what the way of writing needs (commit when due)."""
+        raise NotImplementedError
 
     def on_schedules(self, changed: set[str]) -> None:
         """Schedules changed (or bad records arrived): bring the wheel in line."""
@@ -289,50 +271,12 @@ class ActiveSession:
         if self._queues is not None and self._singletons:
             self.registry_quarantine.put(self._queues.take_bad(), self._clock())
 
-    def commit(self, *, wait: bool = True, reopen: bool = True) -> None:
-        """Commit the open transaction with the changed offsets and checkpoints
-        (``reopen``: then open that producer's next one ahead, see
-        :mod:`~dueflow.streams.emitter.outbox`). ``wait`` False: the commit runs
-        on while the loop goes on, and a later turn collects its outcome."""
-        self._collect(block=True)
-        if not self.outbox.in_transaction:
-            return
-        sealed = self.drainer.seal()
-        offsets = (
-            sealed.offsets + self.cron.commit_offsets() + self.registry_quarantine.commit_offsets()
-        )
-        self._sealed = SealedCommit(offsets, sealed.fired)
-        self.outbox.submit(offsets, self._group_metadata, reopen=reopen)
-        self._collect(block=wait)
-
-    def _collect(self, *, block: bool = False) -> None:
-        """Count and measure the commit in flight once it finished (raises what it raised)."""
-        if self._sealed is None:
-            return
-        done_ms = self.outbox.wait() if block else self.outbox.collect()
-        if done_ms is None:
-            return
-        sealed, self._sealed = self._sealed, None
-        self.drainer.on_committed(sealed, done_ms)
-        self._metrics.emitter_transactions.labels("committed").inc()
-        self._metrics.emitter_commit.observe(max(0, done_ms - self.outbox.submitted_ms) / 1000.0)
-        if self._first_commit is None:
-            self._first_commit = time.monotonic()
-            event(
-                log,
-                "emitter first commit",
-                after_start_ms=round((self._first_commit - self._started) * 1000),
-            )
-
     def close(self, *, commit: bool) -> None:
-        """Commit (clean shutdown) or abort (lease lost, fenced) and close the clients."""
-        try:
-            if commit and self._drainer is not None:
-                self.commit(reopen=False)
-        finally:
-            if self.outbox.in_transaction:
-                self._metrics.emitter_transactions.labels("aborted").inc()
-            self.outbox.close(abort=True)
-            self.source.unassign(self.partitions)
-            self.end_watch.close()
-            self.housekeeping.close()
+        """Commit what is fired (a clean handover) or not (lease lost, fenced), and
+        close the clients."""
+        raise NotImplementedError
+
+    def _close_clients(self) -> None:
+        self.source.unassign(self.partitions)
+        self.end_watch.close()
+        self.housekeeping.close()

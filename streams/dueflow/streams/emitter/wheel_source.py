@@ -1,10 +1,25 @@
 """The active emitter's consumer of the timer topic.
 
 It is assigned the partitions of every shard the process drives (no group
-subscription: the lease decides who reads) at the committed offsets of the
-emitter's offsets group (one group for all shards: each shard's transactions
-commit only its own partitions), reads with ``read_committed`` and reports
-partition ends. Partitions
+subscription: the lease decides who reads) at the committed offsets, reads
+with ``read_committed`` and reports partition ends. The timer offsets are
+committed into one of two groups (one each for all shards: each shard commits
+only its own partitions): the lease group, when the emitter fires without
+transactions (through its lease membership, which fences a zombie), and the
+emitter's offsets group, when it fires in transactions (see
+docs/emitter.md). Both are read, and each partition goes on from the newer
+commit (:func:`~dueflow.rules.drain.newer_commit`), so a deployment can move
+from one way to the other, and back, with emitters of both running.
+
+Firing without transactions, the commits the lease group accepted are also
+written into the offsets group (:meth:`WheelSource.mirror`: a plain commit,
+as the group has no members; at most once a second, see
+:mod:`~dueflow.streams.emitter.acked_session`), where an earlier release,
+which reads only that group, finds them after a rollback. A copy carries only
+offsets the lease group accepted, each true of what was fired and
+acknowledged, so a late one (from an emitter stopped and resumed) moves that
+group back at most to what was handled then: a rollback fires some again,
+never skips. Partitions
 are paused and resumed by the drainer; pausing always seeks to the offset to
 read next, so messages fetched past it are dropped and fetched again on
 resume.
@@ -13,15 +28,20 @@ resume.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
+import time
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from dueflow.config import Settings
 from dueflow.kafka.clients import kafka_error, make_consumer
 from dueflow.kafka.topics import names
-from dueflow.rules.drain import Checkpoint
+from dueflow.observability.logs import event
+from dueflow.rules.drain import Checkpoint, Committed, newer_commit
+
+log = logging.getLogger("dueflow.emitter")
 
 
 class WheelSource:
@@ -32,6 +52,9 @@ class WheelSource:
         self._topic = names(settings).timers
         self._group = names(settings).emitter_offsets_group
         self._consumer: Consumer | None = None
+        # Reads the lease group's committed offsets (never joins it).
+        self._lease_reader: Consumer | None = None
+        self._mirror_failing = False  # the last mirror commit was refused (logged once)
 
     @property
     def topic(self) -> str:
@@ -70,12 +93,15 @@ class WheelSource:
                 # lateness, while 5 ms cost the broker a fifth of a core idle
                 # (measured: same drain rate either way).
                 "fetch.wait.max.ms": 50,
+                # The answers to mirror() (served by consume()).
+                "on_commit": self._mirrored,
             },
         )
         # The metadata is cached: an assignment at takeover need not ask for it
         # (if this fails, it is asked for then).
         with contextlib.suppress(KafkaException):
             self._consumer.list_topics(self._topic, timeout=10.0)
+        self._lease_reader = make_consumer(self._settings, names(self._settings).emitter_group)
 
     @property
     def consumer(self) -> Consumer:
@@ -93,26 +119,85 @@ class WheelSource:
         nothing committed yet.
         """
         tps = [TopicPartition(self._topic, p) for p in partitions]
-        try:
-            got = self.consumer.committed(tps, timeout=timeout_s)
-        except KafkaException as exc:
-            raise kafka_error("fetch committed timer offsets", exc) from exc
-        out: dict[int, tuple[int, Checkpoint | None]] = {}
-        for tp in got:
-            offset = tp.offset if tp.offset >= 0 else -1
-            out[tp.partition] = (offset, Checkpoint.decode(tp.metadata) if offset >= 0 else None)
+        out: dict[int, Committed] = {p: (-1, None) for p in partitions}
+        for got in self._both_groups(tps, "timer offsets", timeout_s):
+            for tp in got:
+                offset = tp.offset if tp.offset >= 0 else -1
+                ck = Checkpoint.decode(tp.metadata) if offset >= 0 else None
+                out[tp.partition] = newer_commit(out[tp.partition], (offset, ck))
         return out
 
     def committed_elsewhere(
         self, topic: str, partitions: int, timeout_s: float = 30.0
     ) -> dict[int, int]:
-        """Committed offsets of another topic in the emitter's offsets group (0: none)."""
+        """Committed offsets of another topic in the emitter's groups (the higher of
+        the two; 0: none)."""
         tps = [TopicPartition(topic, p) for p in range(partitions)]
+        out = {p: 0 for p in range(partitions)}
+        for got in self._both_groups(tps, f"offsets of {topic}", timeout_s):
+            for tp in got:
+                out[tp.partition] = max(out[tp.partition], tp.offset)
+        return out
+
+    def _both_groups(
+        self, tps: list[TopicPartition], what: str, timeout_s: float
+    ) -> list[list[TopicPartition]]:
+        """``tps`` as committed in the offsets group and in the lease group.
+
+        A retriable error (the group's coordinator moved: ``NOT_COORDINATOR``
+        after a broker restart) is asked again within ``timeout_s``, not
+        handed up: a takeover that fails waits a second before it tries again."""
+        out = []
+        deadline = time.monotonic() + timeout_s
+        for consumer in (self.consumer, self._lease_reader):
+            if consumer is None:
+                continue
+            while True:
+                try:
+                    left = max(0.1, deadline - time.monotonic())
+                    out.append(consumer.committed(tps, timeout=left))
+                    break
+                except KafkaException as exc:
+                    err = exc.args[0] if exc.args else None
+                    retriable = isinstance(err, KafkaError) and (
+                        err.retriable() or err.code() in _COORDINATOR_MOVED
+                    )
+                    if not retriable or time.monotonic() >= deadline:
+                        raise kafka_error(f"fetch committed {what}", exc) from exc
+                    time.sleep(_RETRY_S)
+        return out
+
+    def mirror(self, offsets: list[TopicPartition], *, wait: bool = False) -> bool:
+        """Commit ``offsets`` (accepted by the lease group) into the offsets group too.
+
+        Asynchronously (the answer is served by :meth:`consume`; a refusal is
+        logged), or with ``wait`` (a stopping emitter's last commit): True when
+        accepted."""
+        consumer = self._consumer
+        if consumer is None or not offsets:
+            return consumer is not None
         try:
-            got = self.consumer.committed(tps, timeout=timeout_s)
+            if not wait:
+                consumer.commit(offsets=offsets, asynchronous=True)
+                return True
+            got = consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as exc:
-            raise kafka_error(f"fetch committed offsets of {topic}", exc) from exc
-        return {tp.partition: max(tp.offset, 0) for tp in got}
+            self._mirrored(exc.args[0] if exc.args else KafkaError(KafkaError._FAIL), [])
+            return False
+        err = next((tp.error for tp in got or [] if tp.error is not None), None)
+        self._mirrored(err, [])
+        return err is None
+
+    def _mirrored(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        if err is None:
+            err = next((tp.error for tp in partitions or [] if tp.error is not None), None)
+        failing = err is not None
+        if failing != self._mirror_failing:
+            self._mirror_failing = failing
+            if failing:
+                event(log, "offsets mirror refused", logging.WARNING, error=str(err))
+            else:
+                event(log, "offsets mirror accepted again")
 
     def assign(self, offsets: dict[int, int]) -> None:
         """Read the partitions of ``offsets`` (a shard's) from them (-1: from the
@@ -194,8 +279,10 @@ class WheelSource:
 
     def close(self) -> None:
         consumer, self._consumer = self._consumer, None
-        if consumer is not None:
-            consumer.close()
+        reader, self._lease_reader = self._lease_reader, None
+        for c in (consumer, reader):
+            if c is not None:
+                c.close()
 
     def renew(self) -> None:
         """A new consumer in place of this one (after a failed takeover).
@@ -208,11 +295,22 @@ class WheelSource:
         state may block.
         """
         old, self._consumer = self._consumer, None
-        if old is not None:
-            threading.Thread(target=_close_quietly, args=(old,), daemon=True).start()
+        reader, self._lease_reader = self._lease_reader, None
+        for c in (old, reader):
+            if c is not None:
+                threading.Thread(target=_close_quietly, args=(c,), daemon=True).start()
         self.start()
 
 
 def _close_quietly(consumer: Consumer) -> None:
     with contextlib.suppress(Exception):
         consumer.close()
+
+
+_RETRY_S = 0.02  # between two asks for committed offsets after a retriable error
+_COORDINATOR_MOVED = (
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError._TRANSPORT,
+)

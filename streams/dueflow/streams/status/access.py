@@ -7,7 +7,8 @@ then reach the view through a DNS name it rebinds to this address.
 
 State-changing requests (every method but GET, HEAD and OPTIONS) also need:
 
-- ``Origin``, when the browser sends one, equal to the page's own origin;
+- ``Origin``, when the browser sends one, equal to the page's own origin: scheme
+  (the connection's, or ``X-Forwarded-Proto`` from a reverse proxy), host and port;
 - ``Authorization: Bearer <token>`` with the view's token (compared in
   constant time);
 - a JSON body (``Content-Type: application/json``): a cross-site form or a
@@ -149,33 +150,75 @@ def _unmapped(addr: str) -> str:
 # --------------------------------------------------------- state changes
 
 
-def _netloc(text: str) -> str:
-    text = text.lower()
-    for default in (":80", ":443"):
-        if text.endswith(default):
-            return text[: -len(default)]
-    return text
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
-def check_origin(origin: str | None, *, host: str) -> Refusal | None:
-    """``Origin``, when present, must be this page's origin (scheme http or https,
-    host and port those of the request's ``Host``)."""
+def page_scheme(transport_scheme: str, forwarded_proto: str | None) -> str:
+    """The scheme the page was loaded with: ``X-Forwarded-Proto`` when a reverse proxy
+    in front of the view set it (its first value), else the scheme of the connection.
+
+    Trusting the header is safe for this check: a cross-site page cannot add it to a
+    browser's request without a CORS preflight, which the view never grants, and a
+    client that is no browser sends no ``Origin`` to check."""
+    if forwarded_proto:
+        first = forwarded_proto.split(",")[0].strip().lower()
+        if first in _DEFAULT_PORTS:
+            return first
+    return transport_scheme.lower()
+
+
+def origin_of(scheme: str, host: str) -> tuple[str, str, int] | None:
+    """``(scheme, host name, port)`` of a page of ``scheme`` on ``Host`` ``host`` (the
+    port defaults by scheme); ``None`` for a malformed ``Host``."""
+    parsed = split_host(host)
+    if parsed is None or scheme not in _DEFAULT_PORTS:
+        return None
+    name, port = parsed
+    return scheme, name, port if port is not None else _DEFAULT_PORTS[scheme]
+
+
+def parse_origin(origin: str) -> tuple[str, str, int] | None:
+    """``(scheme, host name, port)`` of an ``Origin`` header (RFC 6454: scheme, host and
+    an optional port, nothing else); ``None`` for ``null``, another scheme, user info,
+    a path, a query or anything malformed."""
+    try:
+        parts = urlsplit(origin.strip())
+        port = parts.port
+    except ValueError:  # a bad port, an unclosed IPv6 bracket
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS or not parts.netloc or parts.path or parts.query:
+        return None
+    if parts.fragment or "@" in parts.netloc:
+        return None
+    parsed = split_host(parts.netloc)
+    if parsed is None:
+        return None
+    return scheme, parsed[0], port if port is not None else _DEFAULT_PORTS[scheme]
+
+
+def check_origin(origin: str | None, *, host: str, scheme: str = "http") -> Refusal | None:
+    """``Origin``, when present, must be this page's whole origin: the ``scheme`` it was
+    loaded with (:func:`page_scheme`), and the host and port of the request's ``Host``
+    (default ports by scheme: ``http://h`` is ``h:80``, ``https://h`` is ``h:443``)."""
     if origin is None:
         return None  # not a browser, or a same-origin request of an old browser
-    parts = urlsplit(origin)
-    same = _netloc(parts.netloc) == _netloc(host)
-    if parts.scheme in ("http", "https") and parts.netloc and not parts.path and same:
+    page = origin_of(scheme, host)
+    if page is not None and parse_origin(origin) == page:
         return None
+    expected = "this page's origin" if page is None else f"{page[0]}://{host.strip().lower()}"
     return Refusal(
         403,
-        f"cross-origin request refused: Origin {origin!r} is not this page's origin; "
-        "state-changing calls come from the status page itself or from a client that "
-        "sends no Origin",
+        f"cross-origin request refused: Origin {origin!r} is not {expected} (scheme, host "
+        "and port must all match); state-changing calls come from the status page itself "
+        "or from a client that sends no Origin",
     )
 
 
 def check_token(authorization: str | None, *, token: str) -> Refusal | None:
-    """``Authorization: Bearer <token>`` with this view's token (constant-time compare)."""
+    """``Authorization: Bearer <token>`` with this view's token (constant-time compare).
+    A header that cannot be read (another scheme, no token, bytes that are not text)
+    is a 401 like a wrong token, never an error of the view."""
     scheme, _, sent = (authorization or "").strip().partition(" ")
     if scheme.lower() != "bearer" or not sent.strip():
         return Refusal(
@@ -185,7 +228,15 @@ def check_token(authorization: str | None, *, token: str) -> Refusal | None:
             f"printed at start (it ends in ?token=...), or use the configured {TOKEN_SETTING} "
             f"(env {TOKEN_ENV})",
         )
-    if not hmac.compare_digest(sent.strip().encode(), token.encode()):
+    try:
+        sent_bytes = sent.strip().encode()
+    except UnicodeEncodeError:  # header bytes that are not UTF-8 (aiohttp keeps them escaped)
+        return Refusal(
+            401,
+            "the Authorization header is not text (bytes that are not UTF-8): send "
+            "Authorization: Bearer <token> with the status view's token",
+        )
+    if not hmac.compare_digest(sent_bytes, token.encode()):
         return Refusal(
             401,
             "wrong token: it is not this status view's token (a view without a configured "
@@ -208,3 +259,25 @@ def check_json_body(content_type: str, body: bytes) -> Refusal | None:
         except orjson.JSONDecodeError:
             return Refusal(400, "the body is not valid JSON (send {} or nothing)")
     return None
+
+
+def page_banner(access: StatusAccess, *, bind: str, port: int, scheme: str = "http") -> str:
+    """What the view prints once at start: the page URL, with the token when it was
+    generated (never a configured one: its owner has it, and logs keep stderr)."""
+    host = "127.0.0.1" if bind in ("0.0.0.0", "", "::") else bind
+    host = f"[{host}]" if ":" in host else host
+    url = f"{scheme}://{host}:{port}/"
+    if access.generated:
+        return (
+            f"dueflow status view: open {url}?token={access.token}\n"
+            "  (a token made for this run: the redrive button and every other "
+            "state-changing call need it; set observability.status_token or "
+            "DUEFLOW_OBSERVABILITY_STATUS_TOKEN to choose one)\n"
+            # The fragment never reaches a server: the console logs in with it.
+            f"  operator console: {url}console#token={access.token}\n"
+        )
+    return (
+        f"dueflow status view: open {url}?token=<observability.status_token>\n"
+        "  (state-changing calls need that token; read-only pages need none)\n"
+        f"  operator console: {url}console (log in with a token)\n"
+    )

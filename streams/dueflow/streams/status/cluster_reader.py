@@ -34,6 +34,7 @@ from dueflow.kafka.cluster_view import (
     GroupMember,
     RecordCount,
     Watermarks,
+    lease_holder,
     queue_topics,
     ranges_to_count,
 )
@@ -44,6 +45,21 @@ from dueflow.streams.status.record_counter import RecordCounter
 from dueflow.wall_clock import wall_ms
 
 Clock = Callable[[], int]
+
+
+def broker_unreachable(errors: list[str]) -> bool:
+    """Whether the metadata or offsets requests of a read failed for want of a broker
+    (pure): timed out or no connection. A broker's answer that is an error (a
+    partition without a leader for a moment, say) is not."""
+    return any(
+        e.startswith(("cluster metadata:", "low offsets", "high offsets"))
+        and any(code in e for code in _NO_ANSWER)
+        for e in errors
+    )
+
+
+# librdkafka's local error codes for a request that got no answer.
+_NO_ANSWER = ("_TIMED_OUT", "_TRANSPORT", "_ALL_BROKERS_DOWN", "_DESTROY", "_RESOLVE")
 
 
 class ClusterReader:
@@ -62,6 +78,7 @@ class ClusterReader:
         self._failures_per_queue = failures_per_queue
         self._timeout = timeout_s
         self._clock = clock
+        self._shards = settings.wheel.shards
         self._admin: AdminClient | None = None
         self._consumer: Any = None
         self._counter: RecordCounter | None = None
@@ -109,9 +126,22 @@ class ClusterReader:
         partitions = self._partitions(topics, errors)
         watermarks = self._watermarks(partitions, errors)
         committed: dict[str, dict[tuple[str, int], int]] = {}
-        for group in [n.worker_group(q) for q in queues] + [n.emitter_offsets_group]:
-            committed[group] = self._committed(group, errors)
-        members, state = self._emitter_members(errors)
+        members: tuple[GroupMember, ...] = ()
+        state = "unknown"
+        if broker_unreachable(errors):
+            # No group-coordinator request while the broker does not answer:
+            # librdkafka can abort the process when a coordinator request of the
+            # admin client fails on a dropped connection (librdkafka issues 3663
+            # and 4605: rd_kafka_enq_once_del_source_return; seen here with the
+            # broker stopped). The next read asks again.
+            errors.append("groups not read: the broker did not answer")
+        else:
+            for group in [n.worker_group(q) for q in queues] + [
+                n.emitter_offsets_group,
+                n.emitter_group,
+            ]:
+                committed[group] = self._committed(group, errors)
+            members, state = self._emitter_members(errors)
         failures = self._dlq_tail(watermarks, errors)
         counted: dict[tuple[str, int], RecordCount] = {}
         wanted = ranges_to_count(self._settings, watermarks, committed)
@@ -199,6 +229,17 @@ class ClusterReader:
             for tp in result.topic_partitions or []
             if tp.offset >= 0 and tp.error is None
         }
+
+    def emitter_active(self) -> bool | None:
+        """Whether an emitter holds a lease (fires due timers); None when the lease
+        group cannot be read."""
+        if self._admin is None:
+            raise RuntimeError("ClusterReader.emitter_active() before start()")
+        errors: list[str] = []
+        members, _ = self._emitter_members(errors)
+        if errors:
+            return None
+        return any(lease_holder(self._names.lease, members, s) for s in range(self._shards))
 
     def _emitter_members(self, errors: list[str]) -> tuple[tuple[GroupMember, ...], str]:
         assert self._admin is not None
