@@ -225,6 +225,16 @@ class AckedSession(ActiveSession[AckedOutbox]):
             self._close_clients()
 
     def _commit_all(self) -> None:
+        """Commit everything acknowledged, then copy into the offsets group what the
+        lease group accepted: the last commit's offsets, or when it was refused (a
+        lease group rebalancing as the emitter stops), those of the commits accepted
+        before it and not copied yet."""
+        try:
+            self._commit_last()
+        finally:
+            self._mirror(wait=True)
+
+    def _commit_last(self) -> None:
         outbox = self.outbox
         outbox.cut(self.drainer.take_fired())
         sealed = self._seal()
@@ -236,7 +246,6 @@ class AckedSession(ActiveSession[AckedOutbox]):
             self._unconfirmed.clear()
             self.drainer.confirm(offsets)
             self._to_mirror.update(sealed.offsets)
-            self._mirror(wait=True)
             self._metrics.emitter_offset_commits.labels("committed").inc()
             self._metrics.emitter_commit.observe(time.monotonic() - sealed.at)
         else:
