@@ -133,6 +133,10 @@ class Rules:
     # A run whose recorded start is this soon after a freeze of its process ended
     # may have begun before it (the handler was being called when it froze).
     thaw_slack_ms: int = 1_000
+    # A run whose recorded start is this soon after its process dropped its work
+    # was dispatched before the drop (the handler records its start in its first
+    # step, after the loop turn that began the restart).
+    drop_slack_ms: int = 100
     fault_minimums: Mapping[str, int] = field(default_factory=dict)  # kind -> at least
 
 

@@ -54,7 +54,9 @@ occurrences (below). The rules, each a number that must be 0 (or equal):
   says (``Evidence.dropped``: "worker restarting queue", e.g. a transactional
   producer wedged after a broker restart and abandoned at its deadline, or
   "partitions lost"; ``worker_drops`` counts them by reason, so a worker that
-  drops work without a fault shows). A wedged commit's drop comes only at its
+  drops work without a fault shows), the earlier run's recorded start at most
+  ``drop_slack_ms`` (100 ms) after the drop (seen in CI: "job.started" logged
+  1 ms before "worker restarting queue", the handler's start 1 ms after it). A wedged commit's drop comes only at its
   deadline, after the partitions may have moved (a SIGTERM'd worker stuck in it
   stops heartbeating): it excuses a later run from the commit's start on
   (``in_doubt_since_ms`` in the worker's log) when the earlier run started
@@ -330,7 +332,7 @@ def excused_by(earlier: Run, later_start: int, ev: Evidence, rules: Rules, clock
     """The kind of the fault that explains running ``earlier``'s attempt again ("" : none)."""
     start = run_start(earlier, ev, rules, clocks)
     for d in ev.dropped:
-        if d.pid != earlier.pid or clocks.true(d.at_ms, d.pid) < start:
+        if d.pid != earlier.pid or clocks.true(d.at_ms, d.pid) + rules.drop_slack_ms < start:
             continue
         if clocks.true(d.at_ms, d.pid) <= later_start:
             return f"dropped: {d.reason}"

@@ -367,14 +367,16 @@ WEDGED = Dropped(1, T + 30_000, "worker restarting queue: transactional producer
     [
         ([WEDGED], {}, 1),  # the first run's process gave up its uncommitted transaction
         ([replace(WEDGED, pid=2)], {}, 0),  # another process did
-        ([replace(WEDGED, at_ms=T + 5)], {}, 0),  # before the first run started
+        ([replace(WEDGED, at_ms=T - 91)], {}, 0),  # over 100 ms before the first run started
+        # 100 ms before: the first run was dispatched before the drop, its handler began after
+        ([replace(WEDGED, at_ms=T - 90)], {}, 1),
         ([replace(WEDGED, at_ms=T + 50_001)], {}, 0),  # after the second run started
         ([replace(WEDGED, at_ms=T + 50_004)], {1: 5}, 1),  # its clock was 5 ms ahead
         # dropped after the second run started, by a commit that was stuck from before it
         ([replace(WEDGED, at_ms=T + 60_000, in_doubt_since_ms=T + 43_000)], {}, 1),
         ([replace(WEDGED, at_ms=T + 60_000, in_doubt_since_ms=T + 50_001)], {}, 0),  # after
         ([replace(WEDGED, at_ms=T + 60_004, in_doubt_since_ms=T + 50_004)], {1: 5}, 1),
-        ([replace(WEDGED, at_ms=T + 5, in_doubt_since_ms=T)], {}, 0),  # before the first run
+        ([replace(WEDGED, at_ms=T - 91, in_doubt_since_ms=T - 200)], {}, 0),  # before the first run
     ],
 )
 def test_a_rerun_is_excused_by_its_first_processs_own_drop_of_uncommitted_work(
