@@ -56,11 +56,11 @@ occurrences (below). The rules, each a number that must be 0 (or equal):
   "partitions lost"; ``worker_drops`` counts them by reason, so a worker that
   drops work without a fault shows), the earlier run's recorded start at most
   ``drop_slack_ms`` (100 ms) after the drop (seen in CI: "job.started" logged
-  1 ms before "worker restarting queue", the handler's start 1 ms after it). A wedged commit's drop comes only at its
-  deadline, after the partitions may have moved (a SIGTERM'd worker stuck in it
-  stops heartbeating): it excuses a later run from the commit's start on
-  (``in_doubt_since_ms`` in the worker's log) when the earlier run started
-  before the drop. Otherwise **unexcused**. And
+  1 ms before "worker restarting queue", the handler's start 1 ms after it).
+  A wedged commit's drop comes only at its deadline, after the partitions may
+  have moved (a SIGTERM'd worker stuck in it stops heartbeating): it excuses a
+  later run from the commit's start on (``in_doubt_since_ms`` in the worker's
+  log) when the earlier run started before the drop. Otherwise **unexcused**. And
   any run that started after a committed terminal outcome of its key, or after
   a committed outcome (``succeeded``/``retrying``/``dead``) of its own attempt,
   is unexcused whatever the faults. When such an outcome committed is not in

@@ -113,7 +113,8 @@ def _session(*, accepts: bool, accepted_before: dict[int, int]) -> tuple[Any, _L
 def test_the_last_commit_accepted_is_copied() -> None:
     s, lease, source = _session(accepts=True, accepted_before={0: 64, 1: 66})
     s._commit_all()
-    assert lease.sent and {tp.partition: tp.offset for tp in lease.sent[0]} == {0: 100, 1: 100}
+    assert lease.sent
+    assert {tp.partition: tp.offset for tp in lease.sent[0]} == {0: 100, 1: 100}
     assert source.copies == [{0: 100, 1: 100}]
 
 
