@@ -23,7 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import (
+    NoSuchElementException,
+    StaleElementReferenceException,
+    TimeoutException,
+)
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select, WebDriverWait
@@ -69,6 +73,20 @@ def rows(driver: WebDriver, table: str) -> list[list[str]]:
     )
     found: list[list[str]] = driver.execute_script(script, table)
     return found
+
+
+def click(driver: WebDriver, css: str, view: ViewProcess) -> None:
+    """Click the element ``css`` names, found again when the page re-rendered its table
+    between the find and the click (the live tables refresh every few seconds)."""
+
+    def clicked(d: WebDriver) -> bool:
+        try:
+            d.find_element(By.CSS_SELECTOR, css).click()
+        except (StaleElementReferenceException, NoSuchElementException):
+            return False
+        return True
+
+    until(driver, f"a click on {css}", clicked, view)
 
 
 def tab(driver: WebDriver, name: str) -> None:
@@ -136,7 +154,7 @@ def test_console_finds_opens_retries_pauses_and_redrives(
         view,
     )
     shoot(browser, "find", tmp_path)
-    browser.find_element(By.CSS_SELECTOR, f'#jobs tr[data-job-id="{broken.job_id}"] button').click()
+    click(browser, f'#jobs tr[data-job-id="{broken.job_id}"] button', view)
     until(
         browser,
         "the job page",
@@ -168,7 +186,7 @@ def test_console_finds_opens_retries_pauses_and_redrives(
     browser.execute_script("arguments[0].click(); arguments[0].click();", retry)
     until(browser, "the retry answered", lambda d: "redriven" in message(d), view)
     view.wait_job(broken.job_id, "succeeded", timeout_s=90)
-    browser.find_element(By.CSS_SELECTOR, f'#jobs tr[data-job-id="{broken.job_id}"] button').click()
+    click(browser, f'#jobs tr[data-job-id="{broken.job_id}"] button', view)
     until(
         browser,
         "shown succeeded",
@@ -180,7 +198,7 @@ def test_console_finds_opens_retries_pauses_and_redrives(
     find(browser, state="dead", task="doomed")
     until(browser, "the doomed jobs found", lambda d: len(rows(d, "#jobs")) == 2, view)
     first = doomed[0].job_id
-    browser.find_element(By.CSS_SELECTOR, f'#jobs tr[data-job-id="{first}"] button').click()
+    click(browser, f'#jobs tr[data-job-id="{first}"] button', view)
     until(browser, "its page", lambda d: d.find_element(By.ID, "job-id").text == first, view)
     timeline = rows(browser, "#timeline")
     events = [r[1] for r in timeline]
@@ -199,7 +217,7 @@ def test_console_finds_opens_retries_pauses_and_redrives(
     tab(browser, "queues")
     pause = f'#queues button.pause[data-queue="{QUEUE}"]'
     until(browser, "the queue row", lambda d: d.find_elements(By.CSS_SELECTOR, pause), view)
-    browser.find_element(By.CSS_SELECTOR, pause).click()
+    click(browser, pause, view)
     until(browser, "paused", lambda d: f"queue {QUEUE} paused" in message(d), view)
     consumer = ops_consumer(p.settings)
     try:
@@ -215,7 +233,7 @@ def test_console_finds_opens_retries_pauses_and_redrives(
         view,
     )
     shoot(browser, "queues", tmp_path)
-    browser.find_element(By.CSS_SELECTOR, pause).click()
+    click(browser, pause, view)
     until(browser, "resumed", lambda d: f"queue {QUEUE} resumed" in message(d), view)
 
     # Redrive the doomed jobs' dead letters by filter, after the preview's count.
@@ -308,7 +326,7 @@ def test_console_finds_opens_retries_pauses_and_redrives(
     # The view keeps an error message's first MESSAGE_MAX_CHARS characters.
     shown_error = long_error[: MESSAGE_MAX_CHARS - 3] + "..."
     assert row[7] == f"<svg onload=window.__xss=3>: {shown_error}"
-    browser.find_element(By.CSS_SELECTOR, '#jobs tr[data-job-id="hostile-1"] button').click()
+    click(browser, '#jobs tr[data-job-id="hostile-1"] button', view)
     until(
         browser,
         "the hostile job page",
