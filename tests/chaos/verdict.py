@@ -323,7 +323,9 @@ def run_start(r: Run, ev: Evidence, rules: Rules, clocks: Clocks) -> int:
     start = clocks.start(r)
     for f in ev.faults:
         thawed = r.pid in f.pids and f.kind in rules.freeze_kinds
-        if thawed and f.until_ms <= start <= f.until_ms + rules.thaw_slack_ms:
+        # From the freeze's start: the end the chaos tool notes comes after its SIGCONT,
+        # a few ms after the woken handler may have recorded its start (seen: 17 ms).
+        if thawed and f.at_ms <= start <= f.until_ms + rules.thaw_slack_ms:
             return min(start, f.at_ms)
     return start
 
