@@ -163,6 +163,22 @@ def test_a_failed_ask_is_asked_again_on_the_same_client(monkeypatch: pytest.Monk
     assert stable.closed
 
 
+def test_the_start_and_lso_of_a_store_partition_come_from_the_shared_lso_client(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The key store's "up to where" is asked of the process's read_committed client
+    (its connection has no fetch that the broker would answer first), again after a
+    failed ask."""
+    moved = KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION))
+    high = FakeEnds([])
+    stable = FakeEnds([moved, 7])
+    end = _end_with(monkeypatch, high, stable)
+    assert asyncio.run(end.low_and_stable(TopicPartition("t", 3))) == (0, 7)
+    assert (high.asked, stable.asked) == (0, 2)
+    assert stable.refreshed == ["t"]
+    end.close()
+
+
 def test_a_closed_reader_stops_asking_and_closes_its_clients_after_the_ask(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

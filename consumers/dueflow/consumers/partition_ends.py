@@ -69,6 +69,11 @@ class PartitionEnds:
     async def end(self, tp: TopicPartition, isolation: IsolationLevel) -> int:
         """The partition's end for ``isolation`` (the LSO for READ_COMMITTED); raises the
         client's KafkaException (a timeout too) and RuntimeError once closed."""
+        return (await self.bounds(tp, isolation))[1]
+
+    async def bounds(self, tp: TopicPartition, isolation: IsolationLevel) -> tuple[int, int]:
+        """The partition's first offset and its end for ``isolation``; raises as
+        :meth:`end`."""
         client = self._use(isolation)
         try:
             ends: tuple[int, int] | None = await asyncio.to_thread(
@@ -81,7 +86,7 @@ class PartitionEnds:
             self._done()
         if ends is None:
             raise KafkaException(f"no answer within {ASK_TIMEOUT_S:g} s")
-        return int(ends[1])
+        return int(ends[0]), int(ends[1])
 
     async def refresh(self, topic: str, isolation: IsolationLevel) -> None:
         """The topic's metadata asked again on the client of ``isolation``: a client that

@@ -33,6 +33,9 @@ from dueflow.observability.logs import event
 
 _LOG = logging.getLogger("dueflow.worker")
 _POLL_S = 0.05
+# The steering reader's thread polls in shorter turns: a partition's first record waits
+# for its answer to a command (a watermark query), and it is idle most of the time.
+STORE_POLL_S = 0.01
 
 T = TypeVar("T")
 Command = Callable[[Consumer], Any]
@@ -64,10 +67,12 @@ class ConsumerThread:
         name: str,
         batch_size: int,
         on_batch: Callable[[list[Any]], None],
+        poll_s: float = _POLL_S,
     ) -> None:
         self._consumer = consumer
         self._name = name
         self._batch = batch_size
+        self._poll_s = poll_s  # the longest a posted command waits for a poll to end
         self._on_batch = on_batch
         self._loop = asyncio.get_running_loop()
         self._commands: SimpleQueue[tuple[Command, concurrent.futures.Future[Any] | None]] = (
@@ -139,7 +144,7 @@ class ConsumerThread:
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         while True:
             try:
-                future.result(timeout=_POLL_S)
+                future.result(timeout=self._poll_s)
                 return
             except concurrent.futures.TimeoutError:
                 self._serve_commands()
@@ -157,14 +162,14 @@ class ConsumerThread:
             while not self._stop.is_set():
                 self._serve_commands()
                 try:
-                    msgs = read_batch(consumer, self._batch, _POLL_S)
+                    msgs = read_batch(consumer, self._batch, self._poll_s)
                 except KafkaException as exc:
                     event(_LOG, "consume failed", logging.WARNING, error=str(exc))
                     continue
                 self.after_poll(consumer)
                 if not msgs:
                     continue
-                while not self._handoff.acquire(timeout=_POLL_S):
+                while not self._handoff.acquire(timeout=self._poll_s):
                     self._serve_commands()
                     if self._stop.is_set():
                         break

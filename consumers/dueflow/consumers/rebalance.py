@@ -175,11 +175,12 @@ class RebalanceHandler:
         self._loop.create_task(self._load(feed))
 
     async def _load(self, feed: PartitionFeed) -> None:
-        if not await self._keys_caught_up(feed):
-            return
-        if feed.gone:
-            return
-        if not await self._steering_caught_up(feed):
+        # The two stores are read side by side: each waits for its own partition's
+        # end, and neither read depends on the other.
+        keys, steering = await asyncio.gather(
+            self._keys_caught_up(feed), self._steering_caught_up(feed)
+        )
+        if not (keys and steering) or feed.gone:
             return
         if feed.state is FeedState.LOADING:  # revoked meanwhile: stays revoked
             feed.advance(FeedState.LOADED)

@@ -151,17 +151,30 @@ class StableEnd:
         self._waited.observe(waited)
         return stable
 
+    async def low_and_stable(self, tp: TopicPartition) -> tuple[int, int]:
+        """The partition's first offset and its LSO now, asked as :meth:`_asked` does.
+
+        Asked of the process's pair of clients, not of the consumer that reads the
+        partition: a broker answers one connection's requests in order, so on that
+        consumer's connection the ask waits behind its fetch (a long poll of up to
+        ``fetch.wait.max.ms``), and a partition's first record waited 50-270 ms for it."""
+        return await self._asked_bounds(tp, IsolationLevel.READ_COMMITTED)
+
     async def _asked(self, tp: TopicPartition, isolation: IsolationLevel) -> int:
-        """The partition's end for ``isolation`` (the LSO for READ_COMMITTED). A failed
-        ask (a leader moved: FENCED_LEADER_EPOCH, NOT_LEADER, a timeout) is asked again
-        after 5 ms doubling to 0.5 s; each ``bound_s`` of failing is logged, and it goes
-        on asking: a store is never loaded short of what was committed to it."""
+        """The partition's end for ``isolation`` (the LSO for READ_COMMITTED)."""
+        return (await self._asked_bounds(tp, isolation))[1]
+
+    async def _asked_bounds(self, tp: TopicPartition, isolation: IsolationLevel) -> tuple[int, int]:
+        """The partition's first offset and its end for ``isolation``. A failed ask (a
+        leader moved: FENCED_LEADER_EPOCH, NOT_LEADER, a timeout) is asked again after
+        5 ms doubling to 0.5 s; each ``bound_s`` of failing is logged, and it goes on
+        asking: a store is never loaded short of what was committed to it."""
         polls = 0
         started = time.monotonic()
         late_at = started + self.bound_s
         while True:
             try:
-                return await self._end(tp, isolation)
+                return await self._shared().bounds(tp, isolation)
             except KafkaException as exc:
                 now = time.monotonic()
                 if now >= late_at:
@@ -186,10 +199,6 @@ class StableEnd:
         reads no partition of it does not learn by itself that a leader moved (it went
         on answering "unknown partition" after a node restart)."""
         await self._shared().refresh(tp.topic, isolation)
-
-    async def _end(self, tp: TopicPartition, isolation: IsolationLevel) -> int:
-        """The end, asked on a worker thread (the caller's consumer reads on)."""
-        return await self._shared().end(tp, isolation)
 
     def _shared(self) -> PartitionEnds:
         ends = self._ends

@@ -35,7 +35,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from dueflow import headers as hdr
 from dueflow import reasons
 from dueflow.config import Settings
-from dueflow.consumers.polling import ConsumerThread
+from dueflow.consumers.polling import STORE_POLL_S, ConsumerThread
 from dueflow.consumers.quarantine import Quarantine
 from dueflow.consumers.stable_end import StableEnd
 from dueflow.consumers.steering_store import SteeringStore, decode_state_record
@@ -107,6 +107,7 @@ class SteeringLoader:
             name=f"dueflow-steering-{self._topic}",
             batch_size=2_000,
             on_batch=self._apply,
+            poll_s=STORE_POLL_S,
         )
         self._thread.start()
         self._end.start()

@@ -153,11 +153,8 @@ class KeyTail:
 
     async def caught_up(self, partition: int) -> None:
         """Wait until the store of ``partition`` holds everything committed before now."""
-        assert self._thread is not None
         tp = TopicPartition(self._topic, partition)
-        low, stable = await self._thread.call(
-            lambda c: c.get_watermark_offsets(tp, timeout=30, cached=False)
-        )
+        low, stable = await self._end.low_and_stable(tp)
         stable = await self._end.reached(tp, stable)
         if stable <= low or self._reached.get(partition, -1) >= stable:
             return
