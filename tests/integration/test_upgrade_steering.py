@@ -41,6 +41,7 @@ from tests.conftest import KafkaCluster
 from tests.integration.pipeline_support import wait_for
 from tests.integration.test_upgrade import (
     both_releases_ran,
+    committed_ends,
     every_job_once,
     in_flight_at_each_sigterm,
     previous,  # noqa: F401  (the session fixture)
@@ -80,6 +81,7 @@ from tests.upgrade.steering import (
     timers_of,
     view_state,
 )
+from tests.upgrade.verdict import uncommitted_run
 
 WAIT_S = 30  # how long the current SDK waits for each command's verdict
 LEFT_BEHIND = "status-left-behind"  # the status view that is not upgraded
@@ -269,13 +271,23 @@ def legacy_cancels_honoured(stage: Stage) -> None:
 
 def ran_once_at(stage: Stage, job_ids: list[str], due_ms: dict[str, int], tag: str) -> None:
     """Each job ran exactly once, not before ``due_ms``, with payload ``tag``, on a
-    current worker."""
+    current worker. A run its worker forgot (it lost its partitions or started its
+    queue over before committing it: a stalled machine) is not counted, and such a job
+    must have exactly one committed end."""
+    aborted = stage.deployment.aborted_commits()
+    forgotten: set[str] = set()
     for job_id, runs in runs_of(stage, job_ids).items():
-        assert len(runs) == 1, (job_id, runs)
-        [run] = runs
-        assert run.started_ms >= due_ms[job_id], (job_id, run.started_ms, due_ms[job_id])
+        assert all(r.started_ms >= due_ms[job_id] for r in runs), (job_id, runs, due_ms[job_id])
+        kept = [r for r in runs if not uncommitted_run(r, runs, aborted)]
+        if len(kept) < len(runs):
+            forgotten.add(job_id)
+        assert len(kept) == 1, (job_id, runs, aborted)
+        [run] = kept
         assert run.tag == tag, (job_id, run)
         assert run.release == CURRENT, (job_id, run)
+    ends = committed_ends(stage.deployment.settings, forgotten)
+    twice = {key: n for key, n in ends.items() if n > 1}
+    assert not twice, f"a job with a forgotten run has two committed ends: {twice}"
 
 
 def legacy_moves_ran_once_at_their_new_time(stage: Stage) -> None:
