@@ -8,10 +8,10 @@ from typing import Any
 from confluent_kafka import Consumer
 
 from dueflow.config import Settings
-from dueflow.errors import KafkaOperationError, UndecodableRecord
+from dueflow.errors import KafkaOperationError
 from dueflow.kafka.clients import make_producer
+from dueflow.kafka.control_topic import read_control
 from dueflow.kafka.fatal import served
-from dueflow.kafka.reading import Span, partitions_of, read_spans, watermarks
 from dueflow.kafka.topics import names
 from dueflow.records.features import (
     QueueFeatures,
@@ -26,28 +26,7 @@ def read_queue_features(
 ) -> tuple[dict[str, QueueFeatures], list[str]]:
     """Every queue's features as the control topic says now, and the problems of
     ``features:`` records that are no such document."""
-    topic = names(settings).control
-    parts = partitions_of(consumer, topic)
-    marks = watermarks(consumer, topic, parts)
-    found: list[QueueFeatures] = []
-    problems: list[str] = []
-
-    def take(msg: Any) -> None:
-        try:
-            features = decode_features(msg.key(), msg.value())
-        except UndecodableRecord as exc:
-            problems.append(f"{msg.partition()}:{msg.offset()}: {exc}")
-            return
-        if features is not None:
-            found.append(features)
-
-    read_spans(
-        consumer,
-        [Span(topic, p, low, high) for p, (low, high) in marks.items()],
-        take,
-        timeout_s=timeout_s,
-    )
-    return fold_features(found), problems
+    return read_control(settings, consumer, decode_features, fold_features, timeout_s)
 
 
 def write_queue_features(

@@ -13,10 +13,10 @@ from typing import Any
 from confluent_kafka import Consumer
 
 from dueflow.config import Settings
-from dueflow.errors import KafkaOperationError, UndecodableRecord
+from dueflow.errors import KafkaOperationError
 from dueflow.kafka.clients import make_producer
+from dueflow.kafka.control_topic import read_control
 from dueflow.kafka.fatal import served
-from dueflow.kafka.reading import Span, partitions_of, read_spans, watermarks
 from dueflow.kafka.topics import names
 from dueflow.records.pause_command import (
     QueueControl,
@@ -60,25 +60,4 @@ def read_queue_controls(
 ) -> tuple[dict[str, QueueControl], list[str]]:
     """The paused queues (with the command that paused them) and the problems of
     records that are no command."""
-    topic = names(settings).control
-    parts = partitions_of(consumer, topic)
-    marks = watermarks(consumer, topic, parts)
-    controls: list[QueueControl] = []
-    problems: list[str] = []
-
-    def take(msg: Any) -> None:
-        try:
-            control = decode_control(msg.key(), msg.value())
-        except UndecodableRecord as exc:
-            problems.append(f"{msg.partition()}:{msg.offset()}: {exc}")
-            return
-        if control is not None:
-            controls.append(control)
-
-    read_spans(
-        consumer,
-        [Span(topic, p, low, high) for p, (low, high) in marks.items()],
-        take,
-        timeout_s=timeout_s,
-    )
-    return paused_queues(controls), problems
+    return read_control(settings, consumer, decode_control, paused_queues, timeout_s)
