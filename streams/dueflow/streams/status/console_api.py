@@ -429,6 +429,8 @@ class SessionPages:
 
 
 Call = Callable[[ConsoleOperations, dict[str, Any], str], dict[str, Any]]
+# an action on a named queue: (operations, queue, body, who)
+QueueCall = Callable[[ConsoleOperations, str, dict[str, Any], str], dict[str, Any]]
 
 
 class ActionPages:
@@ -488,20 +490,20 @@ class ActionPages:
         return await self.act(request, verb, job_id, call, target_kind="job")
 
     async def redrive(self, request: web.Request) -> web.Response:
-        queue = request.match_info["queue"]
-        try:
-            preview = (await json_body(request)).get("dry_run") is True
-        except InvalidInput as exc:
-            return bad_input(exc)
-        return self.known_queue(queue) or await self.act(
-            request,
-            "redrive preview" if preview else "redrive",
-            queue,
-            lambda ops, body, who: ops.redrive(queue, body, who),
-            target_kind="queue",
+        return await self._dead_letter_action(
+            request, "redrive", lambda ops, queue, body, who: ops.redrive(queue, body, who)
         )
 
     async def purge(self, request: web.Request) -> web.Response:
+        return await self._dead_letter_action(
+            request, "purge", lambda ops, queue, body, who: ops.purge(queue, body, who)
+        )
+
+    async def _dead_letter_action(
+        self, request: web.Request, verb: str, call: QueueCall
+    ) -> web.Response:
+        """``verb`` on the dead letters of the path's queue, recorded as ``<verb>
+        preview`` when the body asks for a ``dry_run``."""
         queue = request.match_info["queue"]
         try:
             preview = (await json_body(request)).get("dry_run") is True
@@ -509,9 +511,9 @@ class ActionPages:
             return bad_input(exc)
         return self.known_queue(queue) or await self.act(
             request,
-            "purge preview" if preview else "purge",
+            f"{verb} preview" if preview else verb,
             queue,
-            lambda ops, body, who: ops.purge(queue, body, who),
+            lambda ops, body, who: call(ops, queue, body, who),
             target_kind="queue",
         )
 
