@@ -24,15 +24,13 @@ sweep may change it (:func:`dueflow.rules.steering.sweep_due`).
 
 from __future__ import annotations
 
-import contextlib
 import heapq
-import os
-import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Protocol
 
+from dueflow.consumers.sqlite_cache import open_cache, transaction
 from dueflow.records.steering_state import SCHEMA, Entry, decode_entry, encode_entry
 from dueflow.rules import unique
 from dueflow.rules.steering import sweep_due as job_sweep_due
@@ -162,6 +160,14 @@ class MemorySteeringStore:
         self.reset()
 
 
+_STATE_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS states (key BLOB PRIMARY KEY, value BLOB NOT NULL, "
+    "sweep_at INTEGER) WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS states_sweep ON states (sweep_at)",
+    "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER)",
+)
+
+
 class SqliteSteeringStore:
     """States of one partition in a SQLite file that survives restarts."""
 
@@ -171,12 +177,7 @@ class SqliteSteeringStore:
         self._path = path
         self._grace = grace_ms
         self._clock = clock
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self._db = self._open(path)
-        except sqlite3.DatabaseError:  # a corrupt cache: rebuilt from the topic
-            self._remove_files()
-            self._db = self._open(path)
+        self._db = open_cache(path, _STATE_SCHEMA, check_table="states")
         meta = dict(self._db.execute("SELECT name, value FROM meta").fetchall())
         read_ms = int(meta.get("read_ms", 0))
         self.next_offset: int | None = int(meta["next_offset"]) if "next_offset" in meta else None
@@ -187,26 +188,6 @@ class SqliteSteeringStore:
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
-
-    def _remove_files(self) -> None:
-        for suffix in ("", "-wal", "-shm"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(f"{self._path}{suffix}")
-
-    @staticmethod
-    def _open(path: Path) -> sqlite3.Connection:
-        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
-        # A cache of the topic: losing the last writes on a crash means reading them again.
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=OFF")
-        db.execute(
-            "CREATE TABLE IF NOT EXISTS states (key BLOB PRIMARY KEY, value BLOB NOT NULL, "
-            "sweep_at INTEGER) WITHOUT ROWID"
-        )
-        db.execute("CREATE INDEX IF NOT EXISTS states_sweep ON states (sweep_at)")
-        db.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER)")
-        db.execute("SELECT count(*) FROM states").fetchone()  # fails fast on a corrupt file
-        return db
 
     @staticmethod
     def _decode(raw: bytes) -> Entry:
@@ -226,17 +207,11 @@ class SqliteSteeringStore:
                 deletes.append((key,))
             else:
                 puts.append((key, encode_entry(state), sweep_due(state, grace_ms=self._grace)))
-        db = self._db
-        db.execute("BEGIN")
-        try:
+        with transaction(self._db) as db:
             if deletes:
                 db.executemany("DELETE FROM states WHERE key = ?", deletes)
             if puts:
                 db.executemany("INSERT OR REPLACE INTO states VALUES (?, ?, ?)", puts)
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         if puts or deletes:
             self._count = int(db.execute("SELECT count(*) FROM states").fetchone()[0])
 

@@ -30,13 +30,12 @@ expire like the final states, ``retention_ms`` after they were written.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sqlite3
 from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
+
+from dueflow.consumers.sqlite_cache import open_cache, transaction
 
 DONE, DEAD, CANCELLED = 0, 1, 2
 STATE_NAMES = ("done", "dead", "cancelled")
@@ -180,20 +179,23 @@ class MemoryKeyStore:
         self._dues.clear()
 
 
+_KEY_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS keys "
+    "(key BLOB PRIMARY KEY, state INTEGER NOT NULL, at_ms INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS keys_at ON keys (at_ms)",
+    "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER)",
+    "CREATE TABLE IF NOT EXISTS reschedules "
+    "(key BLOB PRIMARY KEY, due_ms INTEGER NOT NULL, at_ms INTEGER NOT NULL) WITHOUT ROWID",
+)
+
+
 class SqliteKeyStore:
     """Keys of one partition in a SQLite file that survives restarts."""
 
     def __init__(self, path: Path, retention_ms: int) -> None:
         self._path = path
         self._retention = retention_ms
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self._db = self._open(path)
-        except sqlite3.DatabaseError:  # a corrupt cache: rebuild it from the topic
-            for suffix in ("", "-wal", "-shm"):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(f"{path}{suffix}")
-            self._db = self._open(path)
+        self._db = open_cache(path, _KEY_SCHEMA, check_table="keys")
         row = self._db.execute("SELECT value FROM meta WHERE name = 'next_offset'").fetchone()
         self.next_offset: int | None = None if row is None else int(row[0])
         self._count = int(self._db.execute("SELECT count(*) FROM keys").fetchone()[0])
@@ -202,28 +204,6 @@ class SqliteKeyStore:
             bytes(k): (int(d), int(a))
             for k, d, a in self._db.execute("SELECT key, due_ms, at_ms FROM reschedules")
         }
-
-    @staticmethod
-    def _open(path: Path) -> sqlite3.Connection:
-        # check_same_thread=False: built on the event loop, closed from a revoke
-        # callback; it is only ever used by one thread at a time.
-        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
-        # A cache of the topic: losing the last writes on a crash only means
-        # reading them from the topic again, so no fsync per batch.
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=OFF")
-        db.execute(
-            "CREATE TABLE IF NOT EXISTS keys "
-            "(key BLOB PRIMARY KEY, state INTEGER NOT NULL, at_ms INTEGER NOT NULL) WITHOUT ROWID"
-        )
-        db.execute("CREATE INDEX IF NOT EXISTS keys_at ON keys (at_ms)")
-        db.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER)")
-        db.execute(
-            "CREATE TABLE IF NOT EXISTS reschedules "
-            "(key BLOB PRIMARY KEY, due_ms INTEGER NOT NULL, at_ms INTEGER NOT NULL) WITHOUT ROWID"
-        )
-        db.execute("SELECT count(*) FROM keys").fetchone()  # fails fast on a corrupt file
-        return db
 
     def get(self, key: bytes) -> int | None:
         row = self._db.execute("SELECT state FROM keys WHERE key = ?", (key,)).fetchone()
@@ -239,9 +219,7 @@ class SqliteKeyStore:
                 deletes.append((key,))
             else:
                 puts.append((key, state, at_ms))
-        db = self._db
-        db.execute("BEGIN")
-        try:
+        with transaction(self._db) as db:
             if deletes:
                 db.executemany("DELETE FROM keys WHERE key = ?", deletes)
             if puts:
@@ -253,10 +231,6 @@ class SqliteKeyStore:
                 db.execute(
                     "INSERT OR REPLACE INTO meta VALUES ('next_offset', ?)", (self.next_offset,)
                 )
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         if puts or deletes:
             self._count = int(db.execute("SELECT count(*) FROM keys").fetchone()[0])
 
