@@ -492,7 +492,7 @@ STEERING: list[Step] = [
     Start("worker", PREVIOUS, count=2),
     Start("status", PREVIOUS),
     Start("status", PREVIOUS, app_id=LEFT_BEHIND),
-    Schedule(PREVIOUS, cron=(CronPlan("every-2s", 2, "ok", 5, 240),)),
+    Schedule(PREVIOUS, cron=(CronPlan("every-2s", 2, "ok", 5, 150),)),
     JobsRun(60),
     Steer("legacy", PREVIOUS, legacy_plan),
     Check("timers of the steered jobs", capture),
