@@ -216,6 +216,7 @@ def test_each_layer_imports_only_the_layers_below_it() -> None:
 COMPONENT_IMPORTS = {
     # The status view sets a bad outcome record aside with the workers' quarantine writer.
     ("dueflow.streams.status.app", "dueflow.consumers.quarantine"),
+    ("dueflow.streams.status.outcome_fold", "dueflow.consumers.quarantine"),
     # The SDK routes a task to the queue its ``@task`` declares, read from the app it is
     # given (``Scheduler(app=...)``): imported only then.
     ("dueflow.producers.scheduler_base", "dueflow.consumers.registry"),

@@ -21,13 +21,13 @@ from dueflow.streams.status.app import Changed, StatusView
 
 def _view(tmp_path: Any) -> tuple[StatusView, list[tuple[str, int, Any, Any]]]:
     view = StatusView(Settings(), metrics=Metrics(), data_dir=tmp_path)
-    view.quarantine = None
+    view.fold.quarantine = None
     sent: list[tuple[str, int, Any, Any]] = []
 
     def send_job(job_id: str, p: int, raw: bytes | None, _staged: Any) -> None:
         sent.append(("jobs", p, job_id, None if raw is None else orjson.loads(raw)))
 
-    view._send_job = send_job  # type: ignore[method-assign,assignment]
+    view.fold._send_job = send_job  # type: ignore[method-assign,assignment]
     return view, sent
 
 
@@ -44,7 +44,7 @@ def _fold(
         at_ms=at,
     )
     headers = [(hdr.SCHEMA, outcome_header(state))]
-    view.apply_event(partition, at, headers, value, changed, key=job_id.encode())
+    view.fold.apply_event(partition, at, headers, value, changed, key=job_id.encode())
 
 
 def test_a_batch_writes_each_changed_key_once_with_its_last_value(tmp_path: Any) -> None:
@@ -57,7 +57,7 @@ def test_a_batch_writes_each_changed_key_once_with_its_last_value(tmp_path: Any)
     _fold(view, changed, 5, "c", "scheduled", 5)
     assert sent == [], "nothing is written before the batch ends"
 
-    view.write_changed(changed)
+    view.fold.write_changed(changed)
 
     jobs = {key: (p, value["state"]) for name, p, key, value in sent if name == "jobs"}
     assert jobs == {"a": (2, "succeeded"), "b": (2, "scheduled"), "c": (5, "scheduled")}
@@ -72,8 +72,8 @@ def test_a_batch_writes_each_changed_key_once_with_its_last_value(tmp_path: Any)
 def test_a_batch_with_nothing_usable_writes_nothing(tmp_path: Any) -> None:
     view, sent = _view(tmp_path)
     changed = Changed()
-    view.apply_event(0, 7, [], b"\xff\xff", changed, key=b"x")
-    view.write_changed(changed)
+    view.fold.apply_event(0, 7, [], b"\xff\xff", changed, key=b"x")
+    view.fold.write_changed(changed)
     assert sent == []
     assert view.reads.job("x") is None
     assert view.store.unsaved == 0
@@ -98,8 +98,8 @@ def test_an_outcome_v3_with_a_result_goes_to_the_changelog_as_json(tmp_path: Any
         exec_partition=4,
         command_id=None,
     )
-    view.apply_event(1, 2, [(hdr.SCHEMA, OUTCOME_V3)], value, changed, key=b"r")
-    view.write_changed(changed)
+    view.fold.apply_event(1, 2, [(hdr.SCHEMA, OUTCOME_V3)], value, changed, key=b"r")
+    view.fold.write_changed(changed)
     [(_, p, key, job)] = [s for s in sent if s[0] == "jobs"]
     assert (p, key, job["state"], job["result"], job["exec_partition"]) == (
         1,

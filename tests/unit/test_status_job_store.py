@@ -113,13 +113,13 @@ def _view(tmp_path: Path, **obs: Any) -> tuple[StatusView, list[tuple[str, int, 
 
         settings = replace(settings, observability=replace(settings.observability, **obs))
     view = StatusView(settings, metrics=Metrics(), data_dir=tmp_path)
-    view.quarantine = None
+    view.fold.quarantine = None
     sent: list[tuple[str, int, Any, Staged]] = []
 
     def send_job(job_id: str, p: int, raw: bytes | None, staged: Staged) -> None:
         sent.append((job_id, p, None if raw is None else orjson.loads(raw), staged))
 
-    view._send_job = send_job  # type: ignore[method-assign,assignment]
+    view.fold._send_job = send_job  # type: ignore[method-assign,assignment]
     return view, sent
 
 
@@ -135,8 +135,8 @@ def _fold(view: StatusView, p: int, job_id: str, state: str, at: int, **extra: A
         at_ms=at,
         **extra,
     )
-    view.apply_event(p, at, [(hdr.SCHEMA, outcome_header(state))], value, changed)
-    view.write_changed(changed)
+    view.fold.apply_event(p, at, [(hdr.SCHEMA, outcome_header(state))], value, changed)
+    view.fold.write_changed(changed)
 
 
 def _ack(view: StatusView, sent: list[tuple[str, int, Any, Staged]], offset: int) -> None:
@@ -225,7 +225,7 @@ def test_the_sweep_removes_finished_jobs_after_the_retention_and_never_a_pending
     view.store.flush()
     _fold(view, 0, "changing", "fired", now - 29 * DAY)  # a redrive: staged, not saved yet
 
-    removed = asyncio.run(view.sweep(now_ms=now, retention_ms=retention, partitions={0}))
+    removed = asyncio.run(view.fold.sweep(now_ms=now, retention_ms=retention, partitions={0}))
 
     assert removed == 1
     tombstones = [(job_id, p) for job_id, p, v, _ in sent if v is None]
@@ -246,7 +246,7 @@ def test_a_big_sweep_yields_and_removes_every_expired_job(tmp_path: Path) -> Non
     for offset in range(len(sent)):
         _ack(view, sent, offset)
     view.store.flush()
-    removed = asyncio.run(view.sweep(now_ms=DAY * 10, retention_ms=DAY, partitions={0}))
+    removed = asyncio.run(view.fold.sweep(now_ms=DAY * 10, retention_ms=DAY, partitions={0}))
     assert removed == 2500
     for offset in range(len(sent)):
         _ack(view, sent, 10_000 + offset)

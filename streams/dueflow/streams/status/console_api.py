@@ -431,6 +431,8 @@ class SessionPages:
 Call = Callable[[ConsoleOperations, dict[str, Any], str], dict[str, Any]]
 # an action on a named queue: (operations, queue, body, who)
 QueueCall = Callable[[ConsoleOperations, str, dict[str, Any], str], dict[str, Any]]
+# pausing or resuming one queue or schedule: (operations, body, who, paused)
+PauseCall = Callable[[ConsoleOperations, dict[str, Any], str, bool], dict[str, Any]]
 
 
 class ActionPages:
@@ -519,24 +521,35 @@ class ActionPages:
 
     async def queue_control(self, request: web.Request) -> web.Response:
         queue = request.match_info["queue"]
-        paused = request.match_info["verb"] == "pause"
-        return self.known_queue(queue) or await self.act(
+        return self.known_queue(queue) or await self._pause_action(
             request,
-            request.match_info["verb"] + " queue",
+            "queue",
             queue,
-            lambda ops, body, who: ops.pause_queue(queue, body, who, paused),
-            target_kind="queue",
+            lambda ops, body, who, paused: ops.pause_queue(queue, body, who, paused),
         )
 
     async def schedule_control(self, request: web.Request) -> web.Response:
         schedule_id = request.match_info["schedule_id"]
-        paused = request.match_info["verb"] == "pause"
+        return await self._pause_action(
+            request,
+            "schedule",
+            schedule_id,
+            lambda ops, body, who, paused: ops.pause_schedule(schedule_id, body, who, paused),
+        )
+
+    async def _pause_action(
+        self, request: web.Request, kind: str, target: str, call: PauseCall
+    ) -> web.Response:
+        """Pause or resume (the path's verb) the ``kind`` named ``target``, recorded as
+        ``<verb> <kind>``."""
+        verb = request.match_info["verb"]
+        paused = verb == "pause"
         return await self.act(
             request,
-            request.match_info["verb"] + " schedule",
-            schedule_id,
-            lambda ops, body, who: ops.pause_schedule(schedule_id, body, who, paused),
-            target_kind="schedule",
+            f"{verb} {kind}",
+            target,
+            lambda ops, body, who: call(ops, body, who, paused),
+            target_kind=kind,
         )
 
     async def actions(self, _request: web.Request) -> web.Response:
