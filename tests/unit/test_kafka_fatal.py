@@ -19,7 +19,7 @@ from dueflow.errors import FencedError
 from dueflow.kafka.fatal import served
 from dueflow.observability.metrics import Metrics
 from dueflow.producers.scheduler import Scheduler
-from dueflow.streams.emitter import outbox
+from dueflow.streams.emitter import txn_lane
 
 FENCED = KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True)
 
@@ -95,15 +95,14 @@ def test_served_passes_results_and_other_errors_through() -> None:
 
 def test_the_emitters_poll_ends_the_session_not_the_process() -> None:
     with pytest.raises(FencedError, match="poll: fenced by another emitter"):
-        outbox._serve(FencedClient(), 0.0)  # type: ignore[arg-type]
+        txn_lane.serve(FencedClient(), 0.0)  # type: ignore[arg-type]
 
 
 def test_closing_a_fenced_emitter_lane_goes_on(caplog: pytest.LogCaptureFixture) -> None:
     client = FencedClient()
-    lane = outbox._Lane(txn_id="e-1", spares_wanted=0, producer=client)  # type: ignore[arg-type]
-    box: Any = object.__new__(outbox.Outbox)
+    lane = txn_lane.Lane(txn_id="e-1", spares_wanted=0, producer=client)  # type: ignore[arg-type]
     with caplog.at_level(logging.WARNING):
-        outbox.Outbox._close_lane(box, lane, abort=True)
+        lane.close(abort=True)
     assert client.calls == [("flush", 1.0)]
     assert lane.producer is None
     assert any(r.getMessage() == "producer close failed" for r in caplog.records)

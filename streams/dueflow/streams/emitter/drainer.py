@@ -8,14 +8,13 @@ partitions around the drain clock, and says which offsets (with their
 checkpoints) the next transaction commits. It owns no client: the source,
 the outbox and the clock readings are passed in.
 
-Flow control. A heap feeder is read until a record is due more than its
-read-ahead plus one level-0 slot past the drain clock, or until the heap
-holds ``heap_budget`` timers; it resumes when the drain clock comes within
-its read-ahead of that record (or that record fired), and the heap is below
-half its budget. A slot of level 1 or up is read record by record and stops
-at the first one not ready. The drain clock stays within one level-0 slot of
-the earliest unfired timer, so slots open in due order and memory holds the
-timers due within a few seconds of it, at most about the budget.
+The drain clock stays within one level-0 slot of the earliest unfired timer,
+so slots open in due order and memory holds the timers due within a few
+seconds of it, at most about the heap budget. Which partitions are paused, and
+when each goes on, is :class:`~dueflow.streams.emitter.drain_flow.DrainFlow`;
+the slots of level 1 and up are read by
+:class:`~dueflow.streams.emitter.slot_cascade.SlotCascade`; the offsets and
+checkpoints committed are :mod:`~dueflow.streams.emitter.drain_checkpoints`.
 
 The hot path (near and level-0 records) reads headers only and keeps the
 original message for firing, so the value bytes are forwarded unchanged.
@@ -26,59 +25,45 @@ Partition pauses are :class:`~dueflow.streams.emitter.pauses.PartitionPauses`.
 
 from __future__ import annotations
 
-import heapq
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaError, Message, TopicPartition
 
-from dueflow import headers as hdr
 from dueflow.config import Settings
 from dueflow.kafka.topics import names
 from dueflow.observability.logs import event
 from dueflow.observability.metrics import Metrics
 from dueflow.observability.tracing import JobTracer
-from dueflow.reasons import UNKNOWN_QUEUE, reason_label
 from dueflow.rules.drain import (
     Checkpoint,
     TimerKey,
-    cascade_ready_ms,
     classify_timer,
     heap_horizon_ms,
-    idle_until_ms,
-    landed_late,
-    latest_fired,
     next_drain_ms,
 )
 from dueflow.rules.due_queue import DueQueue
 from dueflow.rules.open_offsets import OpenOffsets
 from dueflow.rules.token_bucket import TokenBucket
 from dueflow.rules.wheel import NEAR_LEVEL
+from dueflow.streams.emitter.drain_checkpoints import DrainStart, commit_offsets
+from dueflow.streams.emitter.drain_checkpoints import SealedCommit as SealedCommit
+from dueflow.streams.emitter.drain_flow import DrainFlow
 from dueflow.streams.emitter.firing import CronFiring, Firing, Sender
 from dueflow.streams.emitter.limits import EmitterLimits
 from dueflow.streams.emitter.pauses import PartitionControl, PartitionPauses
 from dueflow.streams.emitter.rewrites import TimerRewrites
 from dueflow.streams.emitter.shard_layout import ShardLayout
+from dueflow.streams.emitter.slot_cascade import SlotCascade
 from dueflow.streams.emitter.target_queues import QueueTopics
 
 log = logging.getLogger("dueflow.emitter.drain")
 
 _EOF = KafkaError._PARTITION_EOF
-PARK_PASS_MS = 100  # how often partitions read to their end are looked at for parking
 
 # A timer in the queue, under its due time: (partition, offset, message, exec topic,
 # is cron, headers, exec partition or -1: by key).
 Entry = tuple[int, int, Message, str, bool, list[Any], int]
-
-
-@dataclass(frozen=True, slots=True)
-class SealedCommit:
-    """A transaction handed over to commit: its timer offsets (with checkpoints)
-    and the due times it fired, per exec topic."""
-
-    offsets: list[TopicPartition]
-    fired: dict[str, list[int]]
 
 
 class WheelDrainer:
@@ -102,7 +87,6 @@ class WheelDrainer:
         em = settings.emitter
         self._geo = geo
         self._topic = names(settings).timers
-        self._source = source
         self._metrics = metrics
         # Kept current by the emitter as queues are registered (shared dicts).
         self._queues = queues if queues is not None else QueueTopics(settings)
@@ -140,69 +124,55 @@ class WheelDrainer:
             capacity=max(1.0, em.catchup_max_rate_per_s / 20.0),
             now=now_ms,
         )
-        self._lay_out_partitions(committed)
-        self._queue = DueQueue()
-        self._pauses = PartitionPauses(source, stash_cap=max(1, em.heap_budget // 2))
-        # The pauses' own containers (never replaced), read on the hot path.
-        self._paused = self._pauses.paused  # partition -> resume key
-        self._eof = self._pauses.eof
-        self._eof_at = self._pauses.eof_at
-        self._parked = self._pauses.parked
-        self._feeder_queue: list[tuple[int, int]] = []  # (blocker due - read-ahead, p)
-        self._blocker: dict[int, int] = {}  # paused feeder -> offset of its blocker
-        self._full: set[int] = set()  # feeders paused because the heap was full
-        self._slot_queue: list[tuple[int, int]] = []  # (ready time, p), slots of level >= 1
-        self._rate_paused: set[int] = set()  # slots waiting for tokens
-        # Parked: slot partitions read to their end and paused until their next
-        # visit comes near (see _park_idle), so a fetch asks only for the
-        # partitions that can hold a record needed soon: at 5k timers/s every
-        # fetch used to carry all 260 partitions of the default wheel, and the
-        # broker read each of them ~150 times a second.
-        self._park_min = self._slot  # not parked for less than this
-        self._next_park_ms = 0
-        self._touched: set[int] = set()
-
-    def _lay_out_partitions(self, committed: dict[int, tuple[int, Checkpoint | None]]) -> None:
-        """Per-partition state, from the wheel and the committed offsets (with their
-        checkpoints)."""
-        geo = self._geo
-        ours = geo.partitions
         # Per-partition lists are indexed by partition: this shard's are
-        # ours.start .. n-1 (the entries below are never used).
-        n = ours.stop
+        # geo.partitions (the entries below its first are never used).
         layout = ShardLayout.of(geo)
         self._level = layout.level
-        self._index = layout.index
         self._feeders = layout.feeders
-        self._ahead = layout.ahead
         self._lead = layout.lead
         self._lead_slot = layout.lead_slot
         self._open = [OpenOffsets() if lv <= 0 else None for lv in self._level]
-        self._read_to = [max(committed.get(p, (-1, None))[0], 0) for p in range(n)]
+        start = DrainStart.of(geo, self._feeders, committed)
+        self._read_to = start.read_to
         # Due time a feeder has been read up to. Firing does not pass it (records
         # of one partition come in due order: a near partition's as they are
         # written, a level-0 partition's slot after slot), so a backlog fires in
         # due order; with nothing in the heap, neither does the drain clock.
-        self._frontier = [0] * n
+        self._frontier = [0] * geo.partitions.stop
         self.fire_limit_ms = 0
-        self.committed_offsets = {p: committed.get(p, (-1, None))[0] for p in ours}
-
-        # Heap feeders re-read after a takeover, up to the previous emitter's read
-        # offset: nothing fires until they are (it is a short stretch).
-        self._replay: dict[int, Checkpoint] = {}
-        checkpoints = []
-        for p in self._feeders:
-            offset, ck = committed.get(p, (-1, None))
-            checkpoints.append(ck)
-            if ck is not None and ck.read_to > max(offset, 0):
-                self._replay[p] = ck
-        self.fired: TimerKey | None = latest_fired(checkpoints)
+        self.committed_offsets = start.committed_offsets
+        self._replay = start.replay  # feeders re-read after a takeover
+        self.fired: TimerKey | None = start.fired
         # Firing without transactions, the previous active emitter may have fired
         # timers after its last commit: those this period fires again are due by the
         # time it started. Counted (an upper bound) as re-fires; None: not counted.
         self.refire_before_ms: int | None = None
         self.drain_ms = self.fired[0] if self.fired is not None else 0
         self._unheard = set(self._feeders)  # feeders with neither a record nor an end yet
+        self._queue = DueQueue()
+        self._pauses = PartitionPauses(source, stash_cap=max(1, em.heap_budget // 2))
+        self._flow = DrainFlow(self._pauses, geometry=geo, layout=layout)
+        # The pauses' and the flow's own containers (never replaced), read on the hot path.
+        self._paused = self._pauses.paused  # partition -> resume key
+        self._eof = self._pauses.eof
+        self._eof_at = self._pauses.eof_at
+        self._parked = self._pauses.parked
+        self._blocker = self._flow.blocker  # paused feeder -> offset of its blocker
+        self._full = self._flow.full  # feeders paused because the heap was full
+        self._touched: set[int] = set()
+        self._cascade = SlotCascade(
+            geometry=geo,
+            index=layout.index,
+            queues=self._queues,
+            rewrites=self._rewrites,
+            firing=self._firing,
+            quarantine=self._quarantine,
+            flow=self._flow,
+            bucket=self._bucket,
+            metrics=metrics,
+            read_to=self._read_to,
+            touched=self._touched,
+        )
 
     # ------------------------------------------------------------------ state
     @property
@@ -245,6 +215,7 @@ class WheelDrainer:
         fired_at = fired[1:] if fired is not None else (-1, -1)
         at_once = 0
         fire = self._firing.at(now_ms)
+        from_slot = self._cascade.read
         for m in messages:
             p: int = m.partition()  # type: ignore[assignment]
             if p in paused:
@@ -259,7 +230,7 @@ class WheelDrainer:
             eof.discard(p)
             level = level_of[p]
             if level > 0:
-                self._from_slot(m, p, off, level, now_ms)
+                from_slot(m, p, off, level, now_ms, drain)
                 continue
             if unheard:
                 unheard.discard(p)
@@ -272,7 +243,7 @@ class WheelDrainer:
             found = classify(headers, m.key(), exec_topics, exec_partitions)
             read_to[p] = off + 1
             if isinstance(found, str):
-                found = self._unknown_queue(m, headers, found)
+                found = self._queues.classify_again(m, headers, found)
             if isinstance(found, str):
                 if ck is None:
                     self._quarantine(m, p, off, found, now_ms)
@@ -296,7 +267,7 @@ class WheelDrainer:
             opens[p].add(off)  # type: ignore[union-attr]
             held = push(due, (p, off, m, topic, cron, headers, target))
             if ck is None and (held >= budget or (level == 0 and due > drain + lead_slot[p])):
-                self._hold(p, off, due - self._lead[p])
+                self._flow.hold(p, off, due - self._lead[p])
                 if held >= budget:
                     self._full.add(p)
         if at_once:
@@ -315,54 +286,6 @@ class WheelDrainer:
         if ck is not None and m.offset() >= ck.read_to:  # type: ignore[operator]
             del self._replay[p]
 
-    def _from_slot(self, m: Message, p: int, off: int, level: int, now_ms: int) -> None:
-        """A record of a level >= 1 slot: handle it when ready, else stop the partition."""
-        found = classify_timer(m.headers(), m.key(), self._exec_topics, self._exec_partitions)
-        if isinstance(found, str):
-            found = self._unknown_queue(m, m.headers(), found)
-        if isinstance(found, str):
-            self._quarantine(m, p, off, found, now_ms)
-            self._read_to[p] = off + 1
-            return
-        due, topic, cron, target = found
-        ts = m.timestamp()[1]
-        ready = cascade_ready_ms(
-            geometry=self._geo, level=level, index=self._index[p], due_ms=due, append_ms=ts
-        )
-        if ready > self.drain_ms:
-            self._pause_slot(p, off, ready)
-            return
-        if due <= now_ms:  # overdue (a catch-up, or written late): fire it from here
-            if self._bucket.available(now_ms) < 1:
-                self._pause(p, off, ready)
-                self._rate_paused.add(p)
-                return
-            self._bucket.take(1)
-            if landed_late(geometry=self._geo, level=level, due_ms=due, append_ms=ts):
-                self._metrics.late_timers.inc()
-            headers: Any = m.headers()
-            self._firing.at(now_ms)(m, p, off, due, topic, cron, headers, target)
-        else:
-            to = self._rewrites.placement(m, due, now_ms)
-            if to == p:  # cannot happen for a ready record; never loop
-                self._pause_slot(p, off, ready + self._geo.levels[level].width_ms)
-                return
-            self._rewrites.place(m, p, off, to, now_ms, str(level))
-        self._read_to[p] = off + 1
-        self._touched.add(p)
-
-    def _unknown_queue(
-        self, m: Message, headers: Any, reason: str
-    ) -> tuple[int, str, bool, int] | str:
-        """A timer classified bad: when for a queue not known, ask the registry first
-        (it may have been created a moment ago); classify it again if it exists."""
-        if reason_label(reason) != UNKNOWN_QUEUE:
-            return reason
-        queue = hdr.header(headers, hdr.QUEUE)
-        if queue is None or not self._queues.learn(queue, m.timestamp()[1]):
-            return reason
-        return classify_timer(headers, m.key(), self._exec_topics, self._exec_partitions)
-
     def _place_again(self, m: Message, p: int, off: int, due: int, level: int, now_ms: int) -> None:
         """A heap feeder's record due too far from when it was written (a producer
         clock far ahead): put it where it belongs now."""
@@ -373,20 +296,6 @@ class WheelDrainer:
     def _quarantine(self, m: Message, p: int, off: int, reason: str, now_ms: int) -> None:
         self._rewrites.quarantine(m, p, off, reason, now_ms)
         self._touched.add(p)
-
-    def _pause(self, p: int, next_offset: int, key: int) -> None:
-        self._pauses.pause(p, next_offset, key)
-
-    def _hold(self, p: int, off: int, key: int) -> None:
-        """Pause a feeder at its record ``off``, due past its read-ahead (its blocker),
-        until ``key``; what it delivered after that record is kept."""
-        self._pauses.hold(p, off + 1, key)
-        self._blocker[p] = off
-        heapq.heappush(self._feeder_queue, (key, p))
-
-    def _pause_slot(self, p: int, offset: int, ready_ms: int) -> None:
-        self._pause(p, offset, ready_ms)
-        heapq.heappush(self._slot_queue, (ready_ms, p))
 
     def _resume(self, p: int, now_ms: int) -> None:
         self._full.discard(p)
@@ -449,90 +358,27 @@ class WheelDrainer:
         if self.starting:
             return  # every feeder reports a record or its end first
         queue = self._queue
-        limit: int | None = None
-        fire_limit = now_ms
-        paused, eof, ahead, frontier = self._paused, self._eof, self._ahead, self._frontier
-        slot = self._slot
-        for p in self._feeders:
-            if p in eof:
-                continue
-            # A paused feeder was read up to its blocker, a reading one up to its
-            # frontier: nothing due later fires before it caught up (a reading one
-            # gets one level-0 slot of slack, so a fetch in flight rarely stalls).
-            at = frontier[p]
-            if p in paused:
-                if at < fire_limit:
-                    fire_limit = at
-                continue
-            if at + ahead[p] + slot < fire_limit:
-                if self._read_to[p] >= self._source.end_offset(p) >= 0:
-                    # Read to its end, and the end event has not come yet (it can
-                    # take a while when the fetch queue is full): nothing there.
-                    eof.add(p)
-                    continue
-                fire_limit = at + ahead[p] + slot
-            if limit is None or at + ahead[p] < limit:
-                limit = at + ahead[p]
+        fire_limit, limit = self._flow.fire_limits(
+            now_ms, frontier=self._frontier, read_to=self._read_to
+        )
         self.fire_limit_ms = fire_limit
         drain = self.drain_ms = next_drain_ms(
             drain_ms=self.drain_ms,
             now_ms=now_ms,
             earliest_due_ms=queue.first_due(),
-            lag_ms=slot,
+            lag_ms=self._slot,
             reading_limit_ms=None if queue else limit,
         )
         # A feeder paused by the drain clock resumes when its time comes; one paused
         # because the heap was full, also not before the heap is half empty.
-        feeders = self._feeder_queue
-        roomy = len(queue) < self._budget // 2
-        waiting = []
-        while feeders and feeders[0][0] <= drain:
-            at, p = heapq.heappop(feeders)
-            if self._paused.get(p) == at and p in self._blocker:
-                if p in self._full and not roomy:
-                    waiting.append((at, p))
-                else:
-                    self._resume(p, now_ms)
-        for item in waiting:
-            heapq.heappush(feeders, item)
-        slots = self._slot_queue
-        while slots and slots[0][0] <= drain:
-            at, p = heapq.heappop(slots)
-            if self._paused.get(p) == at and p not in self._rate_paused:
-                self._resume(p, now_ms)
-        if self._rate_paused and self._bucket.available(now_ms) >= 1:
-            for p in list(self._rate_paused):
-                self._rate_paused.discard(p)
-                if p in self._paused:
-                    self._resume(p, now_ms)
-        if now_ms >= self._next_park_ms:
-            self._next_park_ms = now_ms + PARK_PASS_MS
-            self._park_idle(drain)
-
-    def _park_idle(self, drain_ms: int) -> None:
-        """Pause every slot partition read to its end whose next visit is more than
-        ``_park_min`` away, until it comes near (level 0: a slot before the feeder
-        would be read anyway; level 1 up: when it opens).
-
-        A parked partition stays "at its end": nothing it can hold holds up
-        firing. A record written into it against the placement rules (a producer
-        clock far behind) is noticed by :meth:`wake_parked`.
-        """
-        paused, level_of, index, geo = self._paused, self._level, self._index, self._geo
-        eof_at, read_to, replay = self._eof_at, self._read_to, self._replay
-        horizon = drain_ms + self._park_min
-        for p in self._eof:
-            level = level_of[p]
-            if level < 0 or p in paused or p in replay:
-                continue
-            key = idle_until_ms(geometry=geo, level=level, index=index[p], drain_ms=drain_ms)
-            if level == 0:
-                key -= self._lead_slot[p]
-            if key <= horizon:
-                continue
-            at = max(eof_at.get(p, 0), read_to[p])
-            self._pauses.park(p, at, key)
-            heapq.heappush(self._slot_queue, (key, p))
+        self._flow.resume_due(
+            drain,
+            now_ms,
+            roomy=len(queue) < self._budget // 2,
+            bucket=self._bucket,
+            resume=self._resume,
+        )
+        self._flow.park_idle(drain, now_ms, read_to=self._read_to, replay=self._replay)
 
     @property
     def parked(self) -> dict[int, int]:
@@ -543,14 +389,7 @@ class WheelDrainer:
         """Resume the parked partitions whose end offset (``ends``, read_committed)
         moved past where they stopped: a record landed there out of turn. Returns
         how many."""
-        woken = 0
-        for p, end in ends.items():
-            at = self._parked.get(p)
-            if at is not None and end > at:
-                self._eof.discard(p)  # records are on their way (or its next end is)
-                self._resume(p, now_ms)
-                woken += 1
-        return woken
+        return self._flow.wake_parked(ends, now_ms, resume=self._resume)
 
     def wake_ms(self, now_ms: int) -> int:
         """Wall-clock time the loop should look again at the latest."""
@@ -565,30 +404,20 @@ class WheelDrainer:
                 at = min(at, now_ms + self._bucket.wait(now_ms))
             else:  # a feeder is still reading: its records wake the loop
                 at = min(at, now_ms + 5)
-        if self.drain_ms >= now_ms - 1:  # steady state: the drain clock is the wall clock
-            if self._feeder_queue:
-                at = min(at, max(self._feeder_queue[0][0], now_ms))
-            if self._slot_queue:
-                at = min(at, max(self._slot_queue[0][0], now_ms))
-        if self._rate_paused:
-            at = min(at, now_ms + max(1, self._bucket.wait(now_ms)))
-        return at
+        # Steady state: the drain clock is the wall clock.
+        steady = self.drain_ms >= now_ms - 1
+        return self._flow.wake_ms(at, now_ms, steady=steady, bucket=self._bucket)
 
     # ------------------------------------------------------------------ commits
     def commit_offsets(self) -> list[TopicPartition]:
         """Offsets and checkpoints of every partition changed since the last commit."""
-        out = []
-        fired = self.fired
-        for p in self._touched:
-            opens = self._open[p]
-            if opens is not None:
-                offset = opens.lowest(self._read_to[p])
-                meta = Checkpoint(self._read_to[p], fired).encode()
-            else:
-                offset = self._read_to[p]
-                meta = Checkpoint(offset).encode()
-            out.append(TopicPartition(self._topic, p, offset, meta))
-        return out
+        return commit_offsets(
+            topic=self._topic,
+            touched=self._touched,
+            opens=self._open,
+            read_to=self._read_to,
+            fired=self.fired,
+        )
 
     def seal(self) -> SealedCommit:
         """The offsets the transaction being committed carries, and the fires in it:

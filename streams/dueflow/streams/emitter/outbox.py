@@ -13,7 +13,8 @@ a commit is in flight: a timer that comes due meanwhile is written at once,
 not after the commit's round trips. Commits stay in order: the next one is
 submitted only once the previous one finished (its offsets are then the newest).
 With one producer, :meth:`submit` waits for the commit, as a single
-transactional producer must.
+transactional producer must. Each producer, its thread and the calls made on
+it are a :class:`~dueflow.streams.emitter.txn_lane.Lane`.
 
 Fencing. :meth:`Outbox.start` runs ``init_transactions`` for every id up to
 :data:`MAX_PRODUCERS`, whatever ``emitter.producers`` says, so a new active
@@ -47,57 +48,25 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from dueflow.config import Settings
 from dueflow.errors import KafkaOperationError
-from dueflow.kafka.blocking import ClientWedged, DaemonThreadExecutor, abandon
+from dueflow.kafka.blocking import ClientWedged, DaemonThreadExecutor
 from dueflow.kafka.clients import make_transactional_producer
 from dueflow.kafka.fatal import served
 from dueflow.kafka.topic_limits import TOO_LARGE_CODES
 from dueflow.kafka.topics import names
-from dueflow.observability.logs import event
-from dueflow.streams.emitter.fence import MAX_PRODUCERS, fence_id, txn_error, wrap_txn_error
+from dueflow.streams.emitter.fence import MAX_PRODUCERS, fence_id, wrap_txn_error
+from dueflow.streams.emitter.txn_lane import ABORT_S, Lane, PartitionKey, serve
+from dueflow.streams.emitter.txn_lane import TransactionAborted as TransactionAborted
 from dueflow.wall_clock import wall_ms
 
-log = logging.getLogger("dueflow.emitter.outbox")
-
-
-_Key = tuple[str, int]
 POLL_EVERY_NS = 10_000_000
-
-
-class TransactionAborted(KafkaOperationError):
-    """The open transaction failed and was aborted: re-read from the committed offsets."""
-
-
-@dataclass(eq=False)
-class _Lane:
-    """One transactional producer, its thread, and its open transaction."""
-
-    txn_id: str
-    spares_wanted: int
-    calls: DaemonThreadExecutor | None = None
-    producer: Producer | None = None
-    spares: list[Producer] = field(default_factory=list)
-    open: bool = False
-    records: int = 0
-    opened_ms: int = 0  # wall clock when its transaction was opened
-    first_ms: int = 0  # wall clock of the transaction's first record
-    ahead: _Key | None = None  # partition whose offset opened the transaction
-    # The open-ahead after its last commit (on its thread), and when it was asked.
-    task: concurrent.futures.Future[None] | None = None
-    task_at: float = 0.0
-
-
-# An abort is a courtesy (the next fencing aborts what is open): waited for this long.
-_ABORT_S = 2.0
 
 
 class Outbox:
@@ -112,24 +81,24 @@ class Outbox:
         ids = self._names.emitter_transactional_ids(MAX_PRODUCERS, settings.wheel.shard)
         self._ring = em.producers
         self._lanes = [
-            _Lane(txn_id, _FENCE_SPARES if i < self._ring else 1) for i, txn_id in enumerate(ids)
+            Lane(txn_id, _FENCE_SPARES if i < self._ring else 1) for i, txn_id in enumerate(ids)
         ]
         self._cur = 0
         self._polled_ns = 0
-        self._latest: dict[_Key, TopicPartition] = {}  # newest offset sent per partition
+        self._latest: dict[PartitionKey, TopicPartition] = {}  # newest offset sent per partition
         # The commit in flight: its future and when it was asked.
         self._commit: concurrent.futures.Future[int] | None = None
         self._commit_at = 0.0
         self.submitted_ms = 0  # wall clock when the commit in flight was handed over
         # A commit's calls share the transaction timeout, an abort after it takes at
-        # most _ABORT_S: a commit running longer than this is wedged (librdkafka
+        # most ABORT_S: a commit running longer than this is wedged (librdkafka
         # #5456/#5511 after broker restarts), and its producers are abandoned.
-        self._deadline_s = em.transaction_timeout_ms / 1000.0 + _ABORT_S + 5.0
+        self._deadline_s = em.transaction_timeout_ms / 1000.0 + ABORT_S + 5.0
         self._too_large = False  # the broker refused a record of this outbox as too large
 
     # ------------------------------------------------------------------ state
     @property
-    def _lane(self) -> _Lane:
+    def _lane(self) -> Lane:
         return self._lanes[self._cur]
 
     @property
@@ -231,9 +200,9 @@ class Outbox:
         except concurrent.futures.TimeoutError:
             raise KafkaOperationError("fencing the earlier emitters did not finish") from None
         for lane in self._lanes[self._ring :]:  # fenced only: never written with
-            self._close_lane(lane, abort=False)
+            lane.close(abort=False)
 
-    def _fence_lane(self, lane: _Lane, deadline: float) -> None:
+    def _fence_lane(self, lane: Lane, deadline: float) -> None:
         """``init_transactions`` for one id (:func:`~dueflow.streams.emitter.fence.fence_id`:
         a producer the coordinator refused while it aborts the old transaction is
         dropped, and a fresh one, made ahead by :meth:`prepare`, asks again)."""
@@ -262,7 +231,7 @@ class Outbox:
         needed). ``partition`` -1 lets the murmur2 partitioner choose from the key."""
         lane = self._lanes[self._cur]
         if not lane.open:
-            self._begin(lane)
+            lane.begin(self._clock)
         producer = lane.producer
         assert producer is not None
         while True:
@@ -270,24 +239,12 @@ class Outbox:
                 producer.produce(topic, value, key, partition, headers=headers)
                 break
             except BufferError:  # local queue full: let deliveries drain
-                _serve(producer, 0.05)
+                serve(producer, 0.05)
             except KafkaException as exc:
                 raise wrap_txn_error(f"produce to {topic}", exc) from exc
         if not lane.records:
             lane.first_ms = self._clock()
         lane.records += 1
-
-    def _begin(self, lane: _Lane) -> None:
-        producer = lane.producer
-        assert producer is not None, "start() first"
-        try:
-            producer.begin_transaction()
-        except KafkaException as exc:
-            raise wrap_txn_error("begin_transaction", exc) from exc
-        lane.open = True
-        lane.records = 0
-        lane.ahead = None
-        lane.opened_ms = self._clock()
 
     def poll(self) -> None:
         """Serve the producers' events (failed deliveries, errors) at most every
@@ -300,7 +257,7 @@ class Outbox:
         self._polled_ns = now
         for lane in self._lanes[: self._ring]:
             if lane.producer is not None:
-                _serve(lane.producer, 0)
+                serve(lane.producer, 0)
 
     # ------------------------------------------------------------------ commits
     def can_submit(self) -> bool:
@@ -347,12 +304,13 @@ class Outbox:
         commit: concurrent.futures.Future[int] = concurrent.futures.Future()
         lane.open, lane.records, lane.ahead = False, 0, None
         lane.task = lane.calls.submit(
-            self._commit_then_open,
-            lane,
+            lane.commit_then_open,
             commit,
             offsets,
             group_metadata,
             ahead if reopen and self._ring < _NO_OPEN_AHEAD_FROM else None,
+            timeout_s=self._settings.emitter.transaction_timeout_ms / 1000.0,
+            clock_ms=self._clock,
         )
         self._commit = commit
         self._commit_at = lane.task_at = time.monotonic()
@@ -396,89 +354,7 @@ class Outbox:
         self.submit(offsets, group_metadata, reopen=False)
         return self.wait()
 
-    def _commit_then_open(
-        self,
-        lane: _Lane,
-        commit: concurrent.futures.Future[int],
-        offsets: list[TopicPartition],
-        group_metadata: Any,
-        ahead: TopicPartition | None,
-    ) -> None:
-        """On the lane's thread: commit (its outcome goes to ``commit``), then, if
-        it committed and ``ahead`` is given, open the next transaction ahead."""
-        try:
-            done_ms = self._commit_blocking(lane, offsets, group_metadata)
-        except BaseException as exc:
-            commit.set_exception(exc)
-            return
-        commit.set_result(done_ms)
-        if ahead is not None:
-            self._open_ahead_blocking(lane, ahead, group_metadata)
-
-    def _commit_blocking(
-        self, lane: _Lane, offsets: list[TopicPartition], group_metadata: Any
-    ) -> int:
-        producer = lane.producer
-        assert producer is not None
-        timeout = self._settings.emitter.transaction_timeout_ms / 1000.0
-        # Retriable commit errors (a timeout, the coordinator moving) are retried
-        # until the transaction timeout, not forever: a commit that cannot finish
-        # (seen after broker restarts: the request never leaves the producer) must
-        # not wedge the process. Giving up is safe: the next active period's
-        # init_transactions settles it.
-        deadline = time.monotonic() + timeout
-        try:
-            # No flush() first (to keep this transaction's records ahead of the
-            # next one's in each partition): measured, it made the seen lateness
-            # tail two to three times longer (p99 178-366 ms against 107-123 ms at
-            # 5k timers/s); commit_transaction flushes anyway.
-            if offsets:
-                producer.send_offsets_to_transaction(
-                    offsets, group_metadata, max(0.1, deadline - time.monotonic())
-                )
-            while True:
-                try:
-                    producer.commit_transaction(max(1.0, deadline - time.monotonic()))
-                    return self._clock()
-                except KafkaException as exc:
-                    err = txn_error(exc)
-                    if (
-                        err is not None
-                        and err.retriable()
-                        and not err.txn_requires_abort()
-                        and time.monotonic() < deadline
-                    ):
-                        continue
-                    raise
-        except KafkaException as exc:
-            self._fail_blocking(lane, "commit_transaction", exc)
-
-    def _open_ahead_blocking(
-        self, lane: _Lane, offset: TopicPartition, group_metadata: Any
-    ) -> None:
-        """Open the lane's next transaction and wait until it can take records."""
-        producer = lane.producer
-        assert producer is not None
-        if lane.open:
-            return
-        self._begin(lane)
-        lane.ahead = (offset.topic, offset.partition)
-        timeout = self._settings.emitter.transaction_timeout_ms / 1000.0
-        try:
-            producer.send_offsets_to_transaction([offset], group_metadata, timeout)
-        except KafkaException as exc:
-            self._fail_blocking(lane, "open the next transaction", exc)
-
-    def _fail_blocking(self, lane: _Lane, what: str, exc: KafkaException) -> NoReturn:
-        """A transaction failed (on the lane's thread): abort it if it can be, and raise."""
-        lane.open, lane.records = False, 0
-        err = txn_error(exc)
-        if err is not None and err.txn_requires_abort() and not err.fatal():
-            self._abort_blocking(lane)
-            raise TransactionAborted(f"transaction aborted: {exc}", cause=exc) from exc
-        raise wrap_txn_error(what, exc) from exc
-
-    def _task_done(self, lane: _Lane) -> bool:
+    def _task_done(self, lane: Lane) -> bool:
         """The lane's open-ahead finished (raising what it raised), or none is pending."""
         task = lane.task
         if task is None:
@@ -490,7 +366,7 @@ class Outbox:
         self._wait_task(lane, block=False)
         return True
 
-    def _wait_task(self, lane: _Lane, *, block: bool) -> None:
+    def _wait_task(self, lane: Lane, *, block: bool) -> None:
         task = lane.task
         if task is None:
             return
@@ -510,7 +386,7 @@ class Outbox:
                 lane.task = None
 
     # ------------------------------------------------------------------ aborts
-    def abort(self, wait_s: float = _ABORT_S) -> None:
+    def abort(self, wait_s: float = ABORT_S) -> None:
         """Abort every open transaction (after the commit in flight, if any), waiting
         at most ``wait_s`` in all; never raises for a dead producer.
 
@@ -524,64 +400,24 @@ class Outbox:
         for lane in self._lanes[: self._ring]:
             if lane.producer is None or lane.calls is None:
                 continue
-            pending.append((lane, lane.calls.submit(self._abort_if_open, lane)))
+            pending.append((lane, lane.calls.submit(lane.abort_if_open)))
         for lane, future in pending:
             try:
                 future.result(max(0.0, until - time.monotonic()))
             except concurrent.futures.TimeoutError:
-                self._abandon_lane(lane)
+                lane.abandon()
         self._commit = None
-
-    def _abort_if_open(self, lane: _Lane) -> None:
-        if lane.open:
-            lane.open, lane.records = False, 0
-            self._abort_blocking(lane)
-
-    def _abort_blocking(self, lane: _Lane) -> None:
-        producer = lane.producer
-        assert producer is not None
-        try:
-            producer.abort_transaction(_ABORT_S)
-        except KafkaException as exc:
-            event(log, "abort failed", logging.WARNING, error=str(exc))
-
-    def _abandon_lane(self, lane: _Lane) -> None:
-        """Never touch a wedged producer again (destroying it would block too)."""
-        if lane.producer is None:
-            return
-        event(log, "transactional producer wedged: abandoned", logging.ERROR, id=lane.txn_id)
-        abandon(lane.producer)
-        lane.producer = None
-        lane.open = False
-        if lane.calls is not None:
-            lane.calls.shutdown(wait=False)
-            lane.calls = None
 
     def _abandon_all(self) -> None:
         """A call did not return: the whole outbox is done for (the process makes a new one)."""
         for lane in self._lanes:
-            self._abandon_lane(lane)
+            lane.abandon()
 
     def close(self, *, abort: bool = True) -> None:
         if abort:
             self.abort()
         for lane in self._lanes:
-            self._close_lane(lane, abort=abort)
-
-    def _close_lane(self, lane: _Lane, *, abort: bool) -> None:
-        lane.spares.clear()
-        producer, lane.producer = lane.producer, None
-        if producer is not None:
-            try:
-                served(producer.flush, 1.0 if abort else 10.0)
-            except (KafkaException, SystemError) as exc:
-                # A fenced producer raises: closing goes on. Its error callback raises
-                # once per fatal error, and a second one inside the same flush reaches
-                # Python as a SystemError (an exception already set).
-                event(log, "producer close failed", logging.WARNING, error=str(exc))
-        calls, lane.calls = lane.calls, None
-        if calls is not None:
-            calls.shutdown(wait=False)
+            lane.close(abort=abort)
 
 
 # With this many producers or more, a producer's turn comes a whole commit after
@@ -591,13 +427,3 @@ class Outbox:
 _NO_OPEN_AHEAD_FROM = 3
 
 _FENCE_SPARES = 2  # producers made ahead per id written with; later attempts make theirs
-
-
-def _serve(producer: Producer, timeout_s: float) -> None:
-    """``producer.poll``: a fatal error raises there too (fenced by a newer emitter
-    after this one was stopped, a sequence out of order after a leader change), as
-    :class:`FencedError` like every other call's (the session ends, not the process)."""
-    try:
-        served(producer.poll, timeout_s)
-    except KafkaException as exc:
-        raise wrap_txn_error("poll", exc) from exc

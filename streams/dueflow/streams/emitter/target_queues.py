@@ -21,8 +21,9 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import Message, TopicPartition
 
+from dueflow import headers as hdr
 from dueflow import reasons
 from dueflow.config import QueueSpec, Settings
 from dueflow.kafka.queue_reader import BadQueueRecord, QueueRegistryReader
@@ -31,6 +32,7 @@ from dueflow.observability.logs import event
 from dueflow.observability.metrics import Metrics
 from dueflow.records.queue_registry import QueueView
 from dueflow.records.set_aside import RecordLimit
+from dueflow.rules.drain import classify_timer
 from dueflow.streams.emitter.quarantine_records import count_cut, quarantine_record
 
 log = logging.getLogger("dueflow.emitter.queues")
@@ -66,6 +68,19 @@ class QueueTopics:
     def learn(self, queue: bytes, appended_ms: int) -> bool:
         """Static queues only: a queue not known is not known."""
         return False
+
+    def classify_again(
+        self, m: Message, headers: Any, reason: str
+    ) -> tuple[int, str, bool, int] | str:
+        """A timer classified bad (``reason``): when for a queue not known, ask the
+        registry first (it may have been created a moment ago); classify it again
+        if it exists."""
+        if reasons.reason_label(reason) != reasons.UNKNOWN_QUEUE:
+            return reason
+        queue = hdr.header(headers, hdr.QUEUE)
+        if queue is None or not self.learn(queue, m.timestamp()[1]):
+            return reason
+        return classify_timer(headers, m.key(), self.exec_topics, self.exec_partitions)
 
 
 class RegistryQuarantine:
