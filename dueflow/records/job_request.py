@@ -4,37 +4,52 @@
 :func:`prepare_job` checks every one of them and builds the :class:`Job` that
 goes into the timer topic, or raises :class:`InvalidInput` naming the field,
 the value and what is accepted. Nothing is written before this succeeds.
+:class:`JobRules` is what the cluster accepts (queues, routes, known tasks).
 
-Limits, so that every accepted job can be encoded and read back: a due time
-(``run_at``, ``now + delay``, plus the jitter window) at or before
-9999-12-31T23:59:59.999Z, the last instant a :class:`~datetime.datetime`
-holds (:data:`MAX_DUE_MS`); timeouts and backoff times up to an Avro long;
-``max_attempts`` up to an Avro int; task names by the workers' rule
-(:mod:`dueflow.task_name`); a JSON payload without NaN or Infinity (JSON has
-neither: orjson would write them as ``null``).
+The checks of single fields and their limits are in
+:mod:`dueflow.records.request_checks`, the payload's bytes and content hash in
+:mod:`dueflow.records.job_payload`; their names are importable from here too.
 
 The clock and the random job id are arguments (``now_ms``, ``new_job_id``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import hashlib
-import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
-from datetime import datetime, timedelta
-from enum import Enum
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-import orjson
-
 from dueflow.config import Settings
-from dueflow.control_chars import CONTROL_CHARS_TEXT, has_control
-from dueflow.errors import InvalidInput, UnknownQueue
-from dueflow.model import Backoff, BackoffKind, Job
+from dueflow.errors import InvalidInput
+from dueflow.model import Backoff, Job
+from dueflow.records.job_payload import JSON as JSON
+from dueflow.records.job_payload import NON_FINITE_ACCEPTED as NON_FINITE_ACCEPTED
+from dueflow.records.job_payload import OCTET_STREAM as OCTET_STREAM
+from dueflow.records.job_payload import _non_finite as _non_finite
+from dueflow.records.job_payload import bad_payload as bad_payload
+from dueflow.records.job_payload import check_finite as check_finite
+from dueflow.records.job_payload import content_hash as content_hash
+from dueflow.records.job_payload import content_hash_prefix as content_hash_prefix
+from dueflow.records.job_payload import encode_payload as encode_payload
+from dueflow.records.request_checks import NAME_ACCEPTED as NAME_ACCEPTED
+from dueflow.records.request_checks import TIMEOUT_ACCEPTED as TIMEOUT_ACCEPTED
+from dueflow.records.request_checks import BackoffSpec as BackoffSpec
+from dueflow.records.request_checks import Duration as Duration
+from dueflow.records.request_checks import Instant as Instant
+from dueflow.records.request_checks import bad_attempts as bad_attempts
+from dueflow.records.request_checks import bad_name as bad_name
+from dueflow.records.request_checks import bad_task as bad_task
+from dueflow.records.request_checks import check_labels
+from dueflow.records.request_checks import check_name as check_name
+from dueflow.records.request_checks import due_after as due_after
+from dueflow.records.request_checks import due_of as due_of
+from dueflow.records.request_checks import due_too_late as due_too_late
+from dueflow.records.request_checks import is_name as is_name
+from dueflow.records.request_checks import parse_backoff as parse_backoff
+from dueflow.records.request_checks import parse_timeout as parse_timeout
+from dueflow.records.request_checks import unknown_queue as unknown_queue
+from dueflow.records.request_checks import unknown_task as unknown_task
 from dueflow.rules.deadline import job_deadline
 from dueflow.rules.jitter import deterministic_jitter_ms
 from dueflow.rules.routing import Router
@@ -45,15 +60,8 @@ from dueflow.rules.wire_bounds import MAX_DUE_MS as MAX_DUE_MS
 from dueflow.rules.wire_bounds import MAX_INT32 as MAX_INT32
 from dueflow.rules.wire_bounds import MAX_LONG as MAX_LONG
 from dueflow.rules.wire_bounds import MAX_NAME_CHARS as MAX_NAME_CHARS
-from dueflow.task_name import TASK_NAME_ACCEPTED, is_task_name
+from dueflow.task_name import is_task_name
 from dueflow.timeutil import format_utc, parse_duration, to_utc_ms
-
-JSON = "application/json"
-OCTET_STREAM = "application/octet-stream"
-
-Instant = datetime | str
-Duration = timedelta | float | int | str
-BackoffSpec = Backoff | str | Mapping[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,7 +259,7 @@ def prepare_job(
             None,
             None,
             content_hash(task, payload, content_type),
-            NO_STRINGS if req.labels is None else _labels(req.labels),
+            NO_STRINGS if req.labels is None else check_labels(req.labels),
         ),
     )
 
@@ -323,301 +331,3 @@ def deadline_of(req: JobRequest, due_ms: int) -> int | None:
         if req.max_lateness is None
         else parse_duration(req.max_lateness, field="max_lateness"),
     )
-
-
-def encode_payload(payload: Any) -> tuple[bytes, str]:
-    """Payload bytes and content type: bytes as is, anything else as JSON (sorted keys).
-
-    A NaN or infinite float anywhere in it is refused (:func:`check_finite`)."""
-    if isinstance(payload, bytes):
-        return payload, OCTET_STREAM
-    if isinstance(payload, bytearray | memoryview):
-        return bytes(payload), OCTET_STREAM
-    try:
-        raw = orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)
-    except (TypeError, orjson.JSONEncodeError) as exc:
-        raise bad_payload(payload, exc) from None
-    if b"null" in raw:  # orjson writes NaN and Infinity as null: look only then
-        check_finite(payload)
-    return raw, JSON
-
-
-NON_FINITE_ACCEPTED = (
-    "a finite number: JSON has no NaN or Infinity (they would be written as null); "
-    "send null or a string instead"
-)
-
-
-def check_finite(payload: Any) -> None:
-    """Raise :class:`InvalidInput` naming the path (``payload['a'][2]``) of the first
-    NaN or infinite float in ``payload``, looking where orjson does: dicts, lists,
-    tuples, dataclasses and enum values."""
-    found = _non_finite(payload)
-    if found is not None:
-        steps, value = found
-        path = "payload" + "".join(
-            f".{s}" if isinstance(s, _Attribute) else f"[{s!r}]" for s in reversed(steps)
-        )
-        raise InvalidInput(path, value, NON_FINITE_ACCEPTED)
-
-
-class _Attribute(str):
-    """A step into a dataclass field (shown ``.name``; a dict key is ``['name']``)."""
-
-    __slots__ = ()
-
-
-def _non_finite(value: Any) -> tuple[list[object], float] | None:
-    """(steps from the hit up to the top, the value) of the first non-finite float."""
-    if isinstance(value, float):
-        return None if math.isfinite(value) else ([], value)
-    items: Any
-    if isinstance(value, dict):
-        items = value.items()
-    elif isinstance(value, list | tuple):
-        items = enumerate(value)
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        items = ((_Attribute(f.name), getattr(value, f.name)) for f in dataclasses.fields(value))
-    elif isinstance(value, Enum):
-        return _non_finite(value.value)
-    else:
-        return None
-    for step, item in items:
-        found = _non_finite(item)
-        if found is not None:
-            found[0].append(step)
-            return found
-    return None
-
-
-def bad_payload(payload: Any, exc: Exception) -> InvalidInput:
-    """The error for a payload that JSON cannot encode (``exc`` says why)."""
-    return InvalidInput(
-        "payload",
-        f"<{type(payload).__name__}: {exc}>",
-        "a JSON-serializable value (dict, list, str, number, bool, None) or bytes",
-    )
-
-
-def content_hash(task: str, payload: bytes, content_type: str) -> str:
-    """Stable hash of what a job does: task, payload bytes and content type (32 hex)."""
-    head = b"%s\0%s\0" % (task.encode(), content_type.encode())
-    return hashlib.blake2b(head + payload, digest_size=16).hexdigest()
-
-
-def content_hash_prefix(task: str, content_type: str) -> hashlib.blake2b:
-    """A hasher holding what :func:`content_hash` hashes before the payload: a copy
-    of it, updated with the payload, gives the same hex digest."""
-    return hashlib.blake2b(b"%s\0%s\0" % (task.encode(), content_type.encode()), digest_size=16)
-
-
-_BACKOFF_ACCEPTED = (
-    "exponential, fixed or none, optionally with :BASE[:MAX] (milliseconds or durations, "
-    "e.g. exponential:500:60000 or fixed:10s), a dict with kind/base_ms/max_ms/multiplier/"
-    "jitter, or a dueflow.model.Backoff"
-)
-
-
-def parse_backoff(value: Backoff | str | Mapping[str, Any] | None) -> Backoff | None:
-    """A valid :class:`Backoff` (or ``None``: the queue's retry tiers)."""
-    if value is None:
-        return None
-    if isinstance(value, Backoff):
-        backoff = value
-    elif isinstance(value, str):
-        backoff = _backoff_from_text(value)
-    elif isinstance(value, Mapping):
-        unknown = set(value) - {"kind", "base_ms", "max_ms", "multiplier", "jitter"}
-        if unknown or "kind" not in value:
-            raise InvalidInput("backoff", dict(value), _BACKOFF_ACCEPTED)
-        try:
-            kind = BackoffKind(value["kind"])
-        except ValueError:
-            raise InvalidInput("backoff", dict(value), _BACKOFF_ACCEPTED) from None
-        defaults = Backoff(kind)
-        backoff = Backoff(
-            kind,
-            base_ms=value.get("base_ms", defaults.base_ms),
-            max_ms=value.get("max_ms", defaults.max_ms),
-            multiplier=value.get("multiplier", defaults.multiplier),
-            jitter=value.get("jitter", defaults.jitter),
-        )
-    else:
-        raise InvalidInput("backoff", value, _BACKOFF_ACCEPTED)
-    return _checked_backoff(backoff, value)
-
-
-def _backoff_from_text(text: str) -> Backoff:
-    parts = text.strip().lower().split(":")
-    try:
-        kind = BackoffKind(parts[0])
-    except ValueError:
-        raise InvalidInput("backoff", text, _BACKOFF_ACCEPTED) from None
-    if len(parts) > 3:
-        raise InvalidInput("backoff", text, _BACKOFF_ACCEPTED)
-    times = [_backoff_ms(p, text) for p in parts[1:]]
-    base = times[0] if times else Backoff().base_ms
-    top = times[1] if len(times) > 1 else max(Backoff().max_ms, base)
-    return Backoff(kind, base_ms=base, max_ms=top)
-
-
-def _backoff_ms(part: str, text: str) -> int:
-    if part.isdigit():
-        return int(part)
-    try:
-        return parse_duration(part, field="backoff")
-    except InvalidInput:
-        raise InvalidInput("backoff", text, _BACKOFF_ACCEPTED) from None
-
-
-def _checked_backoff(b: Backoff, shown: object) -> Backoff:
-    if not isinstance(b.kind, BackoffKind):
-        raise InvalidInput("backoff", shown, _BACKOFF_ACCEPTED)
-    for name in ("base_ms", "max_ms"):
-        v = getattr(b, name)
-        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MAX_LONG:
-            raise InvalidInput(
-                f"backoff.{name}", v, f"an integer number of milliseconds from 0 to {MAX_LONG}"
-            )
-    if b.max_ms < b.base_ms:
-        raise InvalidInput("backoff.max_ms", b.max_ms, f">= base_ms ({b.base_ms})")
-    if not isinstance(b.multiplier, int | float) or not 1.0 <= b.multiplier <= 1000.0:
-        raise InvalidInput("backoff.multiplier", b.multiplier, "a number from 1 to 1000")
-    if not isinstance(b.jitter, bool):
-        raise InvalidInput("backoff.jitter", b.jitter, "true or false")
-    return b
-
-
-NAME_ACCEPTED = (
-    f"a non-empty string of at most {MAX_NAME_CHARS} chars (valid UTF-8), " + CONTROL_CHARS_TEXT
-)
-
-
-def is_name(value: object) -> bool:
-    """Whether ``value`` is a usable job id, idempotency key, schedule id or label key:
-    1 to 255 characters that UTF-8 can encode (no lone surrogates), none of them a
-    control character (:data:`~dueflow.control_chars.CONTROL_CHARS`)."""
-    if type(value) is not str or not 0 < len(value) <= MAX_NAME_CHARS:
-        return False
-    if value.isascii():
-        return value.isprintable()  # ASCII: printable is "no C0, no DEL"
-    return _utf8(value) and not has_control(value)
-
-
-def _utf8(value: str) -> bool:
-    try:
-        value.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def bad_name(field: str, value: object) -> InvalidInput:
-    """The error for a job id, key or schedule id that is not a usable name (the
-    message shows the value with its control characters escaped)."""
-    return InvalidInput(field, value, NAME_ACCEPTED)
-
-
-def check_name(field: str, value: object) -> str:
-    """``value`` when it is a usable name (:func:`is_name`), else :func:`bad_name`."""
-    if not is_name(value):
-        raise bad_name(field, value)
-    return value  # type: ignore[return-value]
-
-
-def bad_task(value: object) -> InvalidInput:
-    """The error for a task name a worker would not accept (:mod:`dueflow.task_name`)."""
-    return InvalidInput("task", value, TASK_NAME_ACCEPTED)
-
-
-def unknown_task(task: str, known: Iterable[str]) -> InvalidInput:
-    """The error for a task the producer's app does not declare (:meth:`JobRules.check_task`)."""
-    names = sorted(known)
-    shown = ", ".join(repr(n) for n in names[:10]) + (", ..." if len(names) > 10 else "")
-    close = difflib.get_close_matches(task, names, n=1, cutoff=0.6)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return InvalidInput(
-        "task",
-        task,
-        f"a task of the app ({shown}) or one the route table names "
-        f"([routes], DUEFLOW_ROUTES){hint}",
-    )
-
-
-def due_too_late(field: str, value: object, *, now_ms: int) -> InvalidInput:
-    """The error for a ``run_at`` or ``delay`` whose due time is after :data:`MAX_DUE_MS`."""
-    if field == "delay":
-        accepted = (
-            f"a duration putting the due time at or before {format_utc(MAX_DUE_MS)} "
-            f"(at most {MAX_DUE_MS - now_ms} ms from now)"
-        )
-    else:
-        accepted = f"a time at or before {format_utc(MAX_DUE_MS)}"
-    return InvalidInput(field, value, accepted)
-
-
-def unknown_queue(queue: object, queues: frozenset[str]) -> UnknownQueue:
-    """The error for a queue nobody knows: names it and says how to create it."""
-    return UnknownQueue(queue, queues)
-
-
-def bad_attempts(value: object) -> InvalidInput:
-    return InvalidInput("max_attempts", value, f"an integer from 1 to {MAX_INT32}")
-
-
-def due_of(
-    run_at: Instant | None, delay: Duration | None, *, now_ms: int, required: bool = False
-) -> int:
-    """The due time ``run_at``, ``now + delay``, or ``now`` (``required``: one of them must
-    be given); :class:`InvalidInput` names the field."""
-    if run_at is not None:
-        if delay is not None:
-            raise InvalidInput("delay", delay, "either run_at or delay, not both")
-        due_ms = to_utc_ms(run_at, field="run_at")
-        if due_ms > MAX_DUE_MS:
-            raise due_too_late("run_at", run_at, now_ms=now_ms)
-        return due_ms
-    if delay is None:
-        if required:
-            raise InvalidInput("run_at", None, "the new due time: run_at= or delay=")
-        return now_ms
-    return due_after(delay, now_ms=now_ms)
-
-
-def due_after(delay: Duration, *, now_ms: int) -> int:
-    """The due time ``now + delay`` (whole seconds as an int, the fast case);
-    :class:`InvalidInput` names ``delay`` when it is no duration or lands after
-    :data:`MAX_DUE_MS`."""
-    if type(delay) is int and delay >= 0:
-        due_ms = now_ms + delay * 1000
-    else:
-        due_ms = now_ms + parse_duration(delay, field="delay")
-    if due_ms > MAX_DUE_MS:
-        raise due_too_late("delay", delay, now_ms=now_ms)
-    return due_ms
-
-
-TIMEOUT_ACCEPTED = f"a duration of at least 1 ms and at most {MAX_LONG} ms, or None"
-
-
-def parse_timeout(value: Duration | None) -> int | None:
-    """A job's ``timeout`` in ms (``None``: the worker's default); 1 ms to an Avro long."""
-    if value is None:
-        return None
-    ms = parse_duration(value, field="timeout")
-    if not 1 <= ms <= MAX_LONG:
-        raise InvalidInput("timeout", value, TIMEOUT_ACCEPTED)
-    return ms
-
-
-def _labels(value: Mapping[str, str]) -> Mapping[str, str]:
-    if not isinstance(value, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) and _utf8(k) and _utf8(v)
-        for k, v in value.items()
-    ):
-        raise InvalidInput("labels", value, "a dict of strings to strings (valid UTF-8)")
-    for key in value:
-        check_name(f"labels[{key!r}]", key)
-    # Sorted by key (code points: UTF-8 byte order), so that equal labels are
-    # equal bytes whatever order the caller's map has; every client does the same.
-    return dict(sorted(value.items()))
