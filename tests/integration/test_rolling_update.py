@@ -14,7 +14,7 @@ and the takeover times are printed (SIGTERM of the active emitter to the
 next one's first fire; SIGTERM of a worker to its partitions assigned
 elsewhere).
 
-The worker rolling restart with 30 s jobs and the emitter kill -9 are
+The worker rolling restart with 15 s jobs and the emitter kill -9 are
 tests/integration/test_worker_rolling_restart.py and test_emitter_failover.py.
 """
 
