@@ -23,7 +23,6 @@ import concurrent.futures
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Callable, Coroutine, Sequence
 from queue import Empty, SimpleQueue
 from typing import Any, TypeVar
@@ -37,7 +36,6 @@ _POLL_S = 0.05
 # The steering reader's thread polls in shorter turns: a partition's first record waits
 # for its answer to a command (a watermark query), and it is idle most of the time.
 STORE_POLL_S = 0.01
-METADATA_REFRESH_S = 0.1  # how stale the group metadata may grow between rebalances
 
 T = TypeVar("T")
 Command = Callable[[Consumer], Any]
@@ -223,7 +221,6 @@ class GroupPoller(ConsumerThread):
         self._on_lost = on_lost
         #: the group generation and member id, for send_offsets_to_transaction
         self.group_metadata: Any = None
-        self._metadata_due = 0.0  # when after_poll asks for it again (monotonic)
 
     def setup(self, consumer: Consumer) -> None:
         self.group_metadata = consumer.consumer_group_metadata()
@@ -255,12 +252,4 @@ class GroupPoller(ConsumerThread):
         self.group_metadata = consumer.consumer_group_metadata()
 
     def after_poll(self, consumer: Consumer) -> None:
-        """Keep the group metadata fresh between rebalance callbacks (an epoch can
-        change without one), asking at most every ``METADATA_REFRESH_S``: each ask
-        is a round trip to librdkafka's main thread (20-40 us measured) holding the
-        GIL, and a worker polls hundreds of times a second. It is asked on this
-        thread only."""
-        now = time.monotonic()
-        if now >= self._metadata_due:
-            self._metadata_due = now + METADATA_REFRESH_S
-            self.group_metadata = consumer.consumer_group_metadata()
+        self.group_metadata = consumer.consumer_group_metadata()
