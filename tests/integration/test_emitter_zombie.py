@@ -235,7 +235,14 @@ def test_an_emitter_stopped_and_resumed_after_a_takeover_commits_nothing_and_not
             fired = Counter(r.job_id for r in exec_log.records)
             assert set(fired) == set(dues)
             copies = sum(n - 1 for n in fired.values())
-            assert skipped == copies, (skipped, copies)  # every copy skipped, and counted
+            # Every copy is skipped, and counted. A partition its owner lost is read
+            # again by the next owner from the committed offset, which stops at the
+            # first unfinished job: the jobs that finished past it were committed
+            # with their outcomes and are skipped as duplicates too.
+            if drops:
+                assert skipped >= copies, (skipped, copies)
+            else:
+                assert skipped == copies, (skipped, copies)
             refires = successor.metric("dueflow_emitter_refires_total")
             assert refires is not None
             said = [e for e in zombie.events() if log_ms(e) >= stopped_ms]
