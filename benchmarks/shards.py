@@ -231,7 +231,8 @@ def shard_settings(bootstrap: str, shards: int, **emitter: Any) -> Settings:
             "topic_prefix": f"shards{uuid.uuid4().hex[:8]}",
             "queues": f"{QUEUE}:6",
             "wheel": {"shards": shards},
-            "emitter": emitter,
+            # Consumers, not workers, read the fires here: each is written when due.
+            "emitter": {"fire_ahead_ms": 0, **emitter},
         },
     )
     ensure_topics(s)

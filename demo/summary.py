@@ -112,7 +112,7 @@ class DemoSummary:
             ("duplicates", f"{self.duplicates:,} effects applied twice"),
             ("lost", f"{self.lost:,}"),
             ("cron runs", f"{self.cron_ran:,} of {self.cron_expected:,} occurrences due"),
-            ("fire lateness", ms(self.fire_lateness_ms)),
+            ("written - due", ms(self.fire_lateness_ms)),
             ("start lateness", ms(self.start_lateness_ms)),
             ("  outside the takeover", ms(self.start_lateness_outside_takeover_ms)),
         ]

@@ -31,6 +31,8 @@ class QueueSpec:
 
 # Transactional ids every takeover fences (emitter.producers is at most this).
 EMITTER_MAX_PRODUCERS = 4
+# emitter.fire_ahead_ms at most: a worker sets aside a record due within this.
+FIRE_AHEAD_MAX_MS = 1_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +67,12 @@ class EmitterSettings:
     # fences 4 ids).
     producers: int = 2
     catchup_max_rate_per_s: float = 200_000.0  # fires per second at most (a token bucket)
+    # A timer is written to its exec topic this long before it is due; the worker
+    # that reads it starts the job at its due time (df-due), not before, and runs
+    # the records behind it meanwhile. It hides the write, the fetch and the
+    # emitter's own pauses from the job's start (0: written when due). At most
+    # 1,000 ms, and below worker.max_clock_skew_ms.
+    fire_ahead_ms: int = 100
     # In transactions: a commit runs at most this long (an abort 2 s more); one that
     # runs 5 s past both is wedged: its producers are abandoned and the active
     # period starts over.

@@ -76,6 +76,7 @@ class Settings:
         validation.validate_topics(self)
         validation.validate_emitter(self.emitter)
         validation.validate_worker(self.worker)
+        validation.validate_fire_ahead(self.emitter, self.worker)
         validation.validate_observability(self.observability)
         validation.validate_producer(self.producer)
         return self

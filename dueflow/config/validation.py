@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from dueflow.config.sections import (
     EMITTER_MAX_PRODUCERS,
+    FIRE_AHEAD_MAX_MS,
     EmitterSettings,
     ObservabilitySettings,
     ProducerSettings,
@@ -100,6 +101,22 @@ def validate_emitter(em: EmitterSettings) -> None:
         raise ConfigError("emitter.misfire_grace_ms", em.misfire_grace_ms, "an integer >= 0")
     if em.catchup_max_rate_per_s <= 0:
         raise ConfigError("emitter.catchup_max_rate_per_s", em.catchup_max_rate_per_s, "> 0")
+    ahead = em.fire_ahead_ms
+    if not isinstance(ahead, int) or isinstance(ahead, bool) or not 0 <= ahead <= FIRE_AHEAD_MAX_MS:
+        raise ConfigError(
+            "emitter.fire_ahead_ms", ahead, f"an integer from 0 to {FIRE_AHEAD_MAX_MS} ms"
+        )
+
+
+def validate_fire_ahead(em: EmitterSettings, ws: WorkerSettings) -> None:
+    """A record fired ahead is due no later than the skew a worker allows past its
+    write: further ahead, the worker would dead-letter it as out of range."""
+    if em.fire_ahead_ms >= ws.max_clock_skew_ms:
+        raise ConfigError(
+            "emitter.fire_ahead_ms",
+            em.fire_ahead_ms,
+            f"below worker.max_clock_skew_ms ({ws.max_clock_skew_ms} ms)",
+        )
 
 
 def validate_worker(ws: WorkerSettings) -> None:

@@ -14,6 +14,7 @@ from dueflow.config import Settings
 from dueflow.kafka.topics import names
 from tests.conftest import KafkaCluster
 from tests.support.emitters import (
+    AHEAD_MS,
     FAST_EMITTER,
     SMALL_WHEEL,
     EmitterSubprocess,
@@ -71,7 +72,10 @@ def test_kill_9_of_the_active_emitter_under_load_loses_nothing_and_counts_what_i
         else:
             assert max(counts.values()) <= 2, "a third copy"
             assert copies <= refires, (copies, refires)
-        assert all(r.fired_ms >= r.due_ms and r.seen_ms >= r.due_ms for r in log.records)
+        assert all(
+            r.fired_ms >= r.due_ms - AHEAD_MS and r.seen_ms >= r.due_ms - AHEAD_MS
+            for r in log.records
+        )
         # Takeover is bounded by the session timeout (plus slack for a loaded machine).
         assert takeover_s < settings.emitter.session_timeout_ms / 1000 + 10, takeover_s
         print(f"takeover after kill -9: {takeover_s:.2f}s; {copies} fired again of {refires:.0f}")
@@ -155,7 +159,7 @@ def test_switching_to_transactions_goes_on_from_the_commits_made_without_them(
             counts = Counter(r.job_id for r in log.records)
             assert set(counts) == set(first) | set(second)
             assert set(counts.values()) == {1}, "fired twice"
-            assert all(r.fired_ms >= r.due_ms for r in log.records)
+            assert all(r.fired_ms >= r.due_ms - AHEAD_MS for r in log.records)
         finally:
             transactional.stop()
             log.close()

@@ -19,7 +19,7 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from dueflow.broker.ports import free_port
-from dueflow.config import Settings
+from dueflow.config import EmitterSettings, Settings
 from dueflow.kafka.clients import make_admin
 from dueflow.kafka.topic_admin import TopicAdmin
 from dueflow.kafka.topics import topic_layout
@@ -33,6 +33,9 @@ SMALL_WHEEL: dict[str, Any] = {
     "near_window_ms": 300,
     "lookahead_ms": 100,
 }
+# How long before its due time the emitter writes a job (emitter.fire_ahead_ms):
+# the worker starts it at its due time.
+AHEAD_MS = EmitterSettings().fire_ahead_ms
 FAST_EMITTER: dict[str, Any] = {
     "session_timeout_ms": 1_500,
     "heartbeat_interval_ms": 300,

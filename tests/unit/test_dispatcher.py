@@ -1,5 +1,6 @@
 """The dispatcher carries each head record to its verdict (no broker): a record not
-due at the turn's clock holds its partition unless it is due by now, a replay of a
+due at the turn's clock holds its partition unless it is due by now (or is set aside
+when it is due within a second, and starts when due), a replay of a
 running key waits for it, a duplicate is recorded and its offset finished."""
 
 from __future__ import annotations
@@ -82,12 +83,14 @@ def dispatcher(clock: Callable[[], int]) -> tuple[Dispatcher, list[Delivery], An
     )
 
 
-def feed_with(*keys: str) -> PartitionFeed:
+def feed_with(*keys: str, due: dict[str, int] | None = None) -> PartitionFeed:
+    """A loaded exec partition with a record per key, each due at ``DUE`` unless
+    ``due`` says otherwise."""
     feed = PartitionFeed(names(SETTINGS).exec("jobs"), 2, None, MemoryKeyStore(10**9))
     for state in (FeedState.LOADING, FeedState.LOADED):
         feed.advance(state)
     for offset, key in enumerate(keys):
-        job = make_job("noop", {}, queue="jobs", key=key, due_ms=DUE)
+        job = make_job("noop", {}, queue="jobs", key=key, due_ms=(due or {}).get(key, DUE))
         d = job_delivery(feed, job, exec_headers(job, fired_ms=NOW), offset)
         feed.backlog.append(d)
         feed.tracker.extend([offset])
@@ -118,16 +121,48 @@ def test_a_record_due_by_now_starts_in_the_same_turn() -> None:
     asyncio.run(main())
 
 
-def test_a_record_not_due_holds_its_partition_until_it_is() -> None:
+def test_a_record_due_later_than_a_fire_ahead_holds_its_partition_until_it_is() -> None:
+    later = NOW + 5_000  # more than the longest fire ahead (1 s)
+
     async def main() -> None:
         d, started, _ = dispatcher(clock_of(NOW))
-        feed = feed_with("k1")
+        feed = feed_with("k1", "k2", due={"k1": later, "k2": NOW})
         assert d._dispatch(feed) is True
-        assert started == []
-        assert feed.held_until == DUE
+        assert started == []  # k2, due, waits behind k1
+        assert feed.held_until == later
         assert feed.timer is not None
-        assert len(feed.backlog) == 1  # still at the head
+        assert [x.offset for x in feed.backlog] == [0, 1]  # k1 still at the head
+        assert feed.aside == []
         feed.timer.cancel()
+
+    asyncio.run(main())
+
+
+def test_a_record_due_soon_is_set_aside_and_starts_when_due_after_those_behind_it() -> None:
+    now = [NOW]
+
+    async def main() -> None:
+        d, started, _ = dispatcher(lambda: now[0])
+        feed = feed_with("k1", "k2", "k3", due={"k1": DUE, "k2": NOW, "k3": DUE + 10})
+        assert d._dispatch(feed) is True
+        assert [s.key for s in started] == [b"k2"]  # not held behind k1
+        assert feed.held_until == 0
+        assert feed.timer is None
+        assert not feed.paused
+        assert [(u, x.key) for u, _, x in feed.aside] == [(DUE, b"k1"), (DUE + 10, b"k3")]
+        assert feed.waiting == 2
+        assert feed.aside_timer is not None
+        # The wake-up at DUE: k1 only is due; it starts, k3 stays aside.
+        feed.aside_timer.cancel()
+        now[0] = DUE
+        d._aside_due(feed)
+        assert [s.key for s in started] == [b"k2", b"k1"]
+        assert [x.key for _, _, x in feed.aside] == [b"k3"]
+        assert feed.aside_timer is not None
+        # Revoked before k3 is due: it is forgotten with the backlog, its wake-up too.
+        feed.drop_undispatched()
+        assert feed.aside == []
+        assert feed.aside_timer is None
 
     asyncio.run(main())
 

@@ -13,10 +13,12 @@ is due.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
 from collections.abc import Callable
 
 from dueflow import reasons
+from dueflow.config.sections import FIRE_AHEAD_MAX_MS
 from dueflow.consumers.commands import CommandApplier, SteeringBook
 from dueflow.consumers.decision import Kind, Verdict, decide
 from dueflow.consumers.feeds import Delivery, PartitionFeed, WireLimits, prepare
@@ -38,6 +40,9 @@ _RAN = 1  # the head record started: on to the next one, one less of this turn's
 _STOP = 2  # nothing more starts from this partition now
 _AGAIN = 3  # not due at the turn's clock, maybe due by now: read the clock, decide again
 _TURN = 256  # records started from one partition before the others have a turn
+# A record due within this is set aside rather than holding its partition (an
+# emitter fires at most emitter.fire_ahead_ms ahead).
+_ASIDE_MS = FIRE_AHEAD_MAX_MS
 
 Action = Callable[["Dispatcher", PartitionFeed, Delivery, Verdict, int], int]
 
@@ -183,13 +188,22 @@ class Dispatcher:
         return _RAN
 
     def _not_due(self, feed: PartitionFeed, d: Delivery, verdict: Verdict, now_ms: int) -> int:
-        """The head record is not due at the turn's clock: the partition waits until
-        it is, unless it is by now."""
+        """The head record is not due at the turn's clock. Due soon (a fire ahead of
+        its time): set aside until it is, and on to the records behind it; later:
+        the partition waits until it is. Unless it is due by now."""
         now = self._due_now()
-        if verdict.until_ms <= now:
+        until = verdict.until_ms
+        if until <= now:
             return _AGAIN
-        self._hold(feed, verdict.until_ms, now)
-        return _STOP
+        if until - now > _ASIDE_MS:
+            self._hold(feed, until, now)
+            return _STOP
+        feed.backlog.popleft()
+        aside = feed.aside
+        heapq.heappush(aside, (until, d.offset, d))
+        if aside[0][2] is d:  # the first due of those set aside: the wake-up moves
+            self._arm_aside(feed, until, now)
+        return _NEXT
 
     def _recheck_keys(self, feed: PartitionFeed, d: Delivery, verdict: Verdict, now: int) -> int:
         d.rechecked = True
@@ -260,6 +274,33 @@ class Dispatcher:
             feed.timer.cancel()
         feed.timer = self._loop.call_later((until_ms - now_ms) / 1000, self.release, feed)
 
+    def _arm_aside(self, feed: PartitionFeed, until_ms: int, now_ms: int) -> None:
+        if feed.aside_timer is not None:
+            feed.aside_timer.cancel()
+        feed.aside_timer = self._loop.call_later((until_ms - now_ms) / 1000, self._aside_due, feed)
+
+    def _aside_due(self, feed: PartitionFeed) -> None:
+        """Records set aside came due: back to the head of the backlog, in offset
+        order, decided again there."""
+        feed.aside_timer = None
+        if feed.gone or feed.revoked:
+            return
+        aside = feed.aside
+        now = self._due_now()
+        back: list[Delivery] = []
+        while aside and aside[0][0] <= now:
+            back.append(heapq.heappop(aside)[2])
+        if aside:
+            self._arm_aside(feed, aside[0][0], now)
+        if not back:
+            return
+        back.sort(key=_offset)
+        feed.backlog.extendleft(reversed(back))
+        if feed.rate_held or feed.checking:
+            return  # dispatched when that hold ends (a later head's "not due" gives way)
+        self._intake.make_ready(feed)
+        self.pump()
+
     def release(self, feed: PartitionFeed) -> None:
         """A partition's hold (not due, rate limit) is over."""
         feed.timer = None
@@ -275,6 +316,10 @@ class Dispatcher:
         self._intake.queue_held = False
         self._intake.sync_all()
         self.pump()
+
+
+def _offset(d: Delivery) -> int:
+    return d.offset
 
 
 # The action for each verdict kind (decision.py says what each means).

@@ -117,6 +117,8 @@ class PartitionFeed:
     """An assigned exec or retry-tier partition.
 
     ``backlog`` holds delivered records not dispatched yet, in offset order;
+    ``aside`` the records set aside until they are due (a heap of due time,
+    offset, record: due soon, they do not hold the records behind them);
     ``tracker`` knows which delivered offsets have not finished. The feed is
     dispatchable when it is :attr:`FeedState.LOADED` and not held (head record
     not due, rate limit, a recheck of the keys). ``state`` moves only through
@@ -124,6 +126,8 @@ class PartitionFeed:
     """
 
     __slots__ = (
+        "aside",
+        "aside_timer",
         "backlog",
         "checking",
         "committed",
@@ -158,6 +162,8 @@ class PartitionFeed:
         self.tier_ms = tier_ms  # None: the exec topic
         self.keys = keys
         self.backlog: deque[Delivery] = deque()
+        self.aside: list[tuple[int, int, Delivery]] = []
+        self.aside_timer: asyncio.TimerHandle | None = None
         self.tracker = OffsetTracker()
         self.committed: int | None = None  # last offset committed for this partition
         self.inflight = 0
@@ -193,6 +199,19 @@ class PartitionFeed:
     @property
     def held(self) -> bool:
         return self.held_until > 0 or self.rate_held or self.checking
+
+    @property
+    def waiting(self) -> int:
+        """Records delivered and not dispatched yet (the backlog and those set aside)."""
+        return len(self.backlog) + len(self.aside)
+
+    def drop_undispatched(self) -> None:
+        """Forget the records not dispatched yet: the partition's next owner reads them."""
+        self.backlog.clear()
+        self.aside.clear()
+        if self.aside_timer is not None:
+            self.aside_timer.cancel()
+            self.aside_timer = None
 
     def __repr__(self) -> str:
         return f"PartitionFeed({self.topic}[{self.partition}], backlog={len(self.backlog)})"

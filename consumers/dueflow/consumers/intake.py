@@ -155,7 +155,7 @@ class Intake:
         poller = self.poller
         if feed.gone or poller is None:
             return
-        size = len(feed.backlog)
+        size = feed.waiting
         held = feed.held or self.queue_held or self._life.closing or self.operator_paused
         want = held or (size > self._low if feed.paused else size >= self._high)
         if want == feed.paused:
@@ -176,7 +176,7 @@ class Intake:
     def forget(self, feed: PartitionFeed) -> None:
         """The partition is no longer this member's: what finishes of it writes nothing."""
         feed.advance(FeedState.GONE)
-        feed.backlog.clear()
+        feed.drop_undispatched()
         with contextlib.suppress(KeyError):  # its lag is the new owner's to report now
             self._metrics.consumer_lag.remove(self._group, feed.topic, str(feed.partition))
         if feed.timer is not None:
@@ -210,7 +210,7 @@ class Intake:
 
     @property
     def backlog(self) -> int:
-        return sum(len(f.backlog) for f in self.feeds.values())
+        return sum(f.waiting for f in self.feeds.values())
 
     @property
     def exec_owned(self) -> int:

@@ -114,7 +114,7 @@ class RebalanceHandler:
         feeds = [f for tp in partitions if (f := intake.feeds.get((tp.topic, tp.partition)))]
         for feed in feeds:
             feed.advance(FeedState.REVOKED)
-            feed.backlog.clear()  # undispatched: the next owner reads them again
+            feed.drop_undispatched()  # the next owner reads them again
         intake.unready(lambda f: f.revoked)
         await self._finish_running(feeds)
         if not self._life.restarting:

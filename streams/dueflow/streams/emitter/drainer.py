@@ -82,7 +82,11 @@ class WheelDrainer:
         tracer: JobTracer | None = None,
         queues: QueueTopics | None = None,
         limits: EmitterLimits | None = None,
+        ahead_ms: int = 0,
     ) -> None:
+        """``now_ms`` and every clock reading given later run ``ahead_ms`` ahead of
+        the wall clock (``emitter.fire_ahead_ms``): timers fire that much before they
+        are due, stamped with the wall clock's time."""
         geo = settings.wheel  # this shard's (WheelGeometry.of_shard)
         em = settings.emitter
         self._geo = geo
@@ -115,6 +119,7 @@ class WheelDrainer:
             queue_of_topic=self._queues.queue_of_topic,
             cron=cron,
             tracer=tracer,
+            ahead_ms=ahead_ms,
         )
         self._horizon = heap_horizon_ms(geo)
         self._slot = geo.levels[0].width_ms  # lag of the drain clock, pause hysteresis

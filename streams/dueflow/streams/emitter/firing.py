@@ -107,8 +107,12 @@ class Firing:
         queue_of_topic: dict[str, str],
         cron: CronFiring | None = None,
         tracer: JobTracer | None = None,
+        ahead_ms: int = 0,
     ) -> None:
         self._send = sender.send
+        # The emitter's clock runs this far ahead (emitter.fire_ahead_ms): what a
+        # fire stamps and measures is the wall clock's time of the write.
+        self._ahead = ahead_ms
         self._limits = limits
         self._metrics = metrics
         self._quarantine = quarantine
@@ -152,8 +156,9 @@ class Firing:
             self._at_ms = now_ms
         return self._fire
 
-    def _fire_at(self, now_ms: int) -> FireTimer:
+    def _fire_at(self, clock_ms: int) -> FireTimer:
         # Everything the hot path reads is a local of this closure: one call per fire.
+        now_ms = clock_ms - self._ahead
         fire_pair = (_FIRED, str(now_ms).encode())
         send = self._send
         sources = self._sources
@@ -179,7 +184,12 @@ class Firing:
             if job is None:
                 if cron and keeper is not None:
                     keeper.fire_occurrence(
-                        message, due, topic, headers, now_ms, occurrence(message, partition, offset)
+                        message,
+                        due,
+                        topic,
+                        headers,
+                        clock_ms,
+                        occurrence(message, partition, offset),
                     )
                     return
                 key = message.key()

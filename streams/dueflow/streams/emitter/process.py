@@ -86,7 +86,12 @@ class EmitterProcess:
         # Timers are due on the broker's clock: unless a clock is given, the
         # emitter reads "now" as the earliest the broker's clock can read.
         self._probe = None if clock_ms is not None else ClockProbe(settings, component="emitter")
-        self._clock = clock_ms if clock_ms is not None else self._probe_now
+        read = clock_ms if clock_ms is not None else self._probe_now
+        # The emitter's clock runs emitter.fire_ahead_ms ahead: timers fire (and
+        # everything the emitter stamps or measures happens) that much before they
+        # are due; the df-fired stamp alone is the time of the write.
+        ahead = settings.emitter.fire_ahead_ms
+        self._clock = read if not ahead else (lambda: read() + ahead)
         self._tracer = tracer
         geo = settings.wheel
         self._stride = geo.shard_partitions
@@ -383,6 +388,7 @@ class EmitterProcess:
             "queues": self.queues,
             "pending": self._pending,
             "limits": self.limits,
+            "ahead_ms": settings.emitter.fire_ahead_ms,
         }
         if self._transactional:
             outbox = prepared if isinstance(prepared, Outbox) else None

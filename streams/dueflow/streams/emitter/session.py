@@ -69,6 +69,7 @@ class ActiveSession(Generic[OutboxT]):
         queues: EmitterQueues | None = None,
         pending: PendingTotals | None = None,
         limits: EmitterLimits | None = None,
+        ahead_ms: int = 0,
     ) -> None:
         # settings.wheel is the session's shard (WheelGeometry.of_shard).
         self.shard = settings.wheel.shard
@@ -79,6 +80,8 @@ class ActiveSession(Generic[OutboxT]):
         self._queues = queues
         self._metrics = metrics
         self._clock = clock_ms
+        # clock_ms runs this far ahead of the wall clock (emitter.fire_ahead_ms).
+        self._ahead = ahead_ms
         self._schedules = schedules
         self._tracer = tracer
         self.limits = limits if limits is not None else EmitterLimits(settings)
@@ -192,6 +195,7 @@ class ActiveSession(Generic[OutboxT]):
             tracer=self._tracer,
             queues=self._queues,
             limits=self.limits,
+            ahead_ms=self._ahead,
         )
         self.cron.start(state=self._cron_state, quarantined_to=self._quarantined_to, now_ms=now)
         if self._singletons:

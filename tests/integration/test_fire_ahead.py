@@ -1,0 +1,147 @@
+"""An emitter that fires ahead of the due time (``emitter.fire_ahead_ms``), on the
+real broker: the worker starts each job at its due time, not before; the records
+behind one fired ahead do not wait for it; and a job cancelled after its record
+was written, before it is due, does not run.
+
+The emitter fires 1 s ahead (the most it allows). Jobs ``ahead-*`` are due about
+3 s after they are scheduled; once their exec records are written (a second
+before they are due), the test cancels ``cancel-me`` (its record written too) and
+schedules jobs due at once, which land behind the records fired ahead in the
+same partitions. Every run is recorded by the handler with its time.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from dueflow import headers as hdr
+from dueflow.kafka.topics import names
+from dueflow.producers import Scheduler
+from tests.conftest import KafkaCluster
+from tests.integration.pipeline_support import QUEUE, Pipeline, wait_for
+from tests.integration.steering_support import finalize_when_workers_joined
+from tests.integration.worker_support import Ledger, Record
+
+AHEAD_MS = 1_000
+AHEAD_JOBS = 12
+NOW_JOBS = 9
+APP = "tests.integration.worker_app"
+
+
+def read_exec_until(pipeline: Pipeline, topic: str, keys: set[str]) -> list[Record]:
+    """The records of ``topic`` read as they arrive, until one of each key is read."""
+    consumer = Consumer(
+        pipeline.settings.client_config(
+            **{"group.id": f"reader-{uuid.uuid4().hex}", "enable.auto.commit": False}
+        )
+    )
+    try:
+        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+        out: list[Record] = []
+        deadline = time.monotonic() + 60
+        while {r.key.decode() for r in out if r.key} < keys:
+            assert time.monotonic() < deadline, f"read {len(out)} records, not every key"
+            for m in consumer.consume(100, 0.02):
+                if m.error() is None:
+                    pairs: list[tuple[str, bytes]] = list(m.headers() or [])  # type: ignore[arg-type]
+                    headers = {k: v for k, v in pairs if isinstance(v, bytes)}
+                    out.append(
+                        Record(
+                            topic,
+                            m.partition() or 0,
+                            m.offset() or 0,
+                            m.key(),
+                            m.value(),
+                            headers,
+                            m.timestamp()[1],
+                        )
+                    )
+        return out
+    finally:
+        consumer.close()
+
+
+@pytest.mark.timeout(240)
+def test_jobs_fired_ahead_start_when_due_and_hold_nothing_back(
+    kafka: KafkaCluster, prefix: str, tmp_path: Path
+) -> None:
+    pipeline = Pipeline(kafka.bootstrap, prefix, tmp_path)
+    exec_topic = names(pipeline.settings).exec(QUEUE)
+    ledger = Ledger(tmp_path / "ledger.db")
+    env = {"DUEFLOW_TEST_LEDGER": str(ledger.path), "DUEFLOW_EMITTER_FIRE_AHEAD_MS": str(AHEAD_MS)}
+    payload = {"ledger": str(ledger.path)}
+    try:
+        pipeline.start("emitter", "emitter", env=env)
+        pipeline.start("worker", "worker", "--app", APP, "--queues", QUEUE, env=env)
+        wait_for(
+            "the worker and the emitter started",
+            lambda: all("started" in p.log() for p in pipeline.procs),
+            90,
+        )
+        finalize_when_workers_joined(pipeline.settings, QUEUE)  # cancels by command
+        with Scheduler(pipeline.settings) as s:
+            start = time.time()
+            due: dict[str, int] = {}
+            for i in range(AHEAD_JOBS):
+                run_at = datetime.fromtimestamp(start + 3.0 + 0.2 * i / AHEAD_JOBS, tz=UTC)
+                key = f"ahead-{i}"
+                due[key] = s.schedule(
+                    "ledger-effect", payload, run_at=run_at, queue=QUEUE, idempotency_key=key
+                ).due_ms
+            doomed = s.schedule(
+                "ledger-effect",
+                payload,
+                run_at=datetime.fromtimestamp(start + 3.1, tz=UTC),
+                queue=QUEUE,
+                idempotency_key="cancel-me",
+            )
+
+            written = read_exec_until(pipeline, exec_topic, {*due, "cancel-me"})
+            seen_ms = int(time.time() * 1000)
+            first_due = min(due.values())
+            assert seen_ms < first_due - 200, (
+                f"the jobs' records were read {seen_ms - first_due} ms after the first was "
+                "due: the emitter did not fire ahead"
+            )
+            verdict = s.cancel(doomed.job_id, wait=30)
+            assert verdict.verdict == "cancelled", verdict
+            now_due: dict[str, int] = {}
+            for i in range(NOW_JOBS):
+                key = f"now-{i}"
+                now_due[key] = s.schedule(
+                    "ledger-effect", payload, queue=QUEUE, idempotency_key=key
+                ).due_ms
+        expected = set(due) | set(now_due)
+        # (cancel-me was due before the last ahead-* job: it was decided by then)
+        wait_for("every job's effect", lambda: set(ledger.effects()) == expected, 60)
+        effects = ledger.effects()
+        runs = ledger.runs()
+    finally:
+        pipeline.stop_all()
+
+    ahead_partitions = {r.partition for r in written if r.key and r.key.startswith(b"ahead-")}
+    stamps = {
+        r.key.decode(): int(r.headers[hdr.FIRED])
+        for r in written
+        if r.key and hdr.FIRED in r.headers
+    }
+    for key, due_ms in due.items():
+        assert due_ms - AHEAD_MS <= stamps[key] < due_ms, f"{key} written {stamps[key] - due_ms}"
+    assert effects == dict.fromkeys(expected, 1), effects  # each once, the cancelled one never
+    started = {key: at for key, _, at, _ in runs}
+    early = {k: round(started[k] * 1000 - d) for k, d in due.items() if started[k] * 1000 < d}
+    assert early == {}, f"started before due (ms): {early}"
+    # The jobs due at once landed behind records fired ahead (every partition holds
+    # one) and ran before those came due.
+    assert len(ahead_partitions) == 3, ahead_partitions
+    late_now = {
+        k: round(started[k] * 1000 - first_due) for k in now_due if started[k] * 1000 >= first_due
+    }
+    assert late_now == {}, f"due-at-once jobs held back behind jobs fired ahead: {late_now}"
