@@ -406,7 +406,8 @@ UPGRADE: list[Step] = [
 
 ROLLBACK: list[Step] = [
     Command(CURRENT, ("topics", "ensure")),
-    Start("emitter", CURRENT, count=2),
+    # Emitters that write each job when it is due (docs/deployment.md, "Rolling back").
+    Start("emitter", CURRENT, count=2, env={"DUEFLOW_EMITTER_FIRE_AHEAD_MS": "0"}),
     Start("worker", CURRENT, count=2),
     Schedule(CURRENT, cron=(CronPlan("every-2s", 2, "flaky", 3, 45),)),
     JobsRun(80),

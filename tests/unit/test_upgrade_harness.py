@@ -153,6 +153,32 @@ def test_a_run_its_worker_did_not_commit_is_not_a_double(
         assert v.doubled == ["j attempts [1, 1] dlq []"]
 
 
+@pytest.mark.parametrize(
+    ("worker_end", "uncommitted"),
+    [
+        (DUE + 36_000, True),  # the worker ended it late (timed out): its restart is within
+        (None, False),  # the handler's own end only: the restart is past the window
+    ],
+)
+def test_a_run_is_uncommitted_within_a_commit_window_of_its_workers_end(
+    worker_end: int | None, uncommitted: bool
+) -> None:
+    # The handler ended at once; its result reached its worker 36 s later (or the
+    # worker timed it out then), and the worker started its queue over 6 s after that.
+    runs = [run("j", 1, "ok", DUE), run("j", 1, "ok", DUE + 45_000)]
+    ends = {} if worker_end is None else {("j", 1, 1): worker_end}
+    v = judge(
+        [Planned("j", "ok", DUE, "sdk")],
+        runs,
+        {},
+        tiers_ms=TIERS,
+        aborted={1: [DUE + 42_000]},
+        ends=ends,
+    )
+    assert bool(v.uncommitted) is uncommitted
+    assert (v.problems() == []) is uncommitted
+
+
 def test_cron_occurrences_are_every_n_seconds_edges_included() -> None:
     assert cron_occurrences("*/2 * * * * *", 1_000, 9_000) == [2_000, 4_000, 6_000, 8_000]
     assert cron_occurrences("*/3 * * * * *", 3_000, 9_000) == [3_000, 6_000, 9_000]

@@ -373,6 +373,21 @@ class Deployment:
                     out.setdefault(member.proc.pid, []).append(log_ms(e))
         return out
 
+    def attempt_ends(self) -> dict[tuple[str, int, int], int]:
+        """(job id, attempt, worker pid) -> when that worker ended the attempt (epoch
+        ms, from its log): later than the handler's own end when the handler's
+        result reached the worker late, or the worker timed it out."""
+        out: dict[tuple[str, int, int], int] = {}
+        for member in self.members + self.retired:
+            if member.role != "worker":
+                continue
+            pid = member.proc.pid
+            for what in ("job.succeeded", "job.failed", "job.dead_letter"):
+                for e in member.proc.events(what):
+                    key = (str(e.get("job_id")), int(e.get("attempt") or 0), pid)
+                    out[key] = max(out.get(key, 0), log_ms(e))
+        return out
+
     def logs(self) -> str:
         return "\n".join(f"===== {p.name}\n{p.log()[-6000:]}" for p in self.everyone())
 

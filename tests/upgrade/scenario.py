@@ -55,6 +55,7 @@ class Stage:
             dead,
             tiers_ms=RETRY_TIERS_MS,
             aborted=self.deployment.aborted_commits(),
+            ends=self.deployment.attempt_ends(),
         )
 
 

@@ -103,12 +103,14 @@ def judge(
     *,
     tiers_ms: Sequence[int],
     aborted: Mapping[int, Sequence[int]] | None = None,
+    ends: Mapping[tuple[str, int, int], int] | None = None,
 ) -> Verdict:
     """Judge every planned job by its runs (redriven ones aside) and dead letters
     (job id -> the reason of each of its DLQ records). ``aborted``: pid -> when that
     worker aborted a commit and started its queue over (epoch ms); a run it ended
     before such an abort, of an attempt run again after it, was not committed and
-    is not judged (``Verdict.uncommitted``)."""
+    is not judged (``Verdict.uncommitted``); ``ends``: when each worker ended each
+    attempt (see :func:`uncommitted_run`)."""
     verdict = Verdict(planned=len(planned))
     by_job: dict[str, list[Run]] = defaultdict(list)
     for run in runs:
@@ -118,7 +120,7 @@ def judge(
     known = {p.job_id for p in planned}
     verdict.unplanned = sorted(set(by_job) - known)
     for job in planned:
-        mine = _committed(verdict, by_job.get(job.job_id, []), aborted or {})
+        mine = _committed(verdict, by_job.get(job.job_id, []), aborted or {}, ends or {})
         _judge_one(verdict, job, sorted(mine, key=_order), dead, tiers_ms)
     return verdict
 
@@ -129,28 +131,39 @@ def judge(
 COMMIT_WINDOW_MS = 30_000
 
 
-def uncommitted_run(run: Run, runs: Sequence[Run], aborted: Mapping[int, Sequence[int]]) -> bool:
+def uncommitted_run(
+    run: Run,
+    runs: Sequence[Run],
+    aborted: Mapping[int, Sequence[int]],
+    ends: Mapping[tuple[str, int, int], int] | None = None,
+) -> bool:
     """``run`` was not committed: its worker started its queue over (which forgets
     every attempt not committed yet, the running ones too) after the run began and
     within a commit window after it ended, and the same attempt began again after
-    that restart."""
+    that restart. It ended when its worker ended it (``ends``: (job id, attempt,
+    pid) -> epoch ms, from the worker's log), if that is later than the handler's
+    own end."""
     again = [
         r.started_ms for r in runs if r.attempt == run.attempt and r.started_ms > run.started_ms
     ]
     if not again:
         return False
+    ended = max(run.ended_ms, (ends or {}).get((run.job_id, run.attempt, run.pid), 0))
     return any(
-        run.started_ms <= t <= min(max(again), run.ended_ms + COMMIT_WINDOW_MS)
+        run.started_ms <= t <= min(max(again), ended + COMMIT_WINDOW_MS)
         for t in aborted.get(run.pid, ())
     )
 
 
 def _committed(
-    verdict: Verdict, runs: Sequence[Run], aborted: Mapping[int, Sequence[int]]
+    verdict: Verdict,
+    runs: Sequence[Run],
+    aborted: Mapping[int, Sequence[int]],
+    ends: Mapping[tuple[str, int, int], int],
 ) -> list[Run]:
     out = []
     for run in runs:
-        if uncommitted_run(run, runs, aborted):
+        if uncommitted_run(run, runs, aborted, ends):
             verdict.uncommitted.append(f"{run.job_id} attempt {run.attempt} pid {run.pid}")
         else:
             out.append(run)

@@ -48,7 +48,12 @@ def outcome_of(kind: str, attempt: int, *, redriven: bool) -> str:
 
 
 def _ledger() -> sqlite3.Connection:
-    return sqlite3.connect(os.environ["DUEFLOW_UPGRADE_LEDGER"], timeout=30, isolation_level=None)
+    db = sqlite3.connect(os.environ["DUEFLOW_UPGRADE_LEDGER"], timeout=30, isolation_level=None)
+    # No fsync per row: a write survives its process's kill -9 without one, and on a
+    # machine whose disk is busy an fsync held the write lock long enough for other
+    # handlers to overrun their 30 s timeout waiting for it.
+    db.execute("PRAGMA synchronous=OFF")
+    return db
 
 
 def _started(ctx: TaskContext, started_ms: int, work_ms: float) -> None:
