@@ -26,7 +26,7 @@ from dueflow.producers import Scheduler
 from tests.conftest import KafkaCluster
 from tests.integration.pipeline_support import QUEUE, Pipeline, wait_for
 from tests.integration.steering_support import finalize_when_workers_joined
-from tests.integration.worker_support import Ledger, Record
+from tests.integration.worker_support import Ledger, Record, record_of
 
 AHEAD_MS = 1_000
 AHEAD_JOBS = 12
@@ -50,19 +50,7 @@ def read_exec_until(pipeline: Pipeline, topic: str, keys: set[str]) -> list[Reco
             assert time.monotonic() < deadline, f"read {len(out)} records, not every key"
             for m in consumer.consume(100, 0.02):
                 if m.error() is None:
-                    pairs: list[tuple[str, bytes]] = list(m.headers() or [])  # type: ignore[arg-type]
-                    headers = {k: v for k, v in pairs if isinstance(v, bytes)}
-                    out.append(
-                        Record(
-                            topic,
-                            m.partition() or 0,
-                            m.offset() or 0,
-                            m.key(),
-                            m.value(),
-                            headers,
-                            m.timestamp()[1],
-                        )
-                    )
+                    out.append(record_of(m))
         return out
     finally:
         consumer.close()

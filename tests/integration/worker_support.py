@@ -289,6 +289,21 @@ class Record:
     timestamp_ms: int
 
 
+def record_of(msg: Any) -> Record:
+    """A consumed message as a :class:`Record` (its headers with bytes values)."""
+    raw = msg.headers() or []
+    pairs = list(raw.items()) if isinstance(raw, dict) else list(raw)
+    return Record(
+        str(msg.topic()),
+        int(msg.partition() or 0),
+        int(msg.offset() or 0),
+        msg.key(),
+        msg.value(),
+        {k: v for k, v in pairs if isinstance(v, bytes)},
+        msg.timestamp()[1],
+    )
+
+
 def read_topic(
     settings: Settings,
     topic: str,
@@ -316,20 +331,7 @@ def read_topic(
         while True:
             for msg in consumer.consume(1000, 0.2):
                 if msg.error() is None:
-                    raw = msg.headers() or []
-                    pairs = list(raw.items()) if isinstance(raw, dict) else list(raw)
-                    headers = {k: v for k, v in pairs if isinstance(v, bytes)}
-                    out.append(
-                        Record(
-                            str(msg.topic()),
-                            int(msg.partition() or 0),
-                            int(msg.offset() or 0),
-                            msg.key(),
-                            msg.value(),
-                            headers,
-                            msg.timestamp()[1],
-                        )
-                    )
+                    out.append(record_of(msg))
             caught_up = all(_caught_up(consumer, topic, p) for p in parts)
             if caught_up and (until is None or until(out)):
                 return out
