@@ -100,10 +100,14 @@ class JobPages:
     def __init__(self, source: ConsoleSource) -> None:
         self.source = source
 
+    def _job(self, request: web.Request) -> tuple[str, dict[str, Any] | None]:
+        """The job id the path names, and its view (None: the status view has none)."""
+        job_id = request.match_info["job_id"]
+        return job_id, self.source.job(job_id)
+
     async def one_job(self, request: web.Request) -> web.Response:
         source = self.source
-        job_id = request.match_info["job_id"]
-        view = source.job(job_id)
+        job_id, view = self._job(request)
         if view is None:
             return unknown_job(job_id)
         payloads = ca.payloads_allowed(caller(request), source.payloads_for())
@@ -116,8 +120,7 @@ class JobPages:
 
     async def dead_letter(self, request: web.Request) -> web.Response:
         source = self.source
-        job_id = request.match_info["job_id"]
-        view = source.job(job_id)
+        job_id, view = self._job(request)
         if view is None:
             return unknown_job(job_id)
         try:
@@ -139,8 +142,7 @@ class JobPages:
 
     async def payload(self, request: web.Request) -> web.Response:
         source = self.source
-        job_id = request.match_info["job_id"]
-        view = source.job(job_id)
+        job_id, view = self._job(request)
         if view is None:
             return unknown_job(job_id)
         if not ca.payloads_allowed(caller(request), source.payloads_for()):
