@@ -98,7 +98,7 @@ def cluster(bootstrap: str | None) -> Iterator[str]:
 EMITTER_OVERRIDES: dict[str, str] = {}  # --emitter KEY=VALUE, for every scenario
 # The emitter alone writes each job when it is due: no worker starts it at its due
 # time here, so what is measured is the write's own lateness (--emitter
-# fire_ahead_ms=100 measures the default, ahead of the due time).
+# fire_ahead_ms=200 measures the default, ahead of the due time).
 ALONE: dict[str, Any] = {"fire_ahead_ms": 0}
 
 

@@ -5,9 +5,9 @@ was written, before it is due, does not run.
 
 The emitter fires 1 s ahead (the most it allows). Jobs ``ahead-*`` are due about
 3 s after they are scheduled; once their exec records are written (a second
-before they are due), the test cancels ``cancel-me`` (its record written too) and
-schedules jobs due at once, which land behind the records fired ahead in the
-same partitions. Every run is recorded by the handler with its time.
+before they are due), the test schedules jobs due at once, which land behind
+the records fired ahead in the same partitions, and cancels ``cancel-me`` (its
+record written too). Every run is recorded by the handler with its time.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from dueflow import headers as hdr
 from dueflow.kafka.topics import names
-from dueflow.producers import Scheduler
+from dueflow.producers import JobRequest, Scheduler
 from tests.conftest import KafkaCluster
 from tests.integration.pipeline_support import QUEUE, Pipeline, wait_for
 from tests.integration.steering_support import finalize_when_workers_joined
@@ -98,14 +98,19 @@ def test_jobs_fired_ahead_start_when_due_and_hold_nothing_back(
                 f"the jobs' records were read {seen_ms - first_due} ms after the first was "
                 "due: the emitter did not fire ahead"
             )
+            # the jobs due at once first (one call), then the cancel and its verdict:
+            # both inside the lead, the cancel's round trip not in the jobs' way
+            now_keys = [f"now-{i}" for i in range(NOW_JOBS)]
+            result = s.schedule_many(
+                [
+                    JobRequest("ledger-effect", payload, queue=QUEUE, idempotency_key=key)
+                    for key in now_keys
+                ]
+            )
+            assert result.ok, result.to_json()
+            now_due = {k: d for k, d in zip(now_keys, result.due_ms, strict=True) if d is not None}
             verdict = s.cancel(doomed.job_id, wait=30)
             assert verdict.verdict == "cancelled", verdict
-            now_due: dict[str, int] = {}
-            for i in range(NOW_JOBS):
-                key = f"now-{i}"
-                now_due[key] = s.schedule(
-                    "ledger-effect", payload, queue=QUEUE, idempotency_key=key
-                ).due_ms
         expected = set(due) | set(now_due)
         # (cancel-me was due before the last ahead-* job: it was decided by then)
         wait_for("every job's effect", lambda: set(ledger.effects()) == expected, 60)

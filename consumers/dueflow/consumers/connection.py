@@ -33,6 +33,7 @@ from dueflow.kafka.group_config import incremental, worker_consumer_config
 from dueflow.observability.health import ClientStats
 from dueflow.observability.logs import event
 from dueflow.records.features import worker_client_id
+from dueflow.rules.lead_batching import exec_fetch_config
 
 _LOG = logging.getLogger("dueflow.worker")
 
@@ -91,7 +92,8 @@ class GroupConnection:
                 # `dueflow queue finalize` reads it: this worker applies commands
                 "client.id": worker_client_id(__version__, socket.gethostname()),
                 "error_cb": self._doubt.on_client_error,
-                "fetch.wait.max.ms": 100,
+                # fuller fetches when the emitter fires far enough ahead
+                **exec_fetch_config(self._settings.emitter.fire_ahead_ms),
                 "queued.max.messages.kbytes": 32_768,
             },
         )

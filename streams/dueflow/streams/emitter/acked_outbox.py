@@ -49,6 +49,7 @@ from dueflow.errors import FencedError, KafkaOperationError
 from dueflow.kafka.clients import make_producer
 from dueflow.kafka.fatal import served
 from dueflow.observability.logs import event
+from dueflow.rules.lead_batching import fire_linger_ms
 from dueflow.streams.emitter.fence import TransactionalFence
 from dueflow.wall_clock import wall_ms
 
@@ -110,8 +111,9 @@ class AckedOutbox:
         return make_producer(
             self._settings,
             **{
-                # Records go out at once: a fired job is visible when it is appended.
-                "linger.ms": 2,
+                # A fired job is visible when it is appended; with a lead, a fire
+                # waits a little for others to share its request.
+                "linger.ms": fire_linger_ms(self._settings.emitter.fire_ahead_ms),
                 "delivery.report.only.error": False,
                 # A fire that cannot be delivered for this long ends the active period
                 # (then it is fired again from the committed offsets).
