@@ -11,7 +11,11 @@ async no-op handler that notes the job's key, due time and start time.
 
 - ``burst`` (default): ``--jobs`` jobs due within ``--window-s`` of the
   first schedule. ``throughput_jobs_per_s`` = jobs / (first schedule ->
-  the workers' committed offsets cover every job).
+  the workers' committed offsets cover every job). With ``--ahead-s S`` the
+  jobs are due within ``--window-s`` from S seconds after the first
+  schedule, every one of them written before the first is due, and the
+  throughput and the CPU count from the first due time: a burst of jobs
+  coming due, scheduling not included.
 - ``steady``: ``--rate`` jobs per second for ``--settle-s`` plus
   ``--duration`` seconds, each due 1-3 s after it is scheduled, in one
   ``schedule_many`` call about every ``--feed-every-ms`` (5): the lateness a
@@ -438,13 +442,14 @@ def bench_settings(
     return s
 
 
-def requests_burst(jobs: int, window_ms: int) -> list[JobRequest]:
-    """``jobs`` e-mail jobs due evenly over ``window_ms`` after they are scheduled."""
+def requests_burst(jobs: int, window_ms: int, ahead_ms: int = 0) -> list[JobRequest]:
+    """``jobs`` e-mail jobs due evenly over ``window_ms``, from ``ahead_ms`` after
+    they are scheduled."""
     return [
         JobRequest(
             TASK,
             {"to": f"user{i}@example.com", "template": "welcome", "locale": "en"},
-            delay=(i * window_ms // jobs) / 1000,
+            delay=(ahead_ms + i * window_ms // jobs) / 1000,
             queue=QUEUE,
         )
         for i in range(jobs)
@@ -634,6 +639,7 @@ def _run(
     }
     if args.mode == "burst":
         out["window_s"] = args.window_s
+        out["ahead_s"] = args.ahead_s
     else:
         out["rate_per_s"] = args.rate
         out["duration_s"] = args.duration
@@ -696,13 +702,29 @@ def measure(
         own0 = time.process_time()
         with Scheduler(settings) as scheduler:
             if args.mode == "burst":
-                reqs = requests_burst(args.jobs, int(args.window_s * 1000))
+                ahead_ms = int(args.ahead_s * 1000)
+                reqs = requests_burst(args.jobs, int(args.window_s * 1000), ahead_ms)
                 started = time.time()
                 result = scheduler.schedule_many(reqs)
                 scheduled_s = time.time() - started
                 if not result.ok:
                     raise RuntimeError(f"schedule_many: {result.to_json()}")
                 jobs = result.scheduled
+                if ahead_ms:
+                    # the burst is the jobs coming due: measured from the first due time,
+                    # every job written before it
+                    first_due = started + ahead_ms / 1000
+                    if time.time() >= first_due:
+                        raise RuntimeError(
+                            f"scheduling took {scheduled_s:.1f} s, past the first due time:"
+                            " raise --ahead-s"
+                        )
+                    time.sleep(first_due - time.time())
+                    started = first_due
+                    cpu0 = {k: cpu_s(pid) for k, pid in pids.items()}
+                    host0 = _host_cpu()
+                    threads0 = thread_cpu_s(broker_pid) if broker_pid else {}
+                    own0 = time.process_time()
             else:
                 started = time.time()
                 jobs, scheduled_s = steady_feed(
@@ -810,6 +832,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mode", choices=["burst", "steady"], default="burst")
     p.add_argument("--jobs", type=int, default=100_000, help="burst: jobs to schedule")
     p.add_argument("--window-s", type=float, default=1.0, help="burst: jobs due within this")
+    p.add_argument(
+        "--ahead-s",
+        type=float,
+        default=0.0,
+        help="burst: the first job is due this long after the first schedule, and the"
+        " throughput and CPU count from then (every job written before it comes due);"
+        " 0: from the first schedule, scheduling included",
+    )
     p.add_argument("--rate", type=int, default=5_000, help="steady: jobs per second")
     p.add_argument("--duration", type=float, default=30.0, help="steady: seconds of load")
     p.add_argument(

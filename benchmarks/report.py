@@ -184,10 +184,16 @@ def row(name: str, doc: dict[str, Any]) -> tuple[str, str, str, str, str] | None
             if runs > 1 and spread
             else ""
         )
+        ahead = doc.get("ahead_s") or 0
+        timed = (
+            f", written {_n(ahead)} s before, timed from the first due time"
+            if ahead
+            else ", timed from the first schedule"
+        )
         return (
             f"end to end ({doc['processes']} worker process{'es' if doc['processes'] > 1 else ''})",
             f"{_n(doc['jobs'] // runs)} jobs due within {doc.get('window_s', '-')} s"
-            f"{' x ' + str(runs) + ' runs' if runs > 1 else ''}, exactly-once",
+            f"{' x ' + str(runs) + ' runs' if runs > 1 else ''}{timed}, exactly-once",
             f"{_n(doc['throughput_jobs_per_s'])} jobs/s{per_run}; {doc['lost']} lost, "
             f"{doc['duplicates']} dup; {_n(cpu.get('total'))} µs CPU/job",
             f"raw produce + consume {_n(doc['raw_roundtrip_msgs_per_s'])}/s",
@@ -318,7 +324,7 @@ def config_key(name: str, doc: dict[str, Any]) -> tuple[Any, ...]:
     if k == "e2e" and doc.get("mode") == "steady":
         return (k, "steady", doc.get("rate_per_s"), doc.get("duration_s"), doc.get("processes"))
     if k == "e2e":
-        return (k, "burst", doc.get("processes"), doc.get("jobs"))
+        return (k, "burst", doc.get("processes"), doc.get("jobs"), bool(doc.get("ahead_s")))
     if k == "chaos":
         return (k, doc.get("cluster_nodes"), doc.get("minutes"))
     return (k,)
@@ -578,6 +584,8 @@ def charts(docs: Results, img: Path) -> list[Path]:
             bars.append((f"workers x{d['processes']}", d["jobs_per_s"], d["raw_consume_per_s"]))
         elif k == "e2e" and d.get("mode") == "burst":
             label = f"end to end, {d['processes']} worker proc., {d['jobs'] // 1000}k"
+            if d.get("ahead_s"):
+                label += ", from due"
             bars.append((label, d["throughput_jobs_per_s"], d["raw_roundtrip_msgs_per_s"]))
     if bars:
         fig, ax = plt.subplots(figsize=(9, 0.6 * len(bars) + 1.5))
