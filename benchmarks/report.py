@@ -102,8 +102,18 @@ def row(name: str, doc: dict[str, Any]) -> tuple[str, str, str, str, str] | None
             f"{_n(doc['jobs'])} jobs x {doc['rounds']} rounds, `schedule_many` on / off",
             f"{_n(doc['on_per_s'])} / {_n(doc['off_per_s'])} jobs/s; "
             f"{_n(cpu['on'])} / {_n(cpu['off'])} µs CPU/job",
-            f"raw produce {_n(doc['raw_per_s'])}/s",
-            f"{_n(doc['ratio_on'])} / {_n(doc['ratio_off'])}",
+            f"raw produce {_n(doc['raw_per_s'])}/s"
+            + (
+                f"; the timers and then the outcomes {_n(doc['raw_both_per_s'])}/s"
+                if doc.get("raw_both_per_s")
+                else ""
+            ),
+            f"{_n(doc['ratio_on'])} / {_n(doc['ratio_off'])}"
+            + (
+                f"; on against the timers and the outcomes {_n(doc['ratio_on_both'])}"
+                if doc.get("ratio_on_both")
+                else ""
+            ),
         )
     if k == "emitter":
         sc = doc.get("scenario")

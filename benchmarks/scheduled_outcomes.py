@@ -10,12 +10,18 @@ alternating after an untimed warm-up of each:
 
 - ``raw``: the very timer records ``schedule_many`` writes, produced with
   plain ``confluent_kafka.Producer`` (as ``benchmarks.produce``);
+- ``raw_both``: the floor of what ``on`` writes: the same timer records, then
+  (once they are acknowledged, as the SDK does) each job's ``scheduled``
+  outcome record to a topic of the outcomes topic's partitions and config,
+  plain ``produce`` again;
 - ``off``: ``Scheduler(scheduled_outcomes=False).schedule_many``;
 - ``on``: ``Scheduler()`` (the default) ``.schedule_many``;
 - ``one_by_one_off`` / ``one_by_one_on``: ``schedule()`` calls, each waiting
   for its acknowledgement (``--single`` jobs): the latency-bound path.
 
-Reported: the median of each, ``ratio_on`` / ``ratio_off`` against raw, and
+Reported: the median of each, ``ratio_on`` / ``ratio_off`` against raw,
+``ratio_on_both`` (``on`` against ``raw_both``: two records per job on each
+side), and
 ``cost_on`` = 1 - on/off (the share of throughput the outcomes take); CPU per
 job of the whole process (``cpu_us_per_job``, librdkafka's threads included)
 and of the calling thread alone (``main_cpu_us_per_job``: planning, ``produce``
@@ -38,6 +44,7 @@ from typing import Any
 
 from benchmarks.output import show
 from benchmarks.produce import (
+    Record,
     bench_topics,
     broker,
     plan_records,
@@ -46,18 +53,64 @@ from benchmarks.produce import (
     timed,
 )
 from dueflow.apps.cli.common import format_table
-from dueflow.kafka.clients import make_producer
+from dueflow.config import Settings
+from dueflow.kafka.clients import make_admin, make_producer
+from dueflow.kafka.topic_admin import TopicAdmin
+from dueflow.kafka.topics import TopicSpec, names, topic_layout
+from dueflow.producers.core import JobIds, PlannedTimer, TimerPlanner
+from dueflow.producers.outcomes import scheduled_outcome
+from dueflow.producers.recent import RecentJobs
 from dueflow.producers.scheduler import BULK_PRODUCER, Scheduler
+from dueflow.records.job_request import JobRequest
+from dueflow.wall_clock import wall_ms
+
+
+def outcome_records(settings: Settings, reqs: list[JobRequest]) -> list[Record]:
+    """The ``scheduled`` outcome records ``schedule_many`` writes for ``reqs``, for
+    the raw side (prepared outside any timing)."""
+    planner = TimerPlanner(settings, recent=RecentJobs(0), ids=JobIds())
+    topic_names = names(settings)
+    out: list[Record] = []
+    for req in reqs:
+        planned = planner.plan(req, now_ms=wall_ms())
+        assert isinstance(planned, PlannedTimer)
+        job = planned.job
+        rec = scheduled_outcome(
+            topic_names,
+            job_id=job.job_id,
+            queue=job.queue,
+            task=job.task,
+            idempotency_key=job.idempotency_key,
+            due_ms=job.due_ms,
+            at_ms=wall_ms(),
+            content_hash=job.content_hash,
+        )
+        assert rec.value is not None
+        out.append((rec.key, rec.value, -1, rec.headers))
+    return out
+
+
+def raw_outcomes_topic(settings: Settings) -> str:
+    """A topic of the outcomes topic's partitions and config, for the raw side."""
+    topic = f"{settings.topic_prefix}.rawbench-outcomes"
+    spec = next(s for s in topic_layout(settings) if s.name == names(settings).outcomes)
+    report = TopicAdmin(
+        make_admin(settings), replication_factor=settings.replication_factor
+    ).ensure([TopicSpec(topic, "bench", spec.partitions, spec.config)])
+    if not report.ok:
+        raise RuntimeError(f"topics: {report.differences}")
+    return topic
 
 
 def run(bootstrap: str, jobs: int, rounds: int, single: int) -> dict[str, Any]:
     settings, raw_topic, _ = bench_topics(bootstrap)
+    outcomes_topic = raw_outcomes_topic(settings)
 
     reqs = requests(jobs)
     warm = requests(min(jobs, 20_000), start=jobs)
-    per_s: dict[str, list[float]] = {"raw": [], "off": [], "on": []}
-    cpu: dict[str, list[float]] = {"raw": [], "off": [], "on": []}
-    main_cpu: dict[str, list[float]] = {"raw": [], "off": [], "on": []}
+    per_s: dict[str, list[float]] = {"raw": [], "raw_both": [], "off": [], "on": []}
+    cpu: dict[str, list[float]] = {"raw": [], "raw_both": [], "off": [], "on": []}
+    main_cpu: dict[str, list[float]] = {"raw": [], "raw_both": [], "off": [], "on": []}
     with (
         Scheduler(settings, scheduled_outcomes=False) as off,
         Scheduler(settings) as on,
@@ -66,7 +119,14 @@ def run(bootstrap: str, jobs: int, rounds: int, single: int) -> dict[str, Any]:
             raise RuntimeError("the default must write scheduled outcomes")
         raw = make_producer(settings, **{**BULK_PRODUCER, **off.producer_settings()})
         records = plan_records(settings, reqs)
+        outcomes = outcome_records(settings, reqs)
+
+        def raw_both() -> None:
+            produce_raw(raw, raw_topic, records)  # flushed: acknowledged
+            produce_raw(raw, outcomes_topic, outcomes)
+
         produce_raw(raw, raw_topic, plan_records(settings, warm))  # warm-up, untimed
+        produce_raw(raw, outcomes_topic, outcome_records(settings, warm))
         off.schedule_many(warm)
         on.schedule_many(warm)
         for _ in range(rounds):
@@ -75,6 +135,11 @@ def run(bootstrap: str, jobs: int, rounds: int, single: int) -> dict[str, Any]:
             main_cpu["raw"].append((time.thread_time() - thread) / jobs * 1e6)
             per_s["raw"].append(jobs / wall)
             cpu["raw"].append(used / jobs * 1e6)
+            thread = time.thread_time()
+            _, wall, used = timed(raw_both)
+            main_cpu["raw_both"].append((time.thread_time() - thread) / jobs * 1e6)
+            per_s["raw_both"].append(jobs / wall)
+            cpu["raw_both"].append(used / jobs * 1e6)
             for name, scheduler in (("off", off), ("on", on)):
                 thread = time.thread_time()
                 result, wall, used = timed(functools.partial(scheduler.schedule_many, reqs))
@@ -96,10 +161,12 @@ def run(bootstrap: str, jobs: int, rounds: int, single: int) -> dict[str, Any]:
         "jobs": jobs,
         "rounds": rounds,
         "raw_per_s": round(med["raw"]),
+        "raw_both_per_s": round(med["raw_both"]),
         "off_per_s": round(med["off"]),
         "on_per_s": round(med["on"]),
         "ratio_off": round(med["off"] / med["raw"], 3),
         "ratio_on": round(med["on"] / med["raw"], 3),
+        "ratio_on_both": round(med["on"] / med["raw_both"], 3),
         "cost_on": round(1 - med["on"] / med["off"], 3),
         "cpu_us_per_job": {k: round(statistics.median(v), 2) for k, v in cpu.items()},
         "main_cpu_us_per_job": {k: round(statistics.median(v), 2) for k, v in main_cpu.items()},
@@ -110,6 +177,17 @@ def run(bootstrap: str, jobs: int, rounds: int, single: int) -> dict[str, Any]:
         "rounds_per_s": {k: [round(x) for x in v] for k, v in per_s.items()},
         "cpus": os.cpu_count(),
     }
+
+
+def ratio_cell(out: dict[str, Any], key: str) -> str:
+    """The table's ratio column: ``on`` against both raw floors."""
+    if key == "raw":
+        return "1"
+    if key == "raw_both":
+        return "-"
+    if key == "on":
+        return f"{out['ratio_on']} (to both: {out['ratio_on_both']})"
+    return str(out[f"ratio_{key}"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,13 +222,14 @@ def main(argv: list[str] | None = None) -> int:
                 [
                     name,
                     out[f"{key}_per_s"],
-                    "1" if key == "raw" else out[f"ratio_{key}"],
+                    ratio_cell(out, key),
                     out["cpu_us_per_job"][key],
                     out["main_cpu_us_per_job"][key],
                     " ".join(map(str, out["rounds_per_s"][key])),
                 ]
                 for name, key in (
                     ("raw produce", "raw"),
+                    ("raw produce, timers then outcomes", "raw_both"),
                     ("scheduled outcomes off", "off"),
                     ("scheduled outcomes on (default)", "on"),
                 )

@@ -72,8 +72,7 @@ class EmitterSettings:
     # the records behind it meanwhile. It hides the write, the fetch and the
     # emitter's own pauses from the job's start (0: written when due). At most
     # 1,000 ms, and below worker.max_clock_skew_ms. From 100 ms on, the emitter's
-    # producer and the workers' fetches (workers read it too) wait up to 10 ms to
-    # fill a request.
+    # producer waits up to 10 ms to fill a request.
     fire_ahead_ms: int = 200
     # In transactions: a commit runs at most this long (an abort 2 s more); one that
     # runs 5 s past both is wedged: its producers are abandoned and the active

@@ -5,9 +5,10 @@ was written, before it is due, does not run.
 
 The emitter fires 1 s ahead (the most it allows). Jobs ``ahead-*`` are due about
 3 s after they are scheduled; once their exec records are written (a second
-before they are due), the test schedules jobs due at once, which land behind
-the records fired ahead in the same partitions, and cancels ``cancel-me`` (its
-record written too). Every run is recorded by the handler with its time.
+before they are due), the test cancels ``cancel-me`` (its record written too)
+with a command as the SDK writes it, and schedules jobs due at once, which land
+behind the records fired ahead in the same partitions. Every run is recorded
+by the handler with its time.
 """
 
 from __future__ import annotations
@@ -16,17 +17,27 @@ import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from dueflow import headers as hdr
+from dueflow.kafka.clients import make_producer
 from dueflow.kafka.topics import names
 from dueflow.producers import JobRequest, Scheduler
+from dueflow.producers.steering_commands import command_records
+from dueflow.steering_model import Command
 from tests.conftest import KafkaCluster
 from tests.integration.pipeline_support import QUEUE, Pipeline, wait_for
 from tests.integration.steering_support import finalize_when_workers_joined
-from tests.integration.worker_support import Ledger, Record, record_of
+from tests.integration.worker_support import (
+    Ledger,
+    Record,
+    outcomes_of,
+    read_topic,
+    record_of,
+)
 
 AHEAD_MS = 1_000
 AHEAD_JOBS = 12
@@ -74,6 +85,9 @@ def test_jobs_fired_ahead_start_when_due_and_hold_nothing_back(
             90,
         )
         finalize_when_workers_joined(pipeline.settings, QUEUE)  # cancels by command
+        partitions = pipeline.settings.queue(QUEUE).partitions
+        commands = make_producer(pipeline.settings, **{"linger.ms": 0})
+        commands.list_topics(exec_topic, timeout=30)  # its metadata known before the race
         with Scheduler(pipeline.settings) as s:
             start = time.time()
             due: dict[str, int] = {}
@@ -98,8 +112,23 @@ def test_jobs_fired_ahead_start_when_due_and_hold_nothing_back(
                 f"the jobs' records were read {seen_ms - first_due} ms after the first was "
                 "due: the emitter did not fire ahead"
             )
-            # the jobs due at once first (one call), then the cancel and its verdict:
-            # both inside the lead, the cancel's round trip not in the jobs' way
+            # The cancel command, written as the SDK writes it (without the SDK's
+            # lookup of the job on the way: the test has the lead, 1 s, to act in),
+            # then the jobs due at once in one call.
+            cancel = Command(
+                command_id=uuid.uuid4().hex,
+                op="cancel",
+                job_id=doomed.job_id,
+                idempotency_key="cancel-me",
+                queue=QUEUE,
+                at_ms=int(time.time() * 1000),
+                known_due_ms=doomed.due_ms,
+                due_ms=None,
+            )
+            produce: Any = commands.produce  # headers: bytes values
+            for rec in command_records(names(pipeline.settings), cancel, partitions=partitions):
+                produce(rec.topic, rec.value, rec.key, rec.partition, headers=rec.headers)
+            assert commands.flush(30) == 0
             now_keys = [f"now-{i}" for i in range(NOW_JOBS)]
             result = s.schedule_many(
                 [
@@ -109,13 +138,18 @@ def test_jobs_fired_ahead_start_when_due_and_hold_nothing_back(
             )
             assert result.ok, result.to_json()
             now_due = {k: d for k, d in zip(now_keys, result.due_ms, strict=True) if d is not None}
-            verdict = s.cancel(doomed.job_id, wait=30)
-            assert verdict.verdict == "cancelled", verdict
         expected = set(due) | set(now_due)
         # (cancel-me was due before the last ahead-* job: it was decided by then)
         wait_for("every job's effect", lambda: set(ledger.effects()) == expected, 60)
         effects = ledger.effects()
         runs = ledger.runs()
+        # the command's verdict: the job cancelled by it
+        verdicts = [
+            o
+            for o in outcomes_of(read_topic(pipeline.settings, names(pipeline.settings).outcomes))
+            if o["job_id"] == doomed.job_id and o.get("command_id") == cancel.command_id
+        ]
+        assert [o["state"] for o in verdicts] == ["cancelled"], verdicts
     finally:
         pipeline.stop_all()
 

@@ -54,7 +54,7 @@ from tests.integration.worker_support import (
     wait_for,
     waits_for_transaction,
 )
-from tests.support.emitters import SMALL_WHEEL, ensure_topics, threaded_emitter
+from tests.support.emitters import AHEAD_MS, SMALL_WHEEL, ensure_topics, threaded_emitter
 
 QUEUE = "steer"
 CENTURY_MS = 100 * 365 * 86_400_000
@@ -63,6 +63,10 @@ DAY_MS = 86_400_000
 
 @pytest.fixture
 def settings(kafka: KafkaCluster, prefix: str) -> Settings:
+    return steering_settings(kafka, prefix)
+
+
+def steering_settings(kafka: KafkaCluster, prefix: str, **extra: object) -> Settings:
     s = kafka.settings(
         prefix,
         queues=[
@@ -76,6 +80,7 @@ def settings(kafka: KafkaCluster, prefix: str) -> Settings:
         ],
         wheel=SMALL_WHEEL,
         worker=FAST_WORKER,
+        **extra,
     )
     ensure_topics(s)
     return s
@@ -245,12 +250,19 @@ def _send_around(
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("ahead_ms", [0, AHEAD_MS], ids=["written-when-due", "fired-ahead"])
 def test_a_command_appended_before_the_due_time_always_wins_the_race(
-    settings: Settings, tmp_path: Path
+    kafka: KafkaCluster, prefix: str, tmp_path: Path, ahead_ms: int
 ) -> None:
     """300 jobs due at T; a cancel or a move later for each, sent at random in
     [T - 300 ms, T + 100 ms]. One broker: the probes' LogAppendTime brackets when
-    each command was appended, against the emitter's fire (never before T)."""
+    each command was appended. Written when due (``fire_ahead_ms`` 0), the job is
+    behind every command appended before T; fired ahead (the default lead), behind
+    every command appended before T - lead, which the test holds to the guarantee
+    (a command in the lead wins if the worker read it by T). Never early, never
+    twice, either way."""
+    settings = steering_settings(kafka, prefix, emitter={"fire_ahead_ms": ahead_ms})
+    margin_ms = ahead_ms
     count = 300
     rng = random.Random(26)
     ledger = RunLedger(tmp_path / "runs.db")
@@ -312,7 +324,13 @@ def test_a_command_appended_before_the_due_time_always_wins_the_race(
         s_ = sent[job_id]
         mine = by_job.get(job_id, [])
         assert len(mine) <= 1, f"{job_id} ran {len(mine)} times"
-        where = "before" if s_.after_ms < due else "after" if s_.before_ms > due else "between"
+        where = (
+            "before"
+            if s_.after_ms < due - margin_ms
+            else "after"
+            if s_.before_ms > due
+            else "between"
+        )
         tally[where] += 1
         for _j, _a, _p, version, at, _pid in mine:
             start_ms = at * 1000

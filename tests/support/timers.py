@@ -195,6 +195,15 @@ class ExecLog:
             self.poll()
         return self.records
 
+    def wait_for_jobs(self, job_ids: Iterable[str], timeout_s: float) -> list[Fired]:
+        """Poll until a record of each of ``job_ids`` was seen (copies fired again count
+        once) or the time is up; return them all."""
+        wanted = set(job_ids)
+        deadline = time.monotonic() + timeout_s
+        while not wanted <= {r.job_id for r in self.records} and time.monotonic() < deadline:
+            self.poll()
+        return self.records
+
     def settle(self, quiet_s: float = 1.0, timeout_s: float = 30.0) -> list[Fired]:
         """Poll until nothing new arrived for ``quiet_s`` (catches duplicates)."""
         deadline = time.monotonic() + timeout_s

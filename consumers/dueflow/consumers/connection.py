@@ -33,7 +33,6 @@ from dueflow.kafka.group_config import incremental, worker_consumer_config
 from dueflow.observability.health import ClientStats
 from dueflow.observability.logs import event
 from dueflow.records.features import worker_client_id
-from dueflow.rules.lead_batching import exec_fetch_config
 
 _LOG = logging.getLogger("dueflow.worker")
 
@@ -92,8 +91,9 @@ class GroupConnection:
                 # `dueflow queue finalize` reads it: this worker applies commands
                 "client.id": worker_client_id(__version__, socket.gethostname()),
                 "error_cb": self._doubt.on_client_error,
-                # fuller fetches when the emitter fires far enough ahead
-                **exec_fetch_config(self._settings.emitter.fire_ahead_ms),
+                # A fetch returns with its first record: a steering command must
+                # reach the worker before the due time of a job fired ahead of it.
+                "fetch.wait.max.ms": 100,
                 "queued.max.messages.kbytes": 32_768,
             },
         )
