@@ -81,16 +81,21 @@ def requests(n: int, *, start: int = 0) -> list[JobRequest]:
     ]
 
 
-def plan_records(settings: Settings, reqs: list[JobRequest]) -> list[Record]:
-    """The records schedule_many writes for ``reqs`` (prepared outside any timing)."""
+def planned_timers(settings: Settings, reqs: list[JobRequest]) -> Iterator[PlannedTimer]:
+    """Each of ``reqs`` planned as ``schedule_many`` plans it (outside any timing)."""
     planner = TimerPlanner(settings, recent=RecentJobs(0), ids=JobIds())
-    out: list[Record] = []
     for req in reqs:
         planned = planner.plan(req, now_ms=wall_ms())
         assert isinstance(planned, PlannedTimer)
-        rec = planned.record
-        out.append((rec.key, rec.value, rec.partition, rec.headers))
-    return out
+        yield planned
+
+
+def plan_records(settings: Settings, reqs: list[JobRequest]) -> list[Record]:
+    """The records schedule_many writes for ``reqs`` (prepared outside any timing)."""
+    return [
+        (p.record.key, p.record.value, p.record.partition, p.record.headers)
+        for p in planned_timers(settings, reqs)
+    ]
 
 
 def produce_raw(producer: Producer, topic: str, records: list[Record]) -> None:
@@ -129,17 +134,22 @@ def bench_topics(bootstrap: str) -> BenchTopics:
         env=os.environ,
         overrides={"bootstrap": bootstrap, "topic_prefix": f"bench{uuid.uuid4().hex[:8]}"},
     )
-    timers = names(settings).timers
     raw_topic = f"{settings.topic_prefix}.rawbench"
+    timer_spec = ensure_with_copy(settings, names(settings).timers, raw_topic)
+    return BenchTopics(settings, raw_topic, timer_spec.partitions)
+
+
+def ensure_with_copy(settings: Settings, source: str, copy: str) -> TopicSpec:
+    """Create every topic of ``settings`` and ``copy``, a topic of ``source``'s
+    partitions and config (for a raw producer's baseline); ``source``'s spec."""
     layout = topic_layout(settings)
-    timer_spec = next(s for s in layout if s.name == timers)
-    raw_spec = TopicSpec(raw_topic, "bench", timer_spec.partitions, timer_spec.config)
+    spec = next(s for s in layout if s.name == source)
     report = TopicAdmin(
         make_admin(settings), replication_factor=settings.replication_factor
-    ).ensure([*layout, raw_spec])
+    ).ensure([*layout, TopicSpec(copy, "bench", spec.partitions, spec.config)])
     if not report.ok:
         raise RuntimeError(f"topics: {report.differences}")
-    return BenchTopics(settings, raw_topic, timer_spec.partitions)
+    return spec
 
 
 def run(bootstrap: str, jobs: int, rounds: int) -> dict[str, Any]:

@@ -47,19 +47,18 @@ from benchmarks.produce import (
     Record,
     bench_topics,
     broker,
+    ensure_with_copy,
     plan_records,
+    planned_timers,
     produce_raw,
     requests,
     timed,
 )
 from dueflow.apps.cli.common import format_table
 from dueflow.config import Settings
-from dueflow.kafka.clients import make_admin, make_producer
-from dueflow.kafka.topic_admin import TopicAdmin
-from dueflow.kafka.topics import TopicSpec, names, topic_layout
-from dueflow.producers.core import JobIds, PlannedTimer, TimerPlanner
+from dueflow.kafka.clients import make_producer
+from dueflow.kafka.topics import names
 from dueflow.producers.outcomes import scheduled_outcome
-from dueflow.producers.recent import RecentJobs
 from dueflow.producers.scheduler import BULK_PRODUCER, Scheduler
 from dueflow.records.job_request import JobRequest
 from dueflow.wall_clock import wall_ms
@@ -68,12 +67,9 @@ from dueflow.wall_clock import wall_ms
 def outcome_records(settings: Settings, reqs: list[JobRequest]) -> list[Record]:
     """The ``scheduled`` outcome records ``schedule_many`` writes for ``reqs``, for
     the raw side (prepared outside any timing)."""
-    planner = TimerPlanner(settings, recent=RecentJobs(0), ids=JobIds())
     topic_names = names(settings)
     out: list[Record] = []
-    for req in reqs:
-        planned = planner.plan(req, now_ms=wall_ms())
-        assert isinstance(planned, PlannedTimer)
+    for planned in planned_timers(settings, reqs):
         job = planned.job
         rec = scheduled_outcome(
             topic_names,
@@ -90,21 +86,10 @@ def outcome_records(settings: Settings, reqs: list[JobRequest]) -> list[Record]:
     return out
 
 
-def raw_outcomes_topic(settings: Settings) -> str:
-    """A topic of the outcomes topic's partitions and config, for the raw side."""
-    topic = f"{settings.topic_prefix}.rawbench-outcomes"
-    spec = next(s for s in topic_layout(settings) if s.name == names(settings).outcomes)
-    report = TopicAdmin(
-        make_admin(settings), replication_factor=settings.replication_factor
-    ).ensure([TopicSpec(topic, "bench", spec.partitions, spec.config)])
-    if not report.ok:
-        raise RuntimeError(f"topics: {report.differences}")
-    return topic
-
-
 def run(bootstrap: str, jobs: int, rounds: int, single: int) -> dict[str, Any]:
     settings, raw_topic, _ = bench_topics(bootstrap)
-    outcomes_topic = raw_outcomes_topic(settings)
+    outcomes_topic = f"{settings.topic_prefix}.rawbench-outcomes"
+    ensure_with_copy(settings, names(settings).outcomes, outcomes_topic)
 
     reqs = requests(jobs)
     warm = requests(min(jobs, 20_000), start=jobs)
