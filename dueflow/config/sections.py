@@ -131,7 +131,12 @@ class WorkerSettings:
     ``max_memory``). See docs/workers.md.
     ``steering_grace_ms``: how late a steered job's older timer may still
     arrive and be recognised (``None``: the queue's idempotency retention);
-    see docs/workers.md, "Steering jobs".
+    see docs/workers.md, "Steering jobs". ``steering_margin_ms``: a command
+    acknowledged at least this long before a job's due time always wins, also
+    when the emitter fired the job ahead of it: a job fired ahead starts once
+    every record appended to its partition before its due time less this has
+    been handled (0: every command before the due time, at a few ms of start
+    latency and a request to the broker per due moment; see docs/workers.md).
     ``result_max_bytes``: the largest handler result kept (its JSON, in the
     ``succeeded`` outcome; a task may set its own). ``progress_interval_ms``:
     at most one progress outcome per attempt this often;
@@ -183,6 +188,8 @@ class WorkerSettings:
         if self.steering_grace_ms is not None:
             return self.steering_grace_ms
         return queue.idempotency_retention_ms
+
+    steering_margin_ms: int = 100
 
     result_max_bytes: int = 65_536
     progress_interval_ms: int = 1_000

@@ -153,6 +153,11 @@ def validate_worker(ws: WorkerSettings) -> None:
         raise ConfigError("worker.steering_grace_ms", grace, "milliseconds >= 0, or unset")
     if ws.store not in ("memory", "disk"):
         raise ConfigError("worker.store", ws.store, "'memory' or 'disk'")
+    margin = ws.steering_margin_ms
+    if type(margin) is not int or not 0 <= margin <= FIRE_AHEAD_MAX_MS:
+        raise ConfigError(
+            "worker.steering_margin_ms", margin, f"an integer from 0 to {FIRE_AHEAD_MAX_MS} ms"
+        )
 
 
 def _validate_durations(ws: WorkerSettings) -> None:

@@ -388,6 +388,13 @@ class Metrics:
             ["queue"],
             registry=r,
         )
+        self.lead_fence_asks = Counter(
+            "dueflow_lead_fence_asks_total",
+            "Requests for the last stable offsets of partitions with jobs fired ahead "
+            "and due (result: asked, failed)",
+            ["queue", "result"],
+            registry=r,
+        )
 
     def _declare_status_view(self, r: CollectorRegistry) -> None:
         """The status view."""

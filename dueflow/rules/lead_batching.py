@@ -9,9 +9,10 @@ less CPU per job. A job due at once (one scheduled for now) can be seen that
 much later. With a shorter lead (0: written when due) the wait would add to
 every job's lateness, so fires go out at once.
 
-The workers' fetches do not wait to fill up: a steering command appended
-before a job's due time must reach the worker before the job fired ahead of
-it starts (see the steering guarantees in docs/workers.md).
+The workers' fetches do not wait to fill up: a steering command acknowledged
+within ``worker.steering_margin_ms`` of a job's due time wins only if it
+reaches the worker before the job fired ahead of it starts (see the steering
+guarantees in docs/workers.md).
 """
 
 from __future__ import annotations

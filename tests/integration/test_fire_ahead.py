@@ -1,7 +1,8 @@
 """An emitter that fires ahead of the due time (``emitter.fire_ahead_ms``), on the
 real broker: the worker starts each job at its due time, not before; the records
 behind one fired ahead do not wait for it; and a job cancelled after its record
-was written, before it is due, does not run.
+was written, before it is due, does not run, even when the worker was stopped
+across the due time and reads the cancel after it (the lead fence).
 
 The emitter fires 1 s ahead (the most it allows). Jobs ``ahead-*`` are due about
 3 s after they are scheduled; once their exec records are written (a second
@@ -13,6 +14,8 @@ by the handler with its time.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 import uuid
 from datetime import UTC, datetime
@@ -43,6 +46,32 @@ AHEAD_MS = 1_000
 AHEAD_JOBS = 12
 NOW_JOBS = 9
 APP = "tests.integration.worker_app"
+
+
+def send_cancels(
+    pipeline: Pipeline, producer: Any, jobs: dict[str, tuple[str, int]]
+) -> dict[str, str]:
+    """A cancel command for each job (key -> job id, due), written as the SDK writes
+    it; the command ids by key, once every one is acknowledged."""
+    settings = pipeline.settings
+    partitions = settings.queue(QUEUE).partitions
+    sent: dict[str, str] = {}
+    for key, (job_id, due_ms) in jobs.items():
+        cancel = Command(
+            command_id=uuid.uuid4().hex,
+            op="cancel",
+            job_id=job_id,
+            idempotency_key=key,
+            queue=QUEUE,
+            at_ms=int(time.time() * 1000),
+            known_due_ms=due_ms,
+            due_ms=None,
+        )
+        for rec in command_records(names(settings), cancel, partitions=partitions):
+            producer.produce(rec.topic, rec.value, rec.key, rec.partition, headers=rec.headers)
+        sent[key] = cancel.command_id
+    assert producer.flush(30) == 0
+    return sent
 
 
 def read_exec_until(pipeline: Pipeline, topic: str, keys: set[str]) -> list[Record]:
@@ -172,3 +201,79 @@ def test_jobs_fired_ahead_start_when_due_and_hold_nothing_back(
         k: round(started[k] * 1000 - first_due) for k in now_due if started[k] * 1000 >= first_due
     }
     assert late_now == {}, f"due-at-once jobs held back behind jobs fired ahead: {late_now}"
+
+
+@pytest.mark.timeout(240)
+def test_a_worker_stopped_across_the_due_time_applies_the_cancels_sent_before_it_first(
+    kafka: KafkaCluster, prefix: str, tmp_path: Path
+) -> None:
+    """Jobs fired 1 s ahead; the worker is stopped (SIGSTOP) once their records are
+    written; half of them are cancelled by commands acknowledged before they are due,
+    behind them in the log; the worker goes on 1.5 s after they were due. The jobs
+    it holds are due at once and the cancels not read yet: it reads and handles the
+    partition up to its end as of the due time first, so the cancelled jobs never
+    run and the others run once, not early."""
+    pipeline = Pipeline(kafka.bootstrap, prefix, tmp_path)
+    exec_topic = names(pipeline.settings).exec(QUEUE)
+    ledger = Ledger(tmp_path / "ledger.db")
+    env = {"DUEFLOW_TEST_LEDGER": str(ledger.path), "DUEFLOW_EMITTER_FIRE_AHEAD_MS": str(AHEAD_MS)}
+    payload = {"ledger": str(ledger.path)}
+    try:
+        pipeline.start("emitter", "emitter", env=env)
+        worker = pipeline.start("worker", "worker", "--app", APP, "--queues", QUEUE, env=env)
+        wait_for(
+            "the worker and the emitter started",
+            lambda: all("started" in p.log() for p in pipeline.procs),
+            90,
+        )
+        finalize_when_workers_joined(pipeline.settings, QUEUE)  # cancels by command
+        commands = make_producer(pipeline.settings, **{"linger.ms": 0})
+        commands.list_topics(exec_topic, timeout=30)
+        with Scheduler(pipeline.settings) as s:
+            start = time.time()
+            jobs: dict[str, tuple[str, int]] = {}
+            for i in range(AHEAD_JOBS):
+                key = f"stopped-{i}"
+                run_at = datetime.fromtimestamp(start + 3.0 + 0.1 * i / AHEAD_JOBS, tz=UTC)
+                job = s.schedule(
+                    "ledger-effect", payload, run_at=run_at, queue=QUEUE, idempotency_key=key
+                )
+                jobs[key] = (job.job_id, job.due_ms)
+        read_exec_until(pipeline, exec_topic, set(jobs))
+        first_due = min(due for _, due in jobs.values())
+        last_due = max(due for _, due in jobs.values())
+        doomed = {k: v for i, (k, v) in enumerate(sorted(jobs.items())) if i % 2}
+        os.kill(worker.pid, signal.SIGSTOP)
+        try:
+            sent = send_cancels(pipeline, commands, doomed)
+            acked_ms = int(time.time() * 1000)
+            assert acked_ms < first_due - 100, f"cancels acknowledged {acked_ms - first_due} ms"
+            # the scenario: the worker stays stopped until well after the due times
+            time.sleep(max(0.0, (last_due + 1_500) / 1000 - time.time()))
+        finally:
+            os.kill(worker.pid, signal.SIGCONT)
+        kept = set(jobs) - set(doomed)
+
+        def verdicts() -> dict[str, str]:
+            outs = outcomes_of(read_topic(pipeline.settings, names(pipeline.settings).outcomes))
+            by_command = {cid: key for key, cid in sent.items()}
+            return {
+                by_command[str(o["command_id"])]: str(o["state"])
+                for o in outs
+                if o.get("command_id") in by_command
+            }
+
+        wait_for("the kept jobs' effects", lambda: set(ledger.effects()) >= kept, 90)
+        wait_for("every cancel's verdict", lambda: set(verdicts()) == set(doomed), 60)
+        answered = verdicts()
+        effects = ledger.effects()
+        runs = ledger.runs()
+    finally:
+        pipeline.stop_all()
+    assert answered == dict.fromkeys(doomed, "cancelled"), answered
+    assert effects == dict.fromkeys(kept, 1), effects  # the cancelled ones never ran
+    started = {key: at for key, _, at, _ in runs}
+    early = {
+        k: round(started[k] * 1000 - jobs[k][1]) for k in kept if started[k] * 1000 < jobs[k][1]
+    }
+    assert early == {}, f"started before due (ms): {early}"

@@ -78,9 +78,7 @@ def steering_settings(kafka: KafkaCluster, prefix: str, **extra: object) -> Sett
                 "idempotency_retention_ms": 2000,
             }
         ],
-        wheel=SMALL_WHEEL,
-        worker=FAST_WORKER,
-        **extra,
+        **{"wheel": SMALL_WHEEL, "worker": FAST_WORKER, **extra},
     )
     ensure_topics(s)
     return s
@@ -256,13 +254,17 @@ def test_a_command_appended_before_the_due_time_always_wins_the_race(
 ) -> None:
     """300 jobs due at T; a cancel or a move later for each, sent at random in
     [T - 300 ms, T + 100 ms]. One broker: the probes' LogAppendTime brackets when
-    each command was appended. Written when due (``fire_ahead_ms`` 0), the job is
-    behind every command appended before T; fired ahead (the default lead), behind
-    every command appended before T - lead, which the test holds to the guarantee
-    (a command in the lead wins if the worker read it by T). Never early, never
-    twice, either way."""
-    settings = steering_settings(kafka, prefix, emitter={"fire_ahead_ms": ahead_ms})
-    margin_ms = ahead_ms
+    each command was appended. Every command appended before T wins: written when
+    due (``fire_ahead_ms`` 0) the job is behind it in the log; fired ahead (the
+    default lead, ``worker.steering_margin_ms`` 0) the job may be in front of it,
+    and the worker starts the job only once it has handled every record appended
+    before T (the lead fence). Never early, never twice, either way."""
+    settings = steering_settings(
+        kafka,
+        prefix,
+        emitter={"fire_ahead_ms": ahead_ms},
+        worker={**FAST_WORKER, "steering_margin_ms": 0},
+    )
     count = 300
     rng = random.Random(26)
     ledger = RunLedger(tmp_path / "runs.db")
@@ -324,13 +326,7 @@ def test_a_command_appended_before_the_due_time_always_wins_the_race(
         s_ = sent[job_id]
         mine = by_job.get(job_id, [])
         assert len(mine) <= 1, f"{job_id} ran {len(mine)} times"
-        where = (
-            "before"
-            if s_.after_ms < due - margin_ms
-            else "after"
-            if s_.before_ms > due
-            else "between"
-        )
+        where = "before" if s_.after_ms < due else "after" if s_.before_ms > due else "between"
         tally[where] += 1
         for _j, _a, _p, version, at, _pid in mine:
             start_ms = at * 1000

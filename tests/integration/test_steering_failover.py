@@ -8,11 +8,12 @@ them steered by the SDK at random times, most before their due time; one kind of
 fault meanwhile. What must hold, from the committed outcomes and the handlers' own
 ledger:
 
-- a job cancelled by a command acknowledged before it was fired (its due time less
-  the emitter's lead, ``emitter.fire_ahead_ms``) never ran, not even an attempt whose
-  commit was lost;
-- a moved or updated job (command acknowledged before it was fired) never ran its
-  old version, nor before its new due time; the updated one only with its new payload;
+- a job cancelled by a command acknowledged at least ``worker.steering_margin_ms``
+  before its due time never ran, not even an attempt whose commit was lost (with the
+  emitter's lead, ``emitter.fire_ahead_ms``, the job may be in the log in front of
+  the command: the worker handles what was appended until then first);
+- a moved or updated job (command acknowledged as early) never ran its old version,
+  nor before its new due time; the updated one only with its new payload;
 - every job has exactly one committed ``succeeded`` outcome, or none and was cancelled;
 - no run ever started before the due time of the version it ran;
 - every steering state is removed once its job ended and its timers fired.
@@ -36,6 +37,7 @@ from typing import Any
 
 import pytest
 
+from dueflow.config import WorkerSettings
 from dueflow.kafka.topics import names
 from dueflow.producers import Scheduler
 from dueflow.records.job_request import JobRequest
@@ -48,9 +50,9 @@ from tests.integration.steering_support import (
     steering_states,
 )
 from tests.integration.worker_support import outcomes_of, read_topic, wait_for
-from tests.support.emitters import AHEAD_MS
 
 JOBS = 60
+MARGIN_MS = WorkerSettings().steering_margin_ms  # the workers run with the default
 STEERED = 40
 APP = "tests.integration.steering_app"
 
@@ -171,7 +173,7 @@ class Scenario:
             st is not None
             and st.op == "cancel"
             and st.acked_ms is not None
-            and st.acked_ms < st.due_ms - AHEAD_MS
+            and st.acked_ms < st.due_ms - MARGIN_MS
         )
 
     def settled(self) -> bool:
@@ -194,10 +196,9 @@ class Scenario:
             st = self.steers.get(job_id)
             succeeded = [o for o in outs.get(job_id, []) if o["state"] == "succeeded"]
             mine = [r for r in runs if r[0] == job_id]
-            # acknowledged before the job was fired (the lead before its due time): the
-            # command is in front of the job in the log
+            # acknowledged at least the steering margin before the job's due time
             before = (
-                st is not None and st.acked_ms is not None and st.acked_ms < st.due_ms - AHEAD_MS
+                st is not None and st.acked_ms is not None and st.acked_ms < st.due_ms - MARGIN_MS
             )
             if self.cancelled_before_due(job_id):
                 assert mine == [], f"{job_id} cancelled before its due time, ran: {mine}"

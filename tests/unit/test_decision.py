@@ -50,6 +50,9 @@ class Case:
     now: int = NOW
     command: bool = False  # a command record (df-kind steer), not a job
     steered: JobSteering | None = None  # the job's steering state
+    ahead: bool = False  # fired before its due time
+    fence_ms: int = 0  # the partition's lead fence
+    margin: int = 0  # worker.steering_margin_ms
 
 
 class _Msg:
@@ -72,6 +75,7 @@ def delivery(case: Case, feed: PartitionFeed) -> Delivery:
     d.not_before = case.not_before
     d.rechecked = case.rechecked
     d.command = case.command
+    d.ahead = case.ahead
     return d
 
 
@@ -82,6 +86,7 @@ def judge(case: Case) -> Verdict:
     if case.run_only_due is not None:
         store.reschedule([(case.key, case.run_only_due, NOW - 30_000)])
     feed = PartitionFeed("p.exec.default", 0, None, store)
+    feed.fence_ms = case.fence_ms
     d = delivery(case, feed)
     guard = OverlapGuard()
     if case.occurrences_running:
@@ -102,6 +107,7 @@ def judge(case: Case) -> Verdict:
         occurrences=guard,
         now_ms=case.now,
         steering=book,
+        margin_ms=case.margin,
     )
     # Pure: nothing it was given has changed.
     after = (guard.running, guard.buffered, pending, store.get(case.key))
@@ -170,6 +176,32 @@ TABLE: list[tuple[str, Case, Kind]] = [
     ("a retry of a key never seen runs", Case(attempt=3), Kind.RUN),
     # -- not due: held, whatever else is true (a record never runs early)
     ("not due yet: held", Case(not_before=NOW + 1), Kind.HOLD),
+    # -- fired ahead (dueflow.consumers.lead_fence)
+    ("fired ahead, not due yet: held", Case(ahead=True, not_before=NOW + 1), Kind.HOLD),
+    ("fired ahead, due, the fence before its due time", Case(ahead=True), Kind.FENCE),
+    ("fired ahead, the fence one ms short", Case(ahead=True, fence_ms=DUE - 1), Kind.FENCE),
+    ("fired ahead, the fence at its due time: runs", Case(ahead=True, fence_ms=DUE), Kind.RUN),
+    (
+        "fired ahead, already done: the fence first (a command may be behind it)",
+        Case(ahead=True, stored=DONE),
+        Kind.FENCE,
+    ),
+    (
+        "fired ahead, the fence past it, cancelled meanwhile",
+        Case(ahead=True, fence_ms=NOW, stored=CANCELLED),
+        Kind.CANCELLED,
+    ),
+    ("written when due: no fence", Case(fence_ms=0), Kind.RUN),
+    (
+        "fired ahead, the fence at its due time less the margin: runs",
+        Case(ahead=True, fence_ms=DUE - 50, margin=50),
+        Kind.RUN,
+    ),
+    (
+        "fired ahead, the fence short of its due time less the margin",
+        Case(ahead=True, fence_ms=DUE - 51, margin=50),
+        Kind.FENCE,
+    ),
     ("not due, already done: held first", Case(not_before=NOW + 9, stored=DONE), Kind.HOLD),
     # (a record that failed its checks is due at once: prepare sets not_before 0)
     ("undecodable: never held", Case(not_before=0, bad=BAD), Kind.DEAD_LETTER),

@@ -38,8 +38,36 @@ class NoSteering:
         return None
 
 
-def dispatcher(clock: Callable[[], int]) -> tuple[Dispatcher, list[Delivery], Any]:
+class ClockFence:
+    """A lead fence answered at once: every record before now was handled."""
+
+    def __init__(self, clock: Callable[[], int]) -> None:
+        self.clock = clock
+        self.dispatcher: Dispatcher | None = None
+        self.wanted: list[PartitionFeed] = []
+
+    def want(self, feed: PartitionFeed) -> None:
+        self.wanted.append(feed)
+        feed.fence_ms = self.clock()
+        assert self.dispatcher is not None
+        self.dispatcher.fence_reached(feed)
+
+    def check(self, feed: PartitionFeed) -> None:
+        pass
+
+
+class HeldFence(ClockFence):
+    """A lead fence whose answers the test gives."""
+
+    def want(self, feed: PartitionFeed) -> None:
+        self.wanted.append(feed)
+
+
+def dispatcher(
+    clock: Callable[[], int], fence: ClockFence | None = None
+) -> tuple[Dispatcher, list[Delivery], Any]:
     """A dispatcher of queue ``jobs`` reading ``clock``, and the deliveries it started."""
+    fence = fence or ClockFence(clock)
     life = RunState()
     overlap = OverlapGuard()
     intake = Intake(
@@ -57,30 +85,29 @@ def dispatcher(clock: Callable[[], int]) -> tuple[Dispatcher, list[Delivery], An
     started: list[Delivery] = []
     recorder = batch_recorder()
     running: dict[bytes, Delivery] = {}
-    return (
-        Dispatcher(
-            queue="jobs",
-            life=life,
-            intake=intake,
-            doubt=doubt,
-            slots=Slots(4),
-            recorder=recorder,
-            running=running,
-            overlap=overlap,
-            registry=TaskRegistry([noop]),
-            rates=QueueRates(None, task_rates={}, partitions=6, now=0.0),
-            book=NoSteering(),  # type: ignore[arg-type]
-            steer=None,  # type: ignore[arg-type]
-            quarantine=None,  # type: ignore[arg-type]
-            metrics=Metrics(),
-            limits=WireLimits(),
-            due_now=clock,
-            start=started.append,
-            recheck=lambda feed: None,
-        ),
-        started,
-        (recorder, running),
+    made = Dispatcher(
+        queue="jobs",
+        life=life,
+        intake=intake,
+        doubt=doubt,
+        slots=Slots(4),
+        recorder=recorder,
+        running=running,
+        overlap=overlap,
+        registry=TaskRegistry([noop]),
+        rates=QueueRates(None, task_rates={}, partitions=6, now=0.0),
+        book=NoSteering(),  # type: ignore[arg-type]
+        steer=None,  # type: ignore[arg-type]
+        quarantine=None,  # type: ignore[arg-type]
+        metrics=Metrics(),
+        limits=WireLimits(),
+        due_now=clock,
+        start=started.append,
+        recheck=lambda feed: None,
+        fence=fence,  # type: ignore[arg-type]
     )
+    fence.dispatcher = made
+    return made, started, (recorder, running)
 
 
 def feed_with(*keys: str, due: dict[str, int] | None = None) -> PartitionFeed:
@@ -178,5 +205,85 @@ def test_a_replay_waits_for_its_key_and_a_duplicate_is_recorded() -> None:
         assert [w.key for w in d._intake.held[b"running"]] == [b"running"]  # waits
         assert [r[1] for r in recorder.records] == [names(SETTINGS).outcomes]  # duplicate
         assert feed.tracker.unfinished == 2  # the waiting replay and the started job
+
+    asyncio.run(main())
+
+
+def test_a_job_fired_ahead_waits_for_the_fence_while_the_records_behind_it_go_on() -> None:
+    """Due, fired ahead: it starts only once the fence is at its due time and the
+    records in front of the answer's offset were handled."""
+    now = [DUE]
+
+    async def main() -> None:
+        fence = HeldFence(lambda: now[0])
+        d, started, _ = dispatcher(lambda: now[0], fence)
+        feed = feed_with("k1", "k2", due={"k1": DUE, "k2": NOW})
+        feed.backlog[1].hmap = {}  # k2: written when due, not fired ahead
+        prepare(feed.backlog[0], TaskRegistry([noop]), now_ms=NOW, limits=WireLimits())
+        assert feed.backlog[0].ahead
+        assert d._dispatch(feed) is True
+        assert fence.wanted == [feed]
+        assert [x.key for _, _, x in feed.fenced] == [b"k1"]
+        # k2 went on (written when due: no fence); k1 waits
+        assert [s.key for s in started] == [b"k2"]
+        # an answer asked before k1's due time covers nothing
+        feed.fence_ms = DUE - 1
+        d.fence_reached(feed)
+        assert [x.key for _, _, x in feed.fenced] == [b"k1"]
+        assert fence.wanted == [feed, feed]  # wanted again
+        # the answer asked at its due time: k1 is decided again, first, and starts
+        feed.fence_ms = DUE
+        d.fence_reached(feed)
+        assert feed.fenced == []
+        assert [x.key for x in feed.backlog] == [b"k1"]
+        d._dispatch(feed)
+        assert [s.key for s in started] == [b"k2", b"k1"]
+
+    asyncio.run(main())
+
+
+def test_jobs_fired_ahead_that_the_fence_covers_start_in_offset_order() -> None:
+    now = [DUE + 10]
+
+    async def main() -> None:
+        fence = HeldFence(lambda: now[0])
+        d, started, _ = dispatcher(lambda: now[0], fence)
+        feed = feed_with("k1", "k2", "k3", due={"k1": DUE + 5, "k2": DUE, "k3": DUE + 10})
+        assert d._dispatch(feed) is True
+        assert sorted(x.key for _, _, x in feed.fenced) == [b"k1", b"k2", b"k3"]
+        feed.fence_ms = DUE + 5
+        d.fence_reached(feed)
+        assert [x.key for x in feed.backlog] == [b"k1", b"k2"]
+        assert [x.key for _, _, x in feed.fenced] == [b"k3"]
+        d._dispatch(feed)
+        assert [s.key for s in started] == [b"k1", b"k2"]
+        # revoked: the jobs waiting for the fence are forgotten with the backlog
+        feed.drop_undispatched()
+        assert feed.fenced == []
+        assert feed.waiting == 0
+
+    asyncio.run(main())
+
+
+def test_a_fire_stamped_after_the_due_time_behind_the_job_moves_the_fence() -> None:
+    """The emitter's next fire into the partition, stamped at or after the job's due
+    time, is proof that what was appended before it was handled: the job starts
+    without an ask."""
+    now = [DUE + 3]
+
+    async def main() -> None:
+        fence = HeldFence(lambda: now[0])
+        d, started, _ = dispatcher(lambda: now[0], fence)
+        feed = feed_with("k1", "k2", due={"k1": DUE, "k2": DUE + 200})
+        job = make_job("noop", {}, queue="jobs", key="k2", due_ms=DUE + 200)
+        feed.backlog[1] = job_delivery(feed, job, exec_headers(job, fired_ms=DUE + 1), 1)
+        assert d._dispatch(feed) is True
+        assert feed.fence_ms == DUE + 1  # k2's stamp, read at the head after k1
+        assert fence.wanted == [feed]
+        d.fence_reached(feed)  # what the fence's check does after a dispatch
+        assert feed.fenced == []
+        d._dispatch(feed)
+        assert [s.key for s in started] == [b"k1"]
+        assert fence.wanted == [feed]  # never asked again
 
     asyncio.run(main())

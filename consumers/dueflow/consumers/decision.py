@@ -9,6 +9,10 @@ of its partition, in this order (the first that applies wins):
    until then: a record never runs early (a record that failed its checks,
    :mod:`dueflow.records.job_checks`, is due at once: it never holds its
    partition, and no check can hold it for longer than a real record could);
+1b. fired ahead of its due time and the partition's lead fence
+   (:mod:`dueflow.consumers.lead_fence`) not at its due time less the margin
+   (``worker.steering_margin_ms``) -> :attr:`Kind.FENCE`: the commands
+   appended before then are handled first;
 2. its key is final or handed on (the key store, or what this process
    finished and has not committed yet, which is newer) and
    :func:`~dueflow.consumers.store.skips` this attempt ->
@@ -83,6 +87,7 @@ class Kind(Enum):
     BUFFER_OCCURRENCE = "buffer_occurrence"  # overlap policy buffer_one: waits its turn
     COMMAND = "command"  # a command to this partition's owner: apply it
     REDIRECT = "redirect"  # a steered job's timer with a move or update waiting: write it again
+    FENCE = "fence"  # fired ahead: waits until what was appended before its due time is handled
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +104,7 @@ class Verdict:
 
 
 RUN = Verdict(Kind.RUN)
+FENCE = Verdict(Kind.FENCE)
 COMMAND = Verdict(Kind.COMMAND)
 RECHECK = Verdict(Kind.RECHECK)
 WAIT = Verdict(Kind.WAIT)
@@ -147,6 +153,7 @@ def decide(
     occurrences: Occurrences,
     now_ms: int,
     steering: Steering | None = None,
+    margin_ms: int = 0,
 ) -> Verdict:
     """The verdict for delivery ``d`` (decoded: :func:`~dueflow.consumers.feeds.prepare`)
     at ``now_ms`` (epoch ms, the broker's clock as near as it is known).
@@ -155,12 +162,15 @@ def decide(
     process finished and has not committed yet; ``running``: keys with an attempt
     executing in this process; ``occurrences``: the running and waiting cron
     occurrences of schedules with an overlap policy; ``steering``: the steered
-    jobs of the partition.
+    jobs of the partition; ``margin_ms``: a job fired ahead waits for the
+    partition's lead fence to reach its due time less this.
     """
     if d.command:
         return COMMAND
     if d.not_before > now_ms:
         return Verdict(Kind.HOLD, until_ms=d.not_before)
+    if d.ahead and d.feed.fence_ms < d.not_before - margin_ms:
+        return FENCE
     key = d.key
     hmap = d.hmap
     if key:

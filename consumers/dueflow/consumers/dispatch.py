@@ -23,6 +23,7 @@ from dueflow.consumers.commands import CommandApplier, SteeringBook
 from dueflow.consumers.decision import Kind, Verdict, decide
 from dueflow.consumers.feeds import Delivery, PartitionFeed, WireLimits, prepare
 from dueflow.consumers.intake import Intake
+from dueflow.consumers.lead_fence import LeadFence
 from dueflow.consumers.membership import MembershipDoubt
 from dueflow.consumers.overlap import OverlapGuard
 from dueflow.consumers.quarantine import Quarantine
@@ -71,6 +72,8 @@ class Dispatcher:
         due_now: Callable[[], int],
         start: Callable[[Delivery], None],
         recheck: Callable[[PartitionFeed], None],
+        fence: LeadFence,
+        margin_ms: int = 0,
     ) -> None:
         self._queue = queue
         self._life = life
@@ -92,6 +95,8 @@ class Dispatcher:
         self._due_now = due_now
         self._start = start
         self._recheck = recheck
+        self._fence = fence
+        self._margin = margin_ms  # worker.steering_margin_ms
         self._loop = asyncio.get_running_loop()
         self._pump_scheduled = False
 
@@ -126,14 +131,16 @@ class Dispatcher:
                 return
             feed = ready[0]
             finished = self._dispatch(feed)
-            if self.stalled():
-                return
             if finished:
                 if ready and ready[0] is feed:
                     ready.popleft()
                 feed.in_ready = False
             else:
                 ready.rotate(-1)
+            if feed.fenced or feed.fence_goal is not None:
+                self._fence.check(feed)  # the records handled may have moved its fence
+            if self.stalled():
+                return
 
     def _dispatch(self, feed: PartitionFeed) -> bool:
         """Start what can start from ``feed``; True when it has nothing startable now."""
@@ -147,6 +154,7 @@ class Dispatcher:
         book = self._book
         limits = self._limits
         actions = _ACTIONS
+        margin = self._margin
         now_ms = self._due_now()
         budget = _TURN
         while backlog:
@@ -164,6 +172,7 @@ class Dispatcher:
                 occurrences=overlap,
                 now_ms=now_ms,
                 steering=book,
+                margin_ms=margin,
             )
             # keyed by the kind's value: an Enum member's own hash is Python code
             step = actions[verdict.kind._value_](self, feed, d, verdict, now_ms)
@@ -204,6 +213,35 @@ class Dispatcher:
         if aside[0][2] is d:  # the first due of those set aside: the wake-up moves
             self._arm_aside(feed, until, now)
         return _NEXT
+
+    def _fenced(self, feed: PartitionFeed, d: Delivery, verdict: Verdict, now_ms: int) -> int:
+        """Due, fired ahead: waits for the partition's lead fence, and the records behind
+        it (the commands acknowledged before its due time among them) go on."""
+        feed.backlog.popleft()
+        heapq.heappush(feed.fenced, (d.not_before - self._margin, d.offset, d))
+        self._fence.want(feed)
+        return _NEXT
+
+    def fence_reached(self, feed: PartitionFeed) -> None:
+        """``feed``'s lead fence moved on: the jobs it covers are decided again, first in
+        the backlog in offset order; the others wait for it to move again."""
+        fenced = feed.fenced
+        if feed.gone or feed.revoked or not fenced:
+            return
+        fence_ms = feed.fence_ms
+        back: list[Delivery] = []
+        while fenced and fenced[0][0] <= fence_ms:
+            back.append(heapq.heappop(fenced)[2])
+        if fenced:
+            self._fence.want(feed)
+        if not back:
+            return
+        back.sort(key=_offset)
+        feed.backlog.extendleft(reversed(back))
+        if feed.rate_held or feed.checking:
+            return  # dispatched when that hold ends
+        self._intake.make_ready(feed)
+        self.schedule_pump()
 
     def _recheck_keys(self, feed: PartitionFeed, d: Delivery, verdict: Verdict, now: int) -> int:
         d.rechecked = True
@@ -326,6 +364,7 @@ def _offset(d: Delivery) -> int:
 _ACTIONS: dict[str, Action] = {
     Kind.RUN.value: Dispatcher._run,
     Kind.HOLD.value: Dispatcher._not_due,
+    Kind.FENCE.value: Dispatcher._fenced,
     Kind.RECHECK.value: Dispatcher._recheck_keys,
     Kind.WAIT.value: Dispatcher._wait_key,
     Kind.BUFFER_OCCURRENCE.value: Dispatcher._buffer,

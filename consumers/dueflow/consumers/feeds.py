@@ -50,6 +50,7 @@ class Delivery:
     """One record read from an exec or retry partition, on its way to an outcome."""
 
     __slots__ = (
+        "ahead",
         "attempt",
         "bad",
         "command",
@@ -88,6 +89,8 @@ class Delivery:
     # blocked loop: its record's commit, done or not (QueueRuntime.take_blocked).
     taken: Any
     command: bool  # a command to the partition's owner (dueflow.records.command), not a job
+    # fired before it was due (emitter.fire_ahead_ms): starts behind the lead fence
+    ahead: bool
     progress: Any  # ctx.progress: a progress.AttemptProgress, once reported or seen running
 
     def __init__(self, feed: PartitionFeed, msg: Any, offset: int) -> None:
@@ -99,6 +102,7 @@ class Delivery:
         self.taken = None
         self.expires = None
         self.command = False
+        self.ahead = False
 
     @property
     def planner(self) -> Any:
@@ -131,6 +135,10 @@ class PartitionFeed:
         "backlog",
         "checking",
         "committed",
+        "fence_goal",
+        "fence_ms",
+        "fence_probe",
+        "fenced",
         "held_until",
         "in_ready",
         "inflight",
@@ -164,6 +172,12 @@ class PartitionFeed:
         self.backlog: deque[Delivery] = deque()
         self.aside: list[tuple[int, int, Delivery]] = []
         self.aside_timer: asyncio.TimerHandle | None = None
+        # The lead fence (dueflow.consumers.lead_fence): every record appended before
+        # fence_ms (broker ms) is handled; an answer not reached yet; the jobs waiting.
+        self.fence_ms = 0
+        self.fence_goal: tuple[int, int] | None = None
+        self.fence_probe: asyncio.TimerHandle | None = None
+        self.fenced: list[tuple[int, int, Delivery]] = []  # a heap: due, offset, record
         self.tracker = OffsetTracker()
         self.committed: int | None = None  # last offset committed for this partition
         self.inflight = 0
@@ -203,15 +217,19 @@ class PartitionFeed:
     @property
     def waiting(self) -> int:
         """Records delivered and not dispatched yet (the backlog and those set aside)."""
-        return len(self.backlog) + len(self.aside)
+        return len(self.backlog) + len(self.aside) + len(self.fenced)
 
     def drop_undispatched(self) -> None:
         """Forget the records not dispatched yet: the partition's next owner reads them."""
         self.backlog.clear()
         self.aside.clear()
-        if self.aside_timer is not None:
-            self.aside_timer.cancel()
-            self.aside_timer = None
+        self.fenced.clear()
+        self.fence_goal = None
+        for timer in (self.aside_timer, self.fence_probe):
+            if timer is not None:
+                timer.cancel()
+        self.aside_timer = None
+        self.fence_probe = None
 
     def __repr__(self) -> str:
         return f"PartitionFeed({self.topic}[{self.partition}], backlog={len(self.backlog)})"
@@ -322,6 +340,17 @@ def _prepare(d: Delivery, registry: TaskRegistry, now_ms: int, limits: WireLimit
             d.not_before = exec_not_before(
                 hmap, fields[F_DUE_MS], now_ms=now_ms, skew_ms=limits.skew_ms
             )
+            fired = hmap.get(hdr.FIRED)
+            if fired is not None and fired.isdigit():
+                fired_ms = int(fired)
+                if fired_ms < d.not_before:
+                    d.ahead = True
+                # The emitter stamps a fire with the broker's time (its lower bound)
+                # before sending it: every record appended before then is in front of
+                # this one, at the head now, so handled (the lead fence).
+                feed = d.feed
+                if feed.fence_ms < fired_ms <= now_ms:
+                    feed.fence_ms = fired_ms
         else:
             longest = longest_retry_delay_ms(
                 limits.tiers_ms, fields[F_BACKOFF], task.spec.backoff if task else None

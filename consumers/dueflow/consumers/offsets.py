@@ -46,6 +46,11 @@ class OffsetTracker:
         self._open.extend(offsets)
         self._next = offsets[-1] + 1
 
+    @property
+    def read_to(self) -> int | None:
+        """One past the last offset delivered (the start before any); None if unknown."""
+        return self._next
+
     def committable(self) -> int | None:
         """The offset to commit: the lowest unfinished, else one past the last seen.
 

@@ -78,6 +78,10 @@ class ConsumerThread:
         self._commands: SimpleQueue[tuple[Command, concurrent.futures.Future[Any] | None]] = (
             SimpleQueue()
         )
+        # Run only between polls with no batch held back: see call_settled.
+        self._settled: SimpleQueue[tuple[Command, concurrent.futures.Future[Any] | None]] = (
+            SimpleQueue()
+        )
         self._stop = threading.Event()
         self._leave = True
         self._handoff = threading.Semaphore(2)
@@ -97,6 +101,13 @@ class ConsumerThread:
         """Run ``command(consumer)`` on the consumer's thread and return its result."""
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
         self._commands.put((command, future))
+        return await asyncio.wrap_future(future)
+
+    async def call_settled(self, command: Callable[[Consumer], T]) -> T:
+        """As :meth:`call`, run where every record the consumer returned before has been
+        handed to the loop: the answer reaches the loop after those batches."""
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._settled.put((command, future))
         return await asyncio.wrap_future(future)
 
     def batch_taken(self) -> None:
@@ -122,11 +133,16 @@ class ConsumerThread:
     def setup(self, consumer: Consumer) -> None:
         """First thing the thread does (subscribe or assign)."""
 
-    def _serve_commands(self) -> None:
+    def _serve_commands(self, *, settled: bool = False) -> None:
+        commands = self._settled if settled else self._commands
         while True:
             try:
-                command, future = self._commands.get_nowait()
+                command, future = commands.get_nowait()
             except Empty:
+                if settled:
+                    settled = False
+                    commands = self._commands
+                    continue
                 return
             try:
                 result = command(self._consumer)
@@ -160,7 +176,7 @@ class ConsumerThread:
         try:
             self.setup(consumer)
             while not self._stop.is_set():
-                self._serve_commands()
+                self._serve_commands(settled=True)
                 try:
                     msgs = read_batch(consumer, self._batch, self._poll_s)
                 except KafkaException as exc:
@@ -188,13 +204,14 @@ class ConsumerThread:
                 self._loop.call_soon_threadsafe(self._closed.set)
 
     def _fail_pending(self) -> None:
-        while True:
-            try:
-                _command, future = self._commands.get_nowait()
-            except Empty:
-                return
-            if future is not None and not future.done():
-                future.set_exception(RuntimeError(f"{self._name} is closed"))
+        for commands in (self._commands, self._settled):
+            while True:
+                try:
+                    _command, future = commands.get_nowait()
+                except Empty:
+                    break
+                if future is not None and not future.done():
+                    future.set_exception(RuntimeError(f"{self._name} is closed"))
 
 
 class GroupPoller(ConsumerThread):

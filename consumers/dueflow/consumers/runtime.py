@@ -66,6 +66,8 @@ import random
 import time
 from typing import Any
 
+from confluent_kafka import TopicPartition
+
 from dueflow.config import QueueSpec, Settings
 from dueflow.consumers.attempts import Attempts
 from dueflow.consumers.commands import CommandApplier, SteeringBook
@@ -80,6 +82,7 @@ from dueflow.consumers.follow_ups import FollowUpPlanner, FollowUpSetup
 from dueflow.consumers.gauges import DLQ_DEPTH_EVERY_S, GAUGES_EVERY_S, QueueGauges
 from dueflow.consumers.hooks import HookRunner
 from dueflow.consumers.intake import Intake
+from dueflow.consumers.lead_fence import LeadFence
 from dueflow.consumers.loop_watch import LoopWatch, Step
 from dueflow.consumers.membership import MembershipDoubt
 from dueflow.consumers.overlap import OverlapGuard
@@ -349,6 +352,14 @@ class QueueRuntime:
         )
 
     def _build_dispatcher(self, registry: TaskRegistry, slots: Slots) -> None:
+        asks = self._metrics.lead_fence_asks
+        self._fence = LeadFence(
+            queue=self._queue.name,
+            due_now=self._due_now,
+            on_reached=lambda feed: self._dispatcher.fence_reached(feed),
+            position=self._settled_position,
+            count_ask=lambda result: asks.labels(self._queue.name, result).inc(),
+        )
         queue, ws = self._queue, self._ws
         self._dispatcher = Dispatcher(
             queue=queue.name,
@@ -369,6 +380,8 @@ class QueueRuntime:
             due_now=self._due_now,
             start=self._attempts.start,
             recheck=lambda feed: self._rebalance.recheck(feed),
+            fence=self._fence,
+            margin_ms=ws.steering_margin_ms,
         )
 
     def _build_rebalance(self) -> None:
@@ -450,6 +463,7 @@ class QueueRuntime:
                 None, lambda: apply_group_configs(admin, [self._group], configs)
             )
         self._dlq_depth.start(admin)
+        self._fence.start(admin)
         self._tail.start()
         await self._read_limits()
         self._steering_loader.start()
@@ -480,6 +494,16 @@ class QueueRuntime:
         self._quarantine.limit = RecordLimit(
             limits.quarantine.topic, limits.quarantine.max_bytes, limits.producer_max_bytes
         )
+
+    async def _settled_position(self, tp: TopicPartition) -> int:
+        """The group consumer's position of ``tp``, read once every record it returned
+        is on the loop (-1 without a consumer)."""
+        poller = self._intake.poller
+        if poller is None:
+            return -1
+        where = [TopicPartition(tp.topic, tp.partition)]
+        positions = await poller.call_settled(lambda c: c.position(where))
+        return int(positions[0].offset)
 
     def _on_batch(self, msgs: list[Any]) -> None:
         self._intake.on_batch(msgs, load=self._rebalance.load, pump=self._dispatcher.pump)
