@@ -6,6 +6,7 @@ running key waits for it, a duplicate is recorded and its offset finished."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -64,7 +65,7 @@ class HeldFence(ClockFence):
 
 
 def dispatcher(
-    clock: Callable[[], int], fence: ClockFence | None = None
+    clock: Callable[[], int], fence: ClockFence | None = None, rates: QueueRates | None = None
 ) -> tuple[Dispatcher, list[Delivery], Any]:
     """A dispatcher of queue ``jobs`` reading ``clock``, and the deliveries it started."""
     fence = fence or ClockFence(clock)
@@ -95,7 +96,9 @@ def dispatcher(
         running=running,
         overlap=overlap,
         registry=TaskRegistry([noop]),
-        rates=QueueRates(None, task_rates={}, partitions=6, now=0.0),
+        rates=rates
+        if rates is not None
+        else QueueRates(None, task_rates={}, partitions=6, now=0.0),
         book=NoSteering(),  # type: ignore[arg-type]
         steer=None,  # type: ignore[arg-type]
         quarantine=None,  # type: ignore[arg-type]
@@ -285,5 +288,29 @@ def test_a_fire_stamped_after_the_due_time_behind_the_job_moves_the_fence() -> N
         d._dispatch(feed)
         assert [s.key for s in started] == [b"k1"]
         assert fence.wanted == [feed]  # never asked again
+
+    asyncio.run(main())
+
+
+def test_a_queue_rate_limit_keeps_the_partition_in_line_and_its_jobs_start_after() -> None:
+    """No token for the queue: the partition stays first in line (its fetching paused
+    with every other), and the rest of its jobs start once the limit lets them."""
+
+    async def main() -> None:
+        rates = QueueRates(4.0, task_rates={}, partitions=1, now=time.monotonic())
+        rates.set_owned(1, now=time.monotonic())
+        d, started, _ = dispatcher(lambda: DUE + 1, rates=rates)
+        feed = feed_with("k1", "k2", "k3")
+        d._intake.feeds[(feed.topic, feed.partition)] = feed
+        d._intake.make_ready(feed)
+        d.pump()
+        assert [s.key for s in started] == [b"k1"]  # one token in the bucket
+        assert d._intake.queue_held  # none for k2 yet
+        assert list(d._intake.ready) == [feed]
+        deadline = time.monotonic() + 5
+        while len(started) < 3:
+            assert time.monotonic() < deadline, [s.key for s in started]
+            await asyncio.sleep(0.01)
+        assert [s.key for s in started] == [b"k1", b"k2", b"k3"]
 
     asyncio.run(main())

@@ -31,6 +31,10 @@ class Answer:
 class FakeAdmin:
     def __init__(self) -> None:
         self.asks: list[tuple[list[int], Any, dict[TopicPartition, Future[Any]]]] = []
+        self.refreshed: list[str] = []
+
+    def list_topics(self, topic: str, timeout: float) -> None:
+        self.refreshed.append(topic)
 
     def list_offsets(self, specs: dict[TopicPartition, Any], **kw: Any) -> dict[Any, Any]:
         futures: dict[TopicPartition, Future[Any]] = {
@@ -136,7 +140,7 @@ def test_the_answer_is_reached_once_the_records_before_it_are_handled() -> None:
     asyncio.run(main())
 
 
-def test_a_failed_ask_is_asked_again_after_a_delay() -> None:
+def test_a_failed_ask_is_asked_again_after_a_delay_and_the_metadata() -> None:
     async def main() -> None:
         s = Setup()
         f = feed(3, read_to=2)
@@ -147,7 +151,9 @@ def test_a_failed_ask_is_asked_again_after_a_delay() -> None:
         assert s.reached == []
         assert s.counted == ["asked", "failed"]
         assert len(s.admin.asks) == 1  # not at once
-        await asyncio.sleep(retry_delay(0) + 0.02)
+        await asyncio.sleep(retry_delay(0) + 0.05)
+        # the topic's metadata asked first (a leader may have moved), then the end
+        assert s.admin.refreshed == ["p.exec.jobs"]
         assert [ask[0] for ask in s.admin.asks] == [[3], [3]]
         s.admin.answer(1, {3: 2})
         await settle()
@@ -225,5 +231,27 @@ def test_the_emitters_records_move_the_fence_and_nothing_is_asked() -> None:
         assert s.reached == [(0, 1_500)]
         await asked()
         assert s.admin.asks == []
+
+    asyncio.run(main())
+
+
+def test_an_answer_without_an_offset_is_a_failure_not_a_fence() -> None:
+    """A leader moving can answer -1001 (no offset): the fence must not move on it."""
+
+    async def main() -> None:
+        s = Setup()
+        f = feed(0, read_to=5)
+        s.fence.want(f)
+        await asked()
+        s.admin.answer(0, {0: -1001})
+        await settle()
+        assert s.reached == []
+        assert f.fence_ms == 0
+        assert s.counted == ["asked", "failed"]
+        await asyncio.sleep(retry_delay(0) + 0.05)
+        assert s.admin.refreshed == ["p.exec.jobs"]
+        s.admin.answer(1, {0: 5})
+        await settle()
+        assert s.reached == [(0, 1_000)]
 
     asyncio.run(main())

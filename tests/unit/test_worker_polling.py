@@ -1,10 +1,13 @@
-"""The worker's consumer thread reads what is there without waiting for a full batch."""
+"""The worker's consumer thread reads what is there without waiting for a full batch,
+and answers a settled command only once every record it polled before is on the loop."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
-from dueflow.consumers.polling import read_batch
+from dueflow.consumers.polling import ConsumerThread, read_batch
 
 
 class FakeConsumer:
@@ -43,3 +46,64 @@ def test_nothing_there_returns_empty_after_the_timeout() -> None:
     consumer = FakeConsumer([])
     assert read_batch(consumer, 2_000, 0.05) == []  # type: ignore[arg-type]
     assert consumer.calls == [("poll", None, 0.05)]
+
+
+class CountingConsumer:
+    """Hands out ``total`` records, one per poll; counts what it returned."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.returned = 0
+
+    def poll(self, timeout: float) -> Any:
+        if self.returned >= self.total:
+            time.sleep(min(timeout, 0.005))
+            return None
+        self.returned += 1
+        return f"r{self.returned}"
+
+    def consume(self, num_messages: int, timeout: float) -> list[Any]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_settled_command_answers_after_every_record_polled_before_it_is_on_the_loop() -> None:
+    """Two batches wait on the loop untaken: the thread holds the third back. A plain
+    command is answered meanwhile; a settled one only once the held batch reached the
+    loop, so what it reads of the consumer covers nothing the loop has not seen."""
+
+    async def main() -> None:
+        received: list[str] = []
+        consumer = CountingConsumer(3)
+        thread = ConsumerThread(
+            consumer,  # type: ignore[arg-type]
+            name="t",
+            batch_size=1,
+            on_batch=received.extend,
+            poll_s=0.01,
+        )
+        thread.start()
+        try:
+            deadline = time.monotonic() + 5
+            while not (len(received) == 2 and consumer.returned == 3):
+                assert time.monotonic() < deadline, (received, consumer.returned)
+                await asyncio.sleep(0.005)
+            # the thread holds the third batch back; a plain command is answered
+            plain = await asyncio.wait_for(thread.call(lambda c: consumer.returned), 5)
+            assert plain == 3
+            settled = asyncio.ensure_future(thread.call_settled(lambda c: consumer.returned))
+            await asyncio.sleep(0.1)
+            assert not settled.done()  # the third batch is still held back
+            assert received == ["r1", "r2"]
+            thread.batch_taken()
+            thread.batch_taken()
+            answer = await asyncio.wait_for(settled, 5)
+            assert answer == 3
+            assert received == ["r1", "r2", "r3"]  # on the loop before the answer
+        finally:
+            thread.stop()
+            await asyncio.wait_for(thread.wait_closed(), 5)
+
+    asyncio.run(main())

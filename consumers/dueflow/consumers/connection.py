@@ -91,8 +91,9 @@ class GroupConnection:
                 # `dueflow queue finalize` reads it: this worker applies commands
                 "client.id": worker_client_id(__version__, socket.gethostname()),
                 "error_cb": self._doubt.on_client_error,
-                # A fetch returns with its first record: a steering command must
-                # reach the worker before the due time of a job fired ahead of it.
+                # A fetch returns with its first record: a steering command
+                # acknowledged within worker.steering_margin_ms of the due time of a
+                # job fired ahead of it wins only if it reaches the worker by then.
                 "fetch.wait.max.ms": 100,
                 "queued.max.messages.kbytes": 32_768,
             },

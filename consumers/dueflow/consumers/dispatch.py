@@ -131,16 +131,19 @@ class Dispatcher:
                 return
             feed = ready[0]
             finished = self._dispatch(feed)
+            fenced = feed.fenced or feed.fence_goal is not None
+            if self.stalled():  # (a queue rate limit): the feed stays first in line
+                if fenced:
+                    self._fence.check(feed)
+                return
             if finished:
                 if ready and ready[0] is feed:
                     ready.popleft()
                 feed.in_ready = False
             else:
                 ready.rotate(-1)
-            if feed.fenced or feed.fence_goal is not None:
+            if fenced:
                 self._fence.check(feed)  # the records handled may have moved its fence
-            if self.stalled():
-                return
 
     def _dispatch(self, feed: PartitionFeed) -> bool:
         """Start what can start from ``feed``; True when it has nothing startable now."""

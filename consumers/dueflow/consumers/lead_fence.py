@@ -37,11 +37,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any
 
-from confluent_kafka import IsolationLevel, TopicPartition
+from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from dueflow.consumers.feeds import PartitionFeed
@@ -50,6 +51,8 @@ from dueflow.observability.logs import event
 _LOG = logging.getLogger("dueflow.worker")
 
 ASK_TIMEOUT_S = 10.0
+# Asks failing this long in a row are logged as a warning (jobs fired ahead wait).
+WARN_AFTER_S = 10.0
 # A job due past its fence: the emitter's records normally move the fence within
 # this (each fire carries the broker's time it was sent at); else the end is asked.
 ASK_AFTER_S = 0.001
@@ -74,6 +77,13 @@ def handled_to(feed: PartitionFeed) -> int:
 def reached(feed: PartitionFeed, goal_offset: int) -> bool:
     """Every record of ``feed`` below ``goal_offset`` was handled (pure)."""
     return handled_to(feed) >= goal_offset
+
+
+def _refresh_metadata(admin: AdminClient, topics: list[str]) -> None:
+    """The topics' metadata asked again (on a worker thread: it blocks)."""
+    for topic in topics:
+        with contextlib.suppress(KafkaException):
+            admin.list_topics(topic, timeout=ASK_TIMEOUT_S)
 
 
 def waiting(feed: PartitionFeed) -> bool:
@@ -118,10 +128,23 @@ class LeadFence:
         self._failures = 0
         self._retry: asyncio.TimerHandle | None = None
         self._timer: asyncio.TimerHandle | None = None  # the first want's ask
+        self._stale: set[str] = set()  # topics whose ask failed: metadata asked first
+        self._refreshing = False
+        self._failing_since: float | None = None  # monotonic s of the first failure in a row
+        self._warn_at = 0.0
+
+    def _idle(self) -> bool:
+        """No request under way, due or being prepared."""
+        return (
+            not self._unanswered
+            and self._retry is None
+            and self._timer is None
+            and not self._refreshing
+        )
 
     def start(self, admin: AdminClient) -> None:
         self._admin = admin
-        if self._wanted:
+        if self._wanted and self._idle():
             self._ask()
 
     def want(self, feed: PartitionFeed) -> None:
@@ -129,7 +152,7 @@ class LeadFence:
         within :data:`ASK_AFTER_S`, ask for its end (or once the request under way is
         answered)."""
         self._wanted[(feed.topic, feed.partition)] = feed
-        if not self._unanswered and self._retry is None and self._timer is None:
+        if self._idle():
             self._timer = self._loop.call_later(ASK_AFTER_S, self._ask)
 
     def check(self, feed: PartitionFeed) -> None:
@@ -150,9 +173,12 @@ class LeadFence:
     # ------------------------------------------------------------------ asking
 
     def _ask(self) -> None:
-        self._timer = None
+        """One request for every partition still waiting (never two at a time)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         admin = self._admin
-        if admin is None:
+        if admin is None or self._unanswered or self._refreshing:
             return
         feeds = [f for f in self._wanted.values() if waiting(f)]
         self._wanted.clear()
@@ -169,7 +195,7 @@ class LeadFence:
             self._failed(feeds, exc)
             return
         by_place = {(f.topic, f.partition): f for f in feeds}
-        self._unanswered = len(futures)
+        self._unanswered += len(futures)
         self._count_ask("asked")
         for tp, future in futures.items():
             feed = by_place[(tp.topic, tp.partition)]
@@ -185,39 +211,66 @@ class LeadFence:
     def _answered(self, feed: PartitionFeed, asked_ms: int, future: Future[Any]) -> None:
         self._unanswered -= 1
         error = None if future.cancelled() else future.exception()
-        if future.cancelled() or error is not None:
-            self._failed([feed], error)
+        offset = -1 if future.cancelled() or error is not None else int(future.result().offset)
+        if offset < 0:  # failed, or no offset in the answer (-1001: a leader moving)
+            self._failed([feed], error or ValueError(f"no offset in the answer: {offset}"))
         elif not feed.revoked:
-            offset = int(future.result().offset)
+            self._failing_since = None
             goal = feed.fence_goal
             if goal is None or goal[0] < asked_ms:
                 feed.fence_goal = (asked_ms, offset)
             self.check(feed)
-        if not self._unanswered and self._retry is None and self._wanted and self._timer is None:
+        if self._wanted and self._idle():
             self._ask()
 
     def _failed(self, feeds: list[PartitionFeed], error: BaseException | None) -> None:
-        """A leader moved, a timeout: asked again after 5 ms doubling to 0.5 s."""
+        """A leader moved, a timeout: asked again after 5 ms doubling to 0.5 s, the
+        topic's metadata first (an admin client does not learn by itself that a
+        partition's leader moved)."""
         self._count_ask("failed")
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+        failing_s = now - self._failing_since
+        late = failing_s >= WARN_AFTER_S and now >= self._warn_at
+        if late:
+            self._warn_at = now + WARN_AFTER_S
         event(
             _LOG,
-            "lead fence ask failed",
-            logging.DEBUG,
+            "lead fence cannot read partition ends" if late else "lead fence ask failed",
+            logging.WARNING if late else logging.DEBUG,
             queue=self._queue,
             partitions=[f.partition for f in feeds],
             error=repr(error),
+            failing_s=round(failing_s, 1),
         )
         for f in feeds:
+            self._stale.add(f.topic)
             if not f.revoked:
                 self._wanted[(f.topic, f.partition)] = f
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._retry is None:
             self._retry = self._loop.call_later(retry_delay(self._failures), self._again)
         self._failures += 1
 
     def _again(self) -> None:
         self._retry = None
-        if not self._unanswered:
+        admin = self._admin
+        stale, self._stale = sorted(self._stale), set()
+        if admin is None or not stale or self._refreshing:
             self._ask()
+            return
+        self._refreshing = True
+        refresh = self._loop.run_in_executor(None, _refresh_metadata, admin, stale)
+        refresh.add_done_callback(self._refreshed)
+
+    def _refreshed(self, done: asyncio.Future[None]) -> None:
+        self._refreshing = False
+        if not done.cancelled():
+            done.exception()  # retrieved: a failed refresh is asked again with the ends
+        self._ask()
 
     # ------------------------------------------------------------------ reaching
 
@@ -249,9 +302,9 @@ class LeadFence:
     def _positioned(
         self, feed: PartitionFeed, goal: tuple[int, int], task: asyncio.Task[int]
     ) -> None:
+        failed = task.cancelled() or task.exception() is not None  # retrieved
         if feed.revoked or feed.fence_goal is not goal:
             return
-        failed = task.cancelled() or task.exception() is not None
         position = -1 if failed else task.result()
         backlog = feed.backlog
         if position >= goal[1] and (not backlog or backlog[0].offset >= goal[1]):
