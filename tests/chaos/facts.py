@@ -64,6 +64,7 @@ class Fault:
     at_ms: int
     until_ms: int
     pids: frozenset[int] = frozenset()
+    takeover_ms: int | None = None  # an emitter's fault: until a new one was active
 
     @classmethod
     def from_log(cls, entry: Mapping[str, Any]) -> Fault:
@@ -75,7 +76,14 @@ class Fault:
         at, until = int(entry["at_ms"]), int(entry["until_ms"])
         if until < at:
             raise ValueError(f"fault log entry {dict(entry)!r}: until_ms before at_ms")
-        return cls(str(entry["kind"]), at, until, frozenset(int(p) for p in entry["pids"]))
+        takeover = entry.get("takeover_ms")
+        return cls(
+            str(entry["kind"]),
+            at,
+            until,
+            frozenset(int(p) for p in entry["pids"]),
+            None if takeover is None else int(takeover),
+        )
 
 
 @dataclass(frozen=True, slots=True)

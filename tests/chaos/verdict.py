@@ -100,7 +100,9 @@ occurrences (below). The rules, each a number that must be 0 (or equal):
   to read a new schedule. When a fault that can stop the active emitter (a
   broker outage, or a fault naming an emitter's pid) overlaps
   [added_ms - ``cron_takeover_ms``, that start], the start moves to the
-  fault's end + ``cron_takeover_ms`` (15 s: session timeout, restart, read).
+  fault's end + ``cron_takeover_ms`` (15 s: session timeout, restart, read), or
+  + the takeover the run measured for it + ``cron_read_margin_ms`` when that is
+  longer (a takeover during a broker outage took 18 s).
   Each expected occurrence is an expected job (lost, late, duplicates, ...).
 - **faults_ok**: each kind in ``Rules.fault_minimums`` was injected at least
   that many times (``faults_missing`` lists the others).
@@ -194,19 +196,26 @@ def stops_emitter(f: Fault, ev: Evidence, rules: Rules) -> bool:
     return f.kind in rules.outage_kinds or bool(f.pids & ev.emitter_pids)
 
 
+def takeover_of(f: Fault, rules: Rules) -> int:
+    """How long after ``f`` ended a new active emitter may read a new schedule: the
+    takeover the run measured, then the read margin; at least ``cron_takeover_ms``."""
+    measured = 0 if f.takeover_ms is None else f.takeover_ms + rules.cron_read_margin_ms
+    return max(rules.cron_takeover_ms, measured)
+
+
 def cron_window(run: CronRun, ev: Evidence, rules: Rules) -> tuple[int, int]:
     """``(after, until]``: where ``run``'s occurrences must each end exactly once."""
     ahead = max((ev.skews.get(p, 0) for p in ev.emitter_pids), default=0)
     after = run.added_ms + rules.cron_read_margin_ms + max(0, ahead)
     hits = [
-        f.until_ms
+        f.until_ms + takeover_of(f, rules)
         for f in ev.faults
         if stops_emitter(f, ev, rules)
         and f.at_ms <= after
-        and f.until_ms >= run.added_ms - rules.cron_takeover_ms
+        and f.until_ms >= run.added_ms - takeover_of(f, rules)
     ]
     if hits:
-        after = max(after, max(hits) + rules.cron_takeover_ms)
+        after = max(after, max(hits))
     if run.deleted_ms is None:
         return after, after  # never deleted: the run broke off, nothing is known
     return after, run.deleted_ms - rules.cron_end_margin_ms

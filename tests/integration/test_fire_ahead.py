@@ -18,6 +18,9 @@ import os
 import signal
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -32,7 +35,7 @@ from dueflow.producers import JobRequest, Scheduler
 from dueflow.producers.steering_commands import command_records
 from dueflow.steering_model import Command
 from tests.conftest import KafkaCluster
-from tests.integration.pipeline_support import QUEUE, Pipeline, wait_for
+from tests.integration.pipeline_support import QUEUE, Pipeline, Proc, wait_for
 from tests.integration.steering_support import finalize_when_workers_joined
 from tests.integration.worker_support import (
     Ledger,
@@ -46,6 +49,52 @@ AHEAD_MS = 1_000
 AHEAD_JOBS = 12
 NOW_JOBS = 9
 APP = "tests.integration.worker_app"
+
+
+@dataclass
+class AheadRun:
+    """An emitter firing 1 s ahead and a worker on the real broker, the queue
+    finalized (its worker applies commands), and a producer for the commands."""
+
+    pipeline: Pipeline
+    exec_topic: str
+    ledger: Ledger
+    payload: dict[str, str]
+    worker: Proc
+    commands: Any
+
+
+@contextmanager
+def fired_ahead(kafka: KafkaCluster, prefix: str, tmp_path: Path) -> Iterator[AheadRun]:
+    pipeline = Pipeline(kafka.bootstrap, prefix, tmp_path)
+    exec_topic = names(pipeline.settings).exec(QUEUE)
+    ledger = Ledger(tmp_path / "ledger.db")
+    env = {"DUEFLOW_TEST_LEDGER": str(ledger.path), "DUEFLOW_EMITTER_FIRE_AHEAD_MS": str(AHEAD_MS)}
+    try:
+        pipeline.start("emitter", "emitter", env=env)
+        worker = pipeline.start("worker", "worker", "--app", APP, "--queues", QUEUE, env=env)
+        wait_for(
+            "the worker and the emitter started",
+            lambda: all("started" in p.log() for p in pipeline.procs),
+            90,
+        )
+        finalize_when_workers_joined(pipeline.settings, QUEUE)  # cancels by command
+        commands = make_producer(pipeline.settings, **{"linger.ms": 0})
+        commands.list_topics(exec_topic, timeout=30)  # its metadata known before the race
+        yield AheadRun(pipeline, exec_topic, ledger, {"ledger": str(ledger.path)}, worker, commands)
+    finally:
+        pipeline.stop_all()
+
+
+def command_verdicts(pipeline: Pipeline, sent: dict[str, str]) -> dict[str, str]:
+    """The state of each command's verdict outcome, by the key it was sent for."""
+    outs = outcomes_of(read_topic(pipeline.settings, names(pipeline.settings).outcomes))
+    by_command = {cid: key for key, cid in sent.items()}
+    return {
+        by_command[str(o["command_id"])]: str(o["state"])
+        for o in outs
+        if o.get("command_id") in by_command
+    }
 
 
 def send_cancels(
@@ -100,23 +149,9 @@ def read_exec_until(pipeline: Pipeline, topic: str, keys: set[str]) -> list[Reco
 def test_jobs_fired_ahead_start_when_due_and_hold_nothing_back(
     kafka: KafkaCluster, prefix: str, tmp_path: Path
 ) -> None:
-    pipeline = Pipeline(kafka.bootstrap, prefix, tmp_path)
-    exec_topic = names(pipeline.settings).exec(QUEUE)
-    ledger = Ledger(tmp_path / "ledger.db")
-    env = {"DUEFLOW_TEST_LEDGER": str(ledger.path), "DUEFLOW_EMITTER_FIRE_AHEAD_MS": str(AHEAD_MS)}
-    payload = {"ledger": str(ledger.path)}
-    try:
-        pipeline.start("emitter", "emitter", env=env)
-        pipeline.start("worker", "worker", "--app", APP, "--queues", QUEUE, env=env)
-        wait_for(
-            "the worker and the emitter started",
-            lambda: all("started" in p.log() for p in pipeline.procs),
-            90,
-        )
-        finalize_when_workers_joined(pipeline.settings, QUEUE)  # cancels by command
-        partitions = pipeline.settings.queue(QUEUE).partitions
-        commands = make_producer(pipeline.settings, **{"linger.ms": 0})
-        commands.list_topics(exec_topic, timeout=30)  # its metadata known before the race
+    with fired_ahead(kafka, prefix, tmp_path) as run:
+        pipeline, exec_topic, ledger = run.pipeline, run.exec_topic, run.ledger
+        payload = run.payload
         with Scheduler(pipeline.settings) as s:
             start = time.time()
             due: dict[str, int] = {}
@@ -144,20 +179,8 @@ def test_jobs_fired_ahead_start_when_due_and_hold_nothing_back(
             # The cancel command, written as the SDK writes it (without the SDK's
             # lookup of the job on the way: the test has the lead, 1 s, to act in),
             # then the jobs due at once in one call.
-            cancel = Command(
-                command_id=uuid.uuid4().hex,
-                op="cancel",
-                job_id=doomed.job_id,
-                idempotency_key="cancel-me",
-                queue=QUEUE,
-                at_ms=int(time.time() * 1000),
-                known_due_ms=doomed.due_ms,
-                due_ms=None,
-            )
-            produce: Any = commands.produce  # headers: bytes values
-            for rec in command_records(names(pipeline.settings), cancel, partitions=partitions):
-                produce(rec.topic, rec.value, rec.key, rec.partition, headers=rec.headers)
-            assert commands.flush(30) == 0
+            cancel = {"cancel-me": (doomed.job_id, doomed.due_ms)}
+            sent = send_cancels(pipeline, run.commands, cancel)
             now_keys = [f"now-{i}" for i in range(NOW_JOBS)]
             result = s.schedule_many(
                 [
@@ -173,14 +196,9 @@ def test_jobs_fired_ahead_start_when_due_and_hold_nothing_back(
         effects = ledger.effects()
         runs = ledger.runs()
         # the command's verdict: the job cancelled by it
-        verdicts = [
-            o
-            for o in outcomes_of(read_topic(pipeline.settings, names(pipeline.settings).outcomes))
-            if o["job_id"] == doomed.job_id and o.get("command_id") == cancel.command_id
-        ]
-        assert [o["state"] for o in verdicts] == ["cancelled"], verdicts
-    finally:
-        pipeline.stop_all()
+        wait_for("the cancel's verdict", lambda: bool(command_verdicts(pipeline, sent)), 60)
+        verdicts = command_verdicts(pipeline, sent)
+    assert verdicts == {"cancel-me": "cancelled"}, verdicts
 
     ahead_partitions = {r.partition for r in written if r.key and r.key.startswith(b"ahead-")}
     stamps = {
@@ -213,22 +231,9 @@ def test_a_worker_stopped_across_the_due_time_applies_the_cancels_sent_before_it
     it holds are due at once and the cancels not read yet: it reads and handles the
     partition up to its end as of the due time first, so the cancelled jobs never
     run and the others run once, not early."""
-    pipeline = Pipeline(kafka.bootstrap, prefix, tmp_path)
-    exec_topic = names(pipeline.settings).exec(QUEUE)
-    ledger = Ledger(tmp_path / "ledger.db")
-    env = {"DUEFLOW_TEST_LEDGER": str(ledger.path), "DUEFLOW_EMITTER_FIRE_AHEAD_MS": str(AHEAD_MS)}
-    payload = {"ledger": str(ledger.path)}
-    try:
-        pipeline.start("emitter", "emitter", env=env)
-        worker = pipeline.start("worker", "worker", "--app", APP, "--queues", QUEUE, env=env)
-        wait_for(
-            "the worker and the emitter started",
-            lambda: all("started" in p.log() for p in pipeline.procs),
-            90,
-        )
-        finalize_when_workers_joined(pipeline.settings, QUEUE)  # cancels by command
-        commands = make_producer(pipeline.settings, **{"linger.ms": 0})
-        commands.list_topics(exec_topic, timeout=30)
+    with fired_ahead(kafka, prefix, tmp_path) as run:
+        pipeline, exec_topic, ledger = run.pipeline, run.exec_topic, run.ledger
+        payload = run.payload
         with Scheduler(pipeline.settings) as s:
             start = time.time()
             jobs: dict[str, tuple[str, int]] = {}
@@ -243,33 +248,26 @@ def test_a_worker_stopped_across_the_due_time_applies_the_cancels_sent_before_it
         first_due = min(due for _, due in jobs.values())
         last_due = max(due for _, due in jobs.values())
         doomed = {k: v for i, (k, v) in enumerate(sorted(jobs.items())) if i % 2}
-        os.kill(worker.pid, signal.SIGSTOP)
+        os.kill(run.worker.pid, signal.SIGSTOP)
         try:
-            sent = send_cancels(pipeline, commands, doomed)
+            sent = send_cancels(pipeline, run.commands, doomed)
             acked_ms = int(time.time() * 1000)
             assert acked_ms < first_due - 100, f"cancels acknowledged {acked_ms - first_due} ms"
             # the scenario: the worker stays stopped until well after the due times
             time.sleep(max(0.0, (last_due + 1_500) / 1000 - time.time()))
         finally:
-            os.kill(worker.pid, signal.SIGCONT)
+            os.kill(run.worker.pid, signal.SIGCONT)
         kept = set(jobs) - set(doomed)
 
-        def verdicts() -> dict[str, str]:
-            outs = outcomes_of(read_topic(pipeline.settings, names(pipeline.settings).outcomes))
-            by_command = {cid: key for key, cid in sent.items()}
-            return {
-                by_command[str(o["command_id"])]: str(o["state"])
-                for o in outs
-                if o.get("command_id") in by_command
-            }
-
         wait_for("the kept jobs' effects", lambda: set(ledger.effects()) >= kept, 90)
-        wait_for("every cancel's verdict", lambda: set(verdicts()) == set(doomed), 60)
-        answered = verdicts()
+        wait_for(
+            "every cancel's verdict",
+            lambda: set(command_verdicts(pipeline, sent)) == set(doomed),
+            60,
+        )
+        answered = command_verdicts(pipeline, sent)
         effects = ledger.effects()
         runs = ledger.runs()
-    finally:
-        pipeline.stop_all()
     assert answered == dict.fromkeys(doomed, "cancelled"), answered
     assert effects == dict.fromkeys(kept, 1), effects  # the cancelled ones never ran
     started = {key: at for key, _, at, _ in runs}

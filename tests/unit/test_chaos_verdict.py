@@ -196,6 +196,18 @@ def test_a_fault_that_stops_the_emitter_at_creation_moves_the_first_expected_occ
     assert got["lost"] == 4
 
 
+def test_a_measured_takeover_longer_than_the_rule_moves_the_first_expected_occurrence() -> None:
+    """A kill of the active emitter 16 s before T: the 15 s rule expects c@T; the run
+    measured an 18 s takeover (a broker outage meanwhile), so the new emitter read the
+    schedule about T + 2 s and placed its first occurrence after that."""
+    kill = Fault("kill_active_emitter", T - 16_000, T - 16_000, frozenset({50}))
+    ev = without("outcomes", lambda o: o.key in (f"c@{T}", f"c@{T + 2000}", f"c@{T + 4000}"))
+    assert judge(replace(ev, faults=[kill]))["lost"] == 3
+    got = judge(replace(ev, faults=[replace(kill, takeover_ms=18_000)]))
+    assert got["lost"] == 0
+    assert got["cron"]["c"]["from_ms"] == T + 4_000
+
+
 def test_an_emitter_clock_ahead_moves_the_first_expected_occurrence() -> None:
     ev = without("outcomes", lambda o: o.key == f"c@{T}")
     assert judge(ev)["lost"] == 1
