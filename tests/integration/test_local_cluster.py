@@ -152,6 +152,18 @@ TRANSIENT = {
 }
 
 
+def _leader(c: LocalCluster, topic: str, timeout_s: float = 30) -> int:
+    """The leader of ``topic``/0 (metadata asked of any node can lag a moment behind
+    a topic just created: asked again until a node answers with the leader)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        leader = c.leader_of(topic, 0)
+        if leader is not None:
+            return leader
+        time.sleep(0.1)
+    raise AssertionError(f"{topic}/0 has no leader in the metadata after {timeout_s:.0f}s")
+
+
 def _wait_leader_moved(c: LocalCluster, topic: str, away_from: int, timeout_s: float = 30) -> int:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -301,8 +313,7 @@ def test_acknowledged_records_survive_kill_of_the_partition_leader(whole: LocalC
     c = whole
     topic = f"t{uuid.uuid4().hex[:10]}.acks"
     _create(c, topic)
-    victim = c.leader_of(topic, 0)
-    assert victim is not None
+    victim = _leader(c, topic)
     acked: list[int] = []
     failed: list[int] = []
 
@@ -450,8 +461,7 @@ def test_a_paused_leader_is_replaced_and_catches_up_after_sigcont(whole: LocalCl
     c = whole
     topic = f"t{uuid.uuid4().hex[:10]}.pause"
     _create(c, topic)
-    victim = c.leader_of(topic, 0)
-    assert victim is not None
+    victim = _leader(c, topic)
     c.pause_node(victim)
     try:
         new_leader = _wait_leader_moved(c, topic, victim)
