@@ -214,6 +214,16 @@ class ConsumerThread:
                     future.set_exception(RuntimeError(f"{self._name} is closed"))
 
 
+async def settled_position(poller: ConsumerThread | None, tp: TopicPartition) -> int:
+    """The consumer's position of ``tp``, read once every record it returned is on the
+    loop (:meth:`ConsumerThread.call_settled`); -1 without a consumer."""
+    if poller is None:
+        return -1
+    where = [TopicPartition(tp.topic, tp.partition)]
+    positions = await poller.call_settled(lambda c: c.position(where))
+    return int(positions[0].offset)
+
+
 class GroupPoller(ConsumerThread):
     """The consumer-group member of one queue."""
 

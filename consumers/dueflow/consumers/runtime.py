@@ -66,8 +66,6 @@ import random
 import time
 from typing import Any
 
-from confluent_kafka import TopicPartition
-
 from dueflow.config import QueueSpec, Settings
 from dueflow.consumers.attempts import Attempts
 from dueflow.consumers.commands import CommandApplier, SteeringBook
@@ -87,6 +85,7 @@ from dueflow.consumers.loop_watch import LoopWatch, Step
 from dueflow.consumers.membership import MembershipDoubt
 from dueflow.consumers.overlap import OverlapGuard
 from dueflow.consumers.oversized import WriteLimits
+from dueflow.consumers.polling import settled_position
 from dueflow.consumers.progress import ProgressBudget, ProgressReporter, monotonic_ms
 from dueflow.consumers.quarantine import Quarantine
 from dueflow.consumers.ratelimit import QueueRates
@@ -357,7 +356,7 @@ class QueueRuntime:
             queue=self._queue.name,
             due_now=self._due_now,
             on_reached=lambda feed: self._dispatcher.fence_reached(feed),
-            position=self._settled_position,
+            position=lambda tp: settled_position(self._intake.poller, tp),
             count_ask=lambda result: asks.labels(self._queue.name, result).inc(),
         )
         queue, ws = self._queue, self._ws
@@ -494,16 +493,6 @@ class QueueRuntime:
         self._quarantine.limit = RecordLimit(
             limits.quarantine.topic, limits.quarantine.max_bytes, limits.producer_max_bytes
         )
-
-    async def _settled_position(self, tp: TopicPartition) -> int:
-        """The group consumer's position of ``tp``, read once every record it returned
-        is on the loop (-1 without a consumer)."""
-        poller = self._intake.poller
-        if poller is None:
-            return -1
-        where = [TopicPartition(tp.topic, tp.partition)]
-        positions = await poller.call_settled(lambda c: c.position(where))
-        return int(positions[0].offset)
 
     def _on_batch(self, msgs: list[Any]) -> None:
         self._intake.on_batch(msgs, load=self._rebalance.load, pump=self._dispatcher.pump)
