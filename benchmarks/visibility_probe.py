@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import FrameType
@@ -38,6 +39,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from benchmarks.arrivals import take_arrived
 from benchmarks.spread import percentiles
 from dueflow import headers as hdr
+from dueflow.errors import InvalidInput
+from dueflow.kafka.reading import partitions_of
 
 ISOLATIONS = ("read_uncommitted", "read_committed")
 SPANS = ("fired_to_appended_ms", "appended_to_committed_ms", "fired_to_committed_ms")
@@ -200,6 +203,19 @@ def answer_counts(rows: list[Row]) -> None:
         print(len(rows), flush=True)
 
 
+def partitions_when_known(consumer: Consumer, topic: str, timeout_s: float = 30.0) -> list[int]:
+    """The partitions of ``topic``, asked again until the metadata names them: a topic
+    created a moment before can be missing from a new client's first answer."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return partitions_of(consumer, topic)
+        except InvalidInput:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The child: its settings as one JSON line on stdin, ``ready`` on stdout once
     assigned, then read until SIGTERM (each further stdin line is answered with
@@ -213,11 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     rows: list[Row] = []
     try:
-        topics = consumer.list_topics(timeout=30).topics
         assignment = [
             TopicPartition(t, p, OFFSET_BEGINNING)
             for t in spec["topics"]
-            for p in sorted(topics[t].partitions)
+            for p in partitions_when_known(consumer, t)
         ]
         consumer.assign(assignment)
         # The e2e benchmark's first job comes due a second after its load begins:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from benchmarks.visibility_probe import SPANS, fired_ms, split
+from benchmarks.visibility_probe import SPANS, fired_ms, partitions_when_known, split
+from dueflow.errors import InvalidInput
 
 
 def test_split_measures_each_span_per_record() -> None:
@@ -37,3 +40,41 @@ def test_a_record_only_one_reader_saw_is_left_out() -> None:
 )
 def test_fired_ms(headers: list[tuple[str, bytes]] | None, expected: int | None) -> None:
     assert fired_ms(headers) == expected
+
+
+class _Metadata:
+    def __init__(self, topics: dict[str, Any]) -> None:
+        self.topics = topics
+
+
+class _Topic:
+    def __init__(self, partitions: list[int]) -> None:
+        self.partitions = dict.fromkeys(partitions)
+        self.error = None
+
+
+class _LateMetadata:
+    """A consumer whose first answers do not name a topic created a moment before."""
+
+    def __init__(self, missing: int) -> None:
+        self.missing = missing
+        self.asked = 0
+
+    def list_topics(self, topic: str, timeout: float) -> _Metadata:
+        self.asked += 1
+        if self.asked <= self.missing:
+            return _Metadata({})
+        return _Metadata({topic: _Topic([1, 0])})
+
+
+def test_the_probe_asks_for_a_new_topic_until_its_metadata_names_it() -> None:
+    consumer = _LateMetadata(missing=2)
+    assert partitions_when_known(consumer, "t.exec.q") == [0, 1]  # type: ignore[arg-type]
+    assert consumer.asked == 3
+
+
+def test_the_probe_names_a_topic_that_never_appears() -> None:
+    consumer = _LateMetadata(missing=10**6)
+    with pytest.raises(InvalidInput, match=r"t\.exec\.q"):
+        partitions_when_known(consumer, "t.exec.q", timeout_s=0.3)  # type: ignore[arg-type]
+    assert consumer.asked >= 2
