@@ -101,8 +101,9 @@ class WorkerSettings:
     attempts before the DLQ when neither gives them. ``commit_interval_ms``:
     finished jobs are committed this often, in one transaction (idempotency
     records, outcomes, offsets). ``commit_max_jobs``: ... or as soon as this
-    many have finished. ``fetch_batch``: records taken from the consumer at a
-    time. ``store_dir``: where ``store = "disk"`` keeps its files.
+    many have finished; past it no job starts until the batch is taken for its
+    commit (while one commits, the next fills). ``fetch_batch``: records taken
+    from the consumer at a time. ``store_dir``: where ``store = "disk"`` keeps its files.
     ``max_orphaned_threads``: sync handler threads still running a timed-out
     job, at most: beyond that the process stops with an error (a supervisor
     restarts it). ``group_protocol``: ``consumer`` (KIP-848, Kafka 4.0+: incremental

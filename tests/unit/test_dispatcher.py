@@ -314,3 +314,40 @@ def test_a_queue_rate_limit_keeps_the_partition_in_line_and_its_jobs_start_after
         assert [s.key for s in started] == [b"k1", b"k2", b"k3"]
 
     asyncio.run(main())
+
+
+def test_a_full_batch_starts_nothing_until_it_is_cut() -> None:
+    """Jobs finishing faster than a commit ends: past the batch's limit nothing more
+    starts (its records would wait for the commit after next), and the jobs start
+    once the commit loop cuts the batch."""
+
+    async def main() -> None:
+        d, started, (recorder, _running) = dispatcher(lambda: DUE + 1)
+        recorder.limit = 2
+        feed = feed_with("k1", "k2", "k3")
+        recorder.records.extend([(feed, "t", 0, b"a", b"", [])] * 2)  # two finished jobs' records
+        assert recorder.full()
+        d._intake.feeds[(feed.topic, feed.partition)] = feed
+        d._intake.make_ready(feed)
+        d.pump()
+        await asyncio.sleep(0.01)
+        assert started == []
+        assert list(d._intake.ready) == [feed]  # still in line
+        cut = recorder.cut([feed])
+        assert cut is not None
+        assert len(cut[0].records) == 2
+        assert not recorder.full()
+        deadline = time.monotonic() + 5
+        while len(started) < 3:
+            assert time.monotonic() < deadline, [s.key for s in started]
+            await asyncio.sleep(0.01)
+        assert [s.key for s in started] == [b"k1", b"k2", b"k3"]
+
+    asyncio.run(main())
+
+
+def test_a_batch_without_a_limit_is_never_full() -> None:
+    recorder = batch_recorder()
+    recorder.records.extend([(None, "t", 0, b"a", b"", [])] * 100_000)
+    assert recorder.limit is None
+    assert not recorder.full()

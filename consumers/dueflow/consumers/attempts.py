@@ -71,7 +71,6 @@ class Attempts:
         self._spec = queue
         self._queue = queue.name
         self._ws = settings.worker
-        self._commit_max = 2 * settings.worker.commit_max_jobs  # records: commit sooner
         self._life = life
         self._intake = intake
         self._held = intake.held  # replays waiting for a running key (changed in place)
@@ -214,7 +213,7 @@ class Attempts:
         feed.tracker.finish(d.offset)
         if feed.revoked:
             self.inflight_changed.set()
-        if len(self._batch) >= self._commit_max:
+        if self._batch.full():  # commit now; nothing more starts until it is cut
             self._commit_soon.set()
 
     def _call_threadsafe(self, fn: Callable[..., Any], *args: Any) -> None:

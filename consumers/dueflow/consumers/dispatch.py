@@ -125,9 +125,13 @@ class Dispatcher:
             return
         ready = self._ready
         slots = self._slots
+        batch = self._recorder
         while ready:
             if slots.free <= 0:
                 slots.wait(self.pump)
+                return
+            if batch.full():
+                batch.wait_for_cut(self.pump)
                 return
             feed = ready[0]
             finished = self._dispatch(feed)
@@ -160,8 +164,9 @@ class Dispatcher:
         margin = self._margin
         now_ms = self._due_now()
         budget = _TURN
+        batch = self._recorder
         while backlog:
-            if slots.free <= 0 or budget <= 0 or feed.gone:
+            if slots.free <= 0 or budget <= 0 or feed.gone or batch.full():
                 self._intake.sync_pause(feed)
                 return feed.gone
             d = backlog[0]

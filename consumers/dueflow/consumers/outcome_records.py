@@ -63,8 +63,9 @@ class OutcomeRecorder(PendingBatch):
         tracer: JobTracer,
         limits: WriteLimits | None,
         progress: ProgressReporter | None,
+        limit: int | None = None,
     ) -> None:
-        super().__init__(queue.name, metrics=metrics, progress=progress)
+        super().__init__(queue.name, metrics=metrics, progress=progress, limit=limit)
         n = names(settings)
         # The limits retries, follow-ups and dead letters are measured against
         # (replaced by the runtime when it reads them).

@@ -6,10 +6,18 @@ from them with each partition's committable offset, and when it commits, its
 keys are final in the stores. A key finished here is "pending final" until its
 batch commits, so a replayed record of the same key is skipped even before the
 store knows. Counters and durations are added up per batch, not per job.
+
+The batch is bounded: a batch commits on the transaction thread while the next
+one fills, and when jobs finish faster than a commit ends (a burst of due
+jobs), the next batch would grow for as long as the commit takes. Past
+``limit`` records (:meth:`full`) the dispatcher starts nothing until the batch
+is cut (:meth:`wait_for_cut`), so at most two batches are held: the one
+committing and the one filling.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -45,10 +53,19 @@ class Finals(NamedTuple):
 class PendingBatch:
     """Records, final key states and metrics of the batch being built."""
 
-    def __init__(self, queue: str, *, metrics: Metrics, progress: ProgressReporter | None) -> None:
+    def __init__(
+        self,
+        queue: str,
+        *,
+        metrics: Metrics,
+        progress: ProgressReporter | None,
+        limit: int | None = None,
+    ) -> None:
         self._name = queue
         self._metrics = metrics
         self.records: list[tuple[Any, ...]] = []  # (feed, topic, partition, key, value, headers)
+        self.limit = limit  # records the batch holds before no job starts (None: no bound)
+        self._cut_waiters: list[Callable[[], None]] = []
         self.finals: list[Final] = []
         self.pending_final: dict[bytes, int] = {}
         # Steering: commands and steered jobs (dueflow.consumers.commands), set by the owner.
@@ -66,6 +83,23 @@ class PendingBatch:
 
     def __len__(self) -> int:
         return len(self.records)
+
+    def full(self) -> bool:
+        """The batch holds ``limit`` records: no job starts until it is cut."""
+        return self.limit is not None and len(self.records) >= self.limit
+
+    def wait_for_cut(self, pump: Callable[[], None]) -> None:
+        """Call ``pump`` (on the loop) once the batch is cut or cleared."""
+        if pump not in self._cut_waiters:
+            self._cut_waiters.append(pump)
+
+    def _emptied(self) -> None:
+        if not self._cut_waiters:
+            return
+        waiting, self._cut_waiters = self._cut_waiters, []
+        loop = asyncio.get_running_loop()
+        for pump in waiting:
+            loop.call_soon(pump)
 
     # ------------------------------------------------------------------ parts
     def add(
@@ -112,6 +146,7 @@ class PendingBatch:
         if self.steering is not None:
             self.steering.book.pending.clear()
             self.steering.groups.book.clear()
+        self._emptied()
 
     def cut(
         self, feeds: list[PartitionFeed], *, resend: bool = False
@@ -163,6 +198,7 @@ class PendingBatch:
                 TopicPartition(f.topic, f.partition, at) for f, at in still if id(f) in writing
             )
         self.records, self.finals, self.steer_finals = [], [], []
+        self._emptied()
         if not records and not offsets:
             return None
         batch = Batch(records, offsets, _gone_check(records, marks))

@@ -133,6 +133,7 @@ class BatchRecorder(OutcomeRecorder):
         follow_ups: FollowUpPlanner | None = None,
         limits: WriteLimits | None = None,
         progress: ProgressReporter | None = None,
+        limit: int | None = None,
     ) -> None:
         super().__init__(
             settings,
@@ -142,6 +143,7 @@ class BatchRecorder(OutcomeRecorder):
             tracer=tracer,
             limits=limits,
             progress=progress,
+            limit=limit,
         )
         n = names(settings)
         self._settings = settings

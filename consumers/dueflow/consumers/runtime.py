@@ -230,6 +230,8 @@ class QueueRuntime:
             rng=rng or random.Random(),
             follow_ups=self._chain,
             progress=self._progress,
+            # records: a finished job writes two (its key state and its outcome)
+            limit=2 * ws.commit_max_jobs,
         )
 
     def _build_steering(
