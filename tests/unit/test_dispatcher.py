@@ -127,6 +127,22 @@ def feed_with(*keys: str, due: dict[str, int] | None = None) -> PartitionFeed:
     return feed
 
 
+def in_line(d: Dispatcher, feed: PartitionFeed) -> PartitionFeed:
+    """``feed``, assigned to ``d``'s intake and ready."""
+    d._intake.feeds[(feed.topic, feed.partition)] = feed
+    d._intake.make_ready(feed)
+    return feed
+
+
+async def all_started(started: list[Delivery], keys: list[bytes]) -> None:
+    """Wait (5 s at most) until ``keys`` have started, in this order."""
+    deadline = time.monotonic() + 5
+    while len(started) < len(keys):
+        assert time.monotonic() < deadline, [s.key for s in started]
+        await asyncio.sleep(0.01)
+    assert [s.key for s in started] == keys
+
+
 def clock_of(*readings: int) -> Callable[[], int]:
     """A clock that reads ``readings`` in turn, then the last one for good."""
     left = list(readings)
@@ -300,18 +316,12 @@ def test_a_queue_rate_limit_keeps_the_partition_in_line_and_its_jobs_start_after
         rates = QueueRates(4.0, task_rates={}, partitions=1, now=time.monotonic())
         rates.set_owned(1, now=time.monotonic())
         d, started, _ = dispatcher(lambda: DUE + 1, rates=rates)
-        feed = feed_with("k1", "k2", "k3")
-        d._intake.feeds[(feed.topic, feed.partition)] = feed
-        d._intake.make_ready(feed)
+        feed = in_line(d, feed_with("k1", "k2", "k3"))
         d.pump()
         assert [s.key for s in started] == [b"k1"]  # one token in the bucket
         assert d._intake.queue_held  # none for k2 yet
         assert list(d._intake.ready) == [feed]
-        deadline = time.monotonic() + 5
-        while len(started) < 3:
-            assert time.monotonic() < deadline, [s.key for s in started]
-            await asyncio.sleep(0.01)
-        assert [s.key for s in started] == [b"k1", b"k2", b"k3"]
+        await all_started(started, [b"k1", b"k2", b"k3"])
 
     asyncio.run(main())
 
@@ -324,11 +334,9 @@ def test_a_full_batch_starts_nothing_until_it_is_cut() -> None:
     async def main() -> None:
         d, started, (recorder, _running) = dispatcher(lambda: DUE + 1)
         recorder.limit = 2
-        feed = feed_with("k1", "k2", "k3")
+        feed = in_line(d, feed_with("k1", "k2", "k3"))
         recorder.records.extend([(feed, "t", 0, b"a", b"", [])] * 2)  # two finished jobs' records
         assert recorder.full()
-        d._intake.feeds[(feed.topic, feed.partition)] = feed
-        d._intake.make_ready(feed)
         d.pump()
         await asyncio.sleep(0.01)
         assert started == []
@@ -337,11 +345,7 @@ def test_a_full_batch_starts_nothing_until_it_is_cut() -> None:
         assert cut is not None
         assert len(cut[0].records) == 2
         assert not recorder.full()
-        deadline = time.monotonic() + 5
-        while len(started) < 3:
-            assert time.monotonic() < deadline, [s.key for s in started]
-            await asyncio.sleep(0.01)
-        assert [s.key for s in started] == [b"k1", b"k2", b"k3"]
+        await all_started(started, [b"k1", b"k2", b"k3"])
 
     asyncio.run(main())
 
