@@ -57,6 +57,15 @@ def partitions_of(consumer: Consumer, topic: str, timeout_s: float = 10.0) -> li
     return sorted(found.partitions)
 
 
+def topic_exists(client: Any, topic: str, timeout_s: float = 10.0) -> bool:
+    """Whether the cluster's metadata names ``topic`` (a partition without a leader for
+    now still counts); raises the client's error when the metadata cannot be read."""
+    found = client.list_topics(topic, timeout=timeout_s).topics.get(topic)
+    if found is None:
+        return False
+    return found.error is None or found.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART
+
+
 def watermarks(
     consumer: Consumer, topic: str, partitions: Iterable[int], timeout_s: float = 10.0
 ) -> dict[int, tuple[int, int]]:

@@ -19,6 +19,8 @@ reads to there; meanwhile the partition's records wait at the barrier.
 A queue whose steering topic does not exist (a deployment that has not run
 ``dueflow topics ensure`` since upgrading) is reported, not fatal: its
 partitions are marked unavailable and commands about their jobs are refused.
+A partition whose leader is down answers as a missing one would: the topic's
+metadata tells them apart, and such a partition is asked again until it answers.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from dueflow.consumers.steering_store import SteeringStore, decode_state_record
 from dueflow.errors import UndecodableRecord
 from dueflow.group_model import GroupState
 from dueflow.kafka.clients import make_consumer
+from dueflow.kafka.reading import topic_exists
 from dueflow.observability.logs import event
 from dueflow.observability.metrics import Metrics
 from dueflow.records.group_state import decode_group_state, group_of
@@ -53,6 +56,7 @@ GroupsRead = Callable[[int, dict[str, GroupState | None], bool], None]
 
 _LOG = logging.getLogger("dueflow.worker.steering")
 _MISSING = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION})
+ASK_AGAIN_S = 0.5  # a partition of an existing topic that answers as missing: asked again
 
 
 @dataclass
@@ -128,24 +132,19 @@ class SteeringLoader:
         # From now on the owner's own commits win over what the read finds: one that
         # lands after the end offset asked for next may not be read at all.
         store.begin_load()
-        try:
-            low, stable = await thread.call(
-                lambda c: c.get_watermark_offsets(tp, timeout=30, cached=False)
-            )
-        except KafkaException as exc:
-            err = exc.args[0] if exc.args else None
-            if isinstance(err, KafkaError) and err.code() in _MISSING:
-                if not self._reported_missing:
-                    self._reported_missing = True
-                    event(
-                        _LOG,
-                        "steering topic missing: commands are refused until it exists "
-                        "(dueflow topics ensure)",
-                        logging.WARNING,
-                        topic=self._topic,
-                    )
-                return False
-            raise
+        bounds = await self.bounds(tp)
+        if bounds is None:
+            if not self._reported_missing:
+                self._reported_missing = True
+                event(
+                    _LOG,
+                    "steering topic missing: commands are refused until it exists "
+                    "(dueflow topics ensure)",
+                    logging.WARNING,
+                    topic=self._topic,
+                )
+            return False
+        low, stable = bounds
         stable = await self._end.reached(tp, stable)
         if self._groups_unread is not None and self._groups_unread(partition):
             store.reset()
@@ -171,6 +170,32 @@ class SteeringLoader:
             self._reads.pop(partition, None)
             thread.post(lambda c: c.incremental_unassign([tp]))
         return True
+
+    async def bounds(
+        self, tp: TopicPartition, retry_s: float = ASK_AGAIN_S
+    ) -> tuple[int, int] | None:
+        """``(low, last stable offset)`` of ``tp``; None when the topic does not exist.
+
+        While a partition's leader is down the client answers as for a partition
+        that does not exist; the metadata tells the two apart, and a partition of a
+        topic that exists is asked again until it answers (refusing its commands
+        meanwhile would let jobs cancelled or moved by them run).
+        """
+        thread = self._thread
+        assert thread is not None
+        while True:
+            try:
+                low, stable = await thread.call(
+                    lambda c: c.get_watermark_offsets(tp, timeout=30, cached=False)
+                )
+                return int(low), int(stable)
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if not (isinstance(err, KafkaError) and err.code() in _MISSING):
+                    raise
+            if not await thread.call(lambda c: topic_exists(c, tp.topic)):
+                return None
+            await asyncio.sleep(retry_s)
 
     def _apply(self, msgs: list[Any]) -> None:
         """A batch of steering records (on the loop)."""
