@@ -14,7 +14,9 @@ A record that is no queue is logged and remembered in ``bad`` (at most
 quarantines those (``<prefix>.quarantine``, once per record); other
 processes only skip them. A registry topic that does not exist (a cluster
 whose topics predate the registry) leaves the static queues only, with a
-warning: ``dueflow topics ensure`` creates it.
+warning: ``dueflow topics ensure`` creates it. The client answers "missing" also
+while the partition's leader is down; the metadata tells the two apart, and a
+topic it names is asked again until the read's deadline.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from dueflow.config import QueueSpec, Settings
 from dueflow.errors import UndecodableRecord
 from dueflow.kafka.clients import make_consumer
+from dueflow.kafka.reading import topic_exists
 from dueflow.kafka.topics import names
 from dueflow.observability.logs import event
 from dueflow.records.queue_registry import QueueCatalog, QueueConflict, QueueView
@@ -129,12 +132,11 @@ class QueueRegistryReader:
                 )
                 break
             except KafkaException as exc:
-                err = exc.args[0] if exc.args else None
-                missing = isinstance(err, KafkaError) and err.code() in _MISSING
+                missing = self._missing(consumer, exc, deadline)
                 if not missing and time.monotonic() < deadline:
                     time.sleep(0.1)  # e.g. "not leader" while a new topic settles
                     continue
-                self._unreadable(exc)
+                self._unreadable(exc, missing)
                 return False
         self.missing = False
         while self.position < high:
@@ -155,10 +157,19 @@ class QueueRegistryReader:
                 self.position = max(self.position, pos.offset)
         return True
 
-    def _unreadable(self, exc: KafkaException) -> None:
+    def _missing(self, consumer: Consumer, exc: KafkaException, deadline: float) -> bool:
+        """Whether ``exc`` says the topic does not exist. The client answers so also
+        while the partition's leader is down; the metadata tells the two apart."""
         err = exc.args[0] if exc.args else None
-        code = err.code() if isinstance(err, KafkaError) else None
-        if code in _MISSING:
+        if not (isinstance(err, KafkaError) and err.code() in _MISSING):
+            return False
+        try:
+            return not topic_exists(consumer, self.topic, max(0.1, deadline - time.monotonic()))
+        except KafkaException:
+            return False  # the metadata did not answer either: the broker is away
+
+    def _unreadable(self, exc: KafkaException, missing: bool) -> None:
+        if missing:
             if not self.missing:
                 event(
                     log,

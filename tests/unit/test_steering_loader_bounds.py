@@ -8,58 +8,28 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import TopicPartition
 
 from dueflow.config import load_settings
-from dueflow.consumers.steering_loader import SteeringLoader
+from dueflow.consumers.steering_loader import MISSING_AFTER, SteeringLoader
 from dueflow.kafka.reading import topic_exists
 from dueflow.observability.metrics import Metrics
+from tests.support.missing_partition import MissingPartition
 
 TOPIC = "t.steering.q"
-
-
-class _Topic:
-    def __init__(self, error: KafkaError | None) -> None:
-        self.error = error
-
-
-class _Metadata:
-    def __init__(self, topics: dict[str, _Topic]) -> None:
-        self.topics = topics
-
-
-class _Cluster:
-    """A consumer whose partition answers as missing ``missing`` times; its metadata
-    names the topic when ``exists``."""
-
-    def __init__(self, missing: int, *, exists: bool) -> None:
-        self.missing = missing
-        self.exists = exists
-        self.asked = 0
-
-    def get_watermark_offsets(self, tp: TopicPartition, timeout: float, cached: bool) -> Any:
-        self.asked += 1
-        if self.asked <= self.missing:
-            raise KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION))
-        return (3, 17)
-
-    def list_topics(self, topic: str, timeout: float) -> _Metadata:
-        if self.exists:
-            return _Metadata({topic: _Topic(None)})
-        return _Metadata({topic: _Topic(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))})
 
 
 class _Thread:
     """The loader's consumer thread, run inline."""
 
-    def __init__(self, cluster: _Cluster) -> None:
+    def __init__(self, cluster: MissingPartition) -> None:
         self.cluster = cluster
 
     async def call(self, command: Callable[[Any], Any]) -> Any:
         return command(self.cluster)
 
 
-def _loader(cluster: _Cluster) -> SteeringLoader:
+def _loader(cluster: MissingPartition) -> SteeringLoader:
     loader = SteeringLoader(
         load_settings(env={}, overrides={"topic_prefix": "t"}),
         topic=TOPIC,
@@ -73,18 +43,18 @@ def _loader(cluster: _Cluster) -> SteeringLoader:
 
 
 def test_a_partition_whose_leader_is_down_is_asked_again_until_it_answers() -> None:
-    cluster = _Cluster(missing=3, exists=True)
+    cluster = MissingPartition(missing=3, exists=True)
     bounds = asyncio.run(_loader(cluster).bounds(TopicPartition(TOPIC, 1), retry_s=0.01))
     assert bounds == (3, 17)
     assert cluster.asked == 4
 
 
 def test_a_steering_topic_that_does_not_exist_is_reported_missing() -> None:
-    cluster = _Cluster(missing=10**6, exists=False)
+    cluster = MissingPartition(missing=10**6, exists=False)
     assert asyncio.run(_loader(cluster).bounds(TopicPartition(TOPIC, 1), retry_s=0.01)) is None
-    assert cluster.asked == 1
+    assert cluster.asked == MISSING_AFTER  # the metadata said so that many times in a row
 
 
 def test_topic_exists_reads_the_metadata() -> None:
-    assert topic_exists(_Cluster(0, exists=True), TOPIC) is True
-    assert topic_exists(_Cluster(0, exists=False), TOPIC) is False
+    assert topic_exists(MissingPartition(0, exists=True), TOPIC) is True
+    assert topic_exists(MissingPartition(0, exists=False), TOPIC) is False

@@ -166,7 +166,7 @@ class Dispatcher:
         budget = _TURN
         batch = self._recorder
         while backlog:
-            if slots.free <= 0 or budget <= 0 or feed.gone or batch.full():
+            if slots.free <= 0 or budget <= 0 or feed.gone:
                 self._intake.sync_pause(feed)
                 return feed.gone
             d = backlog[0]
@@ -188,6 +188,8 @@ class Dispatcher:
                 continue
             if step == _RAN:
                 budget -= 1
+                if batch.full():  # (the pump asked before this turn)
+                    budget = 0
             elif step == _STOP:
                 return True
             else:  # _AGAIN: the turn's clock was read at its start

@@ -57,6 +57,9 @@ GroupsRead = Callable[[int, dict[str, GroupState | None], bool], None]
 _LOG = logging.getLogger("dueflow.worker.steering")
 _MISSING = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION})
 ASK_AGAIN_S = 0.5  # a partition of an existing topic that answers as missing: asked again
+# The metadata's answers, in a row, that the topic does not exist before it counts as
+# missing (a cluster that lost a node can answer from behind for a moment).
+MISSING_AFTER = 3
 
 
 @dataclass
@@ -177,12 +180,14 @@ class SteeringLoader:
         """``(low, last stable offset)`` of ``tp``; None when the topic does not exist.
 
         While a partition's leader is down the client answers as for a partition
-        that does not exist; the metadata tells the two apart, and a partition of a
-        topic that exists is asked again until it answers (refusing its commands
-        meanwhile would let jobs cancelled or moved by them run).
+        that does not exist; the metadata tells the two apart (:data:`MISSING_AFTER`
+        answers in a row that the topic does not exist), and a partition of a topic
+        that exists is asked again until it answers (refusing its commands meanwhile
+        would let jobs cancelled or moved by them run).
         """
         thread = self._thread
         assert thread is not None
+        absent = 0  # answers in a row that the topic does not exist
         while True:
             try:
                 low, stable = await thread.call(
@@ -193,8 +198,12 @@ class SteeringLoader:
                 err = exc.args[0] if exc.args else None
                 if not (isinstance(err, KafkaError) and err.code() in _MISSING):
                     raise
-            if not await thread.call(lambda c: topic_exists(c, tp.topic)):
-                return None
+            if await thread.call(lambda c: topic_exists(c, tp.topic)):
+                absent = 0
+            else:
+                absent += 1
+                if absent >= MISSING_AFTER:
+                    return None
             await asyncio.sleep(retry_s)
 
     def _apply(self, msgs: list[Any]) -> None:
