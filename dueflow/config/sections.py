@@ -129,7 +129,12 @@ class WorkerSettings:
     acted restarts the process. ``max_memory``: bytes of resident memory after
     which the process finishes its jobs and restarts (unset: no limit);
     ``max_memory_hard``: the ceiling at which it restarts at once (default twice
-    ``max_memory``). See docs/workers.md.
+    ``max_memory``). See docs/workers.md. ``assignment_check_s``: how often a
+    queue of the ``consumer`` protocol asks the group coordinator which partitions
+    it gave this member; a partition it gave that the consumer has not held at
+    any answer for 10 s or more makes the consumer leave the group and join it
+    again (0 turns the check off; see docs/workers.md,
+    "A member that never hears of its assignment").
     ``steering_grace_ms``: how late a steered job's older timer may still
     arrive and be recognised (``None``: the queue's idempotency retention);
     see docs/workers.md, "Steering jobs". ``steering_margin_ms``: a command
@@ -174,6 +179,7 @@ class WorkerSettings:
     watchdog_restart_s: float = 10.0
     max_memory: int | None = None
     max_memory_hard: int | None = None
+    assignment_check_s: float = 5.0
 
     @property
     def memory_ceiling(self) -> int | None:

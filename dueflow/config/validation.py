@@ -168,6 +168,7 @@ def _validate_durations(ws: WorkerSettings) -> None:
         "rebalance_grace_s",
         "default_timeout_s",
         "watchdog_interval_s",
+        "assignment_check_s",
     ):
         value = getattr(ws, name)
         if not value >= 0:

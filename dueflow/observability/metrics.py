@@ -296,6 +296,13 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.worker_rejoins = Counter(
+            "dueflow_worker_rejoins_total",
+            "Times a queue's consumer left its group and joined again because the "
+            "group coordinator had given it partitions it never heard of",
+            ["queue"],
+            registry=r,
+        )
         self.worker_memory = Gauge(
             "dueflow_worker_resident_memory_bytes",
             "Resident memory of a worker process (the largest one, across processes)",

@@ -168,6 +168,24 @@ class GroupConnection:
         await self.connect_until_up(first=False)
         self._life.move(RuntimeEvent.RESTARTED)
 
+    async def held(self) -> tuple[str, frozenset[tuple[str, int]]] | None:
+        """The member id and the partitions its consumer holds; None without one."""
+        poller = self._intake.poller
+        return None if poller is None else await poller.held()
+
+    def settled(self) -> bool:
+        """Connected and running, and no rebalance callback under way."""
+        poller = self._intake.poller
+        return poller is not None and self._life.running and not poller.in_callback
+
+    def rejoin(self, reason: str) -> None:
+        """Leave the group and join it again, keeping the clients and the work done."""
+        poller = self._intake.poller
+        if poller is None or not self._life.running:
+            return
+        event(_LOG, "worker rejoining its group", logging.WARNING, queue=self._queue, reason=reason)
+        poller.rejoin()
+
     def restart_soon(self, reason: str, *, since_ms: int | None = None) -> None:
         """Start over from the committed offsets, in a task of its own.
 

@@ -248,6 +248,7 @@ class GroupPoller(ConsumerThread):
         self._on_lost = on_lost
         #: the group generation and member id, for send_offsets_to_transaction
         self.group_metadata: Any = None
+        self.in_callback = False  # a rebalance callback runs (read from the loop)
 
     def setup(self, consumer: Consumer) -> None:
         self.group_metadata = consumer.consumer_group_metadata()
@@ -258,11 +259,33 @@ class GroupPoller(ConsumerThread):
             on_lost=lambda c, parts: self._rebalance(c, self._on_lost, parts),
         )
 
+    async def held(self) -> tuple[str, frozenset[tuple[str, int]]] | None:
+        """The member id and the partitions the consumer holds (None before it joined)."""
+
+        def ask(consumer: Consumer) -> tuple[str, frozenset[tuple[str, int]]] | None:
+            member = consumer.memberid()
+            if not member:
+                return None
+            return member, frozenset((tp.topic, tp.partition) for tp in consumer.assignment())
+
+        return await self.call(ask)
+
+    def rejoin(self) -> None:
+        """Leave the group and join it again (soon, on the consumer's thread): what the
+        consumer holds is revoked through the usual callback, then assigned afresh."""
+
+        def again(consumer: Consumer) -> None:
+            consumer.unsubscribe()
+            self.setup(consumer)
+
+        self.post(again)
+
     def _assigned(self, consumer: Consumer, parts: list[TopicPartition]) -> None:
         """Take the partitions, fetching: librdkafka keeps an application's pause of a
         partition across revoke and assign, so one this member had paused when it
         lost it would never be fetched again. The runtime pauses what it must
         afterwards (its commands run after this resume)."""
+        self.in_callback = True
         if self._incremental:
             consumer.incremental_assign(parts)
         else:
@@ -272,11 +295,15 @@ class GroupPoller(ConsumerThread):
         self._rebalance(consumer, self._on_assign, parts)
 
     def _rebalance(self, consumer: Consumer, callback: Rebalance, parts: list[Any]) -> None:
-        self.group_metadata = consumer.consumer_group_metadata()
-        self.run_on_loop(callback(parts))
-        # A lost or revoked assignment may come with a new member epoch: offsets sent
-        # from now on go with it.
-        self.group_metadata = consumer.consumer_group_metadata()
+        self.in_callback = True
+        try:
+            self.group_metadata = consumer.consumer_group_metadata()
+            self.run_on_loop(callback(parts))
+            # A lost or revoked assignment may come with a new member epoch: offsets
+            # sent from now on go with it.
+            self.group_metadata = consumer.consumer_group_metadata()
+        finally:
+            self.in_callback = False
 
     def after_poll(self, consumer: Consumer) -> None:
         self.group_metadata = consumer.consumer_group_metadata()

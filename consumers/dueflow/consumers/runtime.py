@@ -67,6 +67,7 @@ import time
 from typing import Any
 
 from dueflow.config import QueueSpec, Settings
+from dueflow.consumers.assignment_check import AssignmentCheck
 from dueflow.consumers.attempts import Attempts
 from dueflow.consumers.commands import CommandApplier, SteeringBook
 from dueflow.consumers.commit_loop import CommitLoop
@@ -102,6 +103,7 @@ from dueflow.kafka.clients import make_admin
 from dueflow.kafka.clock_probe import ClockProbe
 from dueflow.kafka.group_config import (
     apply_group_configs,
+    incremental,
     worker_group_configs,
 )
 from dueflow.kafka.topic_limits import TopicLimits
@@ -291,6 +293,7 @@ class QueueRuntime:
         self._build_dispatcher(registry, slots)
         self._build_rebalance()
         self._build_gauges()
+        self._build_assignment_check()
 
     def _build_commits(self) -> None:
         """The partitions' intake, the doubt about membership, and the commit loop."""
@@ -441,6 +444,23 @@ class QueueRuntime:
         self._commits.every(_EXPIRE_EVERY_S, self._expire, first_after=_EXPIRE_EVERY_S)
         self._commits.every(DLQ_DEPTH_EVERY_S, self._gauges.report_dlq_depth, first_after=1.0)
 
+    def _build_assignment_check(self) -> None:
+        """The check that the consumer holds what the coordinator gave it (KIP-848)."""
+        ws, connection = self._ws, self._connection
+        self._assignment: AssignmentCheck | None = None
+        if not (incremental(ws) and ws.assignment_check_s > 0):
+            return
+        self._assignment = AssignmentCheck(
+            queue=self._queue.name,
+            group=self._group,
+            held=connection.held,
+            settled=connection.settled,
+            rejoin=connection.rejoin,
+            count=self._metrics.worker_rejoins.labels(self._queue.name).inc,
+        )
+        every = ws.assignment_check_s
+        self._commits.every(every, self._assignment.tick, first_after=every)
+
     # ================================================================== lifecycle
 
     @property
@@ -465,6 +485,8 @@ class QueueRuntime:
             )
         self._dlq_depth.start(admin)
         self._fence.start(admin)
+        if self._assignment is not None:
+            self._assignment.start(admin)
         self._tail.start()
         await self._read_limits()
         self._steering_loader.start()

@@ -1,0 +1,153 @@
+"""Whether a queue's consumer holds what the group coordinator gave it, no more, no less.
+
+librdkafka (2.16) can miss a change of assignment of the ``consumer`` group
+protocol (KIP-848) for good: a heartbeat whose request times out while the
+broker is paused (longer than about 3 s) may have been processed by it, and the
+member's later heartbeats do not say what it owns, so the coordinator never
+sends that change again. A partition it should give up stays with it, one it
+was given stays with nobody, and the partitions waiting for either start
+nothing until the coordinator fences the member at the group's rebalance
+timeout (``max.poll.interval.ms``, minutes).
+
+So every ``worker.assignment_check_s`` the queue asks the coordinator what it
+gave this member (``describe_consumer_groups``, on the queue's long-lived admin
+client: a new client whose first request times out can abort the process, see
+librdkafka#4605) and compares it with what the consumer holds. A partition held
+and not given, or given and not held, at every answer for :data:`STUCK_AFTER_S`
+makes the consumer leave the group and join it again (``unsubscribe`` +
+``subscribe``: what it holds is revoked as in any rebalance, its finished work
+committed, then the coordinator assigns it afresh). In a rebalance the two
+agree again within a heartbeat or two; while a revocation's callback runs (it
+may wait up to ``worker.rebalance_grace_s`` for running jobs) nothing is
+compared.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from dueflow.observability.logs import event
+
+_LOG = logging.getLogger("dueflow.worker")
+STUCK_AFTER_S = 10.0  # given and held disagree at every answer for this long: stuck
+ASK_TIMEOUT_S = 30.0  # long: a request that times out is what can abort the client
+
+Partition = tuple[str, int]
+
+
+def given_to(description: Any, member_id: str) -> frozenset[Partition] | None:
+    """The partitions the coordinator's group description gives ``member_id``; None
+    when the member is not in it (pure)."""
+    for member in getattr(description, "members", None) or ():
+        if member.member_id == member_id:
+            assignment = member.assignment
+            parts = assignment.topic_partitions if assignment is not None else ()
+            return frozenset((tp.topic, tp.partition) for tp in parts)
+    return None
+
+
+class StuckWatch:
+    """Partitions given and not held, or held and not given, and since when (pure: the
+    caller tells the time)."""
+
+    def __init__(self, stuck_after_s: float = STUCK_AFTER_S) -> None:
+        self.stuck_after_s = stuck_after_s
+        self._since: dict[Partition, float] = {}
+
+    def observe(
+        self, now: float, given: Iterable[Partition], held: Iterable[Partition]
+    ) -> frozenset[Partition]:
+        """One answer; the partitions the two disagreed on at every answer for
+        ``stuck_after_s``."""
+        differ = frozenset(given) ^ frozenset(held)
+        self._since = {tp: self._since.get(tp, now) for tp in differ}
+        return frozenset(
+            tp for tp, since in self._since.items() if now - since >= self.stuck_after_s
+        )
+
+    def reset(self) -> None:
+        self._since.clear()
+
+
+class AssignmentCheck:
+    """Asks the coordinator on each :meth:`tick` (one question at a time) and makes the
+    consumer rejoin when a partition is stuck.
+
+    ``held()``: the consumer's member id and assignment (asked on its thread);
+    ``settled()``: no rebalance callback runs and the queue runs (else the answer
+    is not compared); ``rejoin(reason)``: leave the group and join again.
+    """
+
+    def __init__(
+        self,
+        *,
+        queue: str,
+        group: str,
+        held: Callable[[], Awaitable[tuple[str, frozenset[Partition]] | None]],
+        settled: Callable[[], bool],
+        rejoin: Callable[[str], None],
+        count: Callable[[], None],
+        watch: StuckWatch | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._queue = queue
+        self._group = group
+        self._held = held
+        self._settled = settled
+        self._rejoin = rejoin
+        self._count = count
+        self._watch = watch or StuckWatch()
+        self._clock = clock
+        self._admin: Any = None
+        self._asking: asyncio.Task[None] | None = None
+
+    def start(self, admin: Any) -> None:
+        self._admin = admin
+
+    def tick(self) -> None:
+        """Ask now unless a question is under way (on the loop)."""
+        if self._admin is None or (self._asking is not None and not self._asking.done()):
+            return
+        self._asking = asyncio.get_running_loop().create_task(self._ask())
+
+    async def _ask(self) -> None:
+        try:
+            await self.check()
+        except Exception as exc:  # the broker away, the consumer closing: next tick
+            event(_LOG, "assignment check not answered", logging.DEBUG, error=repr(exc))
+
+    async def check(self) -> frozenset[Partition]:
+        """One question and its comparison; the partitions found stuck (rejoined)."""
+        if not self._settled():
+            self._watch.reset()
+            return frozenset()
+        mine = await self._held()
+        if mine is None:
+            return frozenset()
+        member_id, held = mine
+        future = self._admin.describe_consumer_groups([self._group], request_timeout=ASK_TIMEOUT_S)[
+            self._group
+        ]
+        description = await asyncio.wrap_future(future)
+        given = given_to(description, member_id)
+        if given is None or not self._settled():
+            self._watch.reset()
+            return frozenset()
+        stuck = self._watch.observe(self._clock(), given, held)
+        if stuck:
+            self._watch.reset()
+            event(
+                _LOG,
+                "consumer's assignment differs from the group's: rejoining",
+                logging.WARNING,
+                queue=self._queue,
+                partitions=sorted(f"{t}[{p}]" for t, p in stuck),
+                held=len(held),
+            )
+            self._count()
+            self._rejoin(f"stuck assignment: {len(stuck)} partition(s) not as the group says")
+        return stuck
