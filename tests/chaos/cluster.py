@@ -12,7 +12,7 @@ its own ``client.id`` (``DUEFLOW_KAFKA_CLIENT_ID``), which is how the driver
 tells which emitter holds the lease. A child may run with a skewed wall clock
 (:mod:`tests.chaos.skew`) and may be stopped (SIGSTOP) and continued; so may
 the broker. :meth:`ChaosCluster.stop_all` continues whatever is stopped first.
-Group members are asked through :class:`~tests.chaos.group_probe.GroupProbe`
+Group members are asked through :class:`~dueflow.kafka.group_probe.GroupProbe`
 (a child process: librdkafka's describe_consumer_groups may abort its process).
 """
 
@@ -33,9 +33,9 @@ from dueflow.broker.ports import free_port_pair, free_port_run
 from dueflow.config import Settings, load_settings
 from dueflow.errors import BrokerError
 from dueflow.kafka.clients import make_admin
+from dueflow.kafka.group_probe import GroupProbe
 from dueflow.kafka.topic_admin import TopicAdmin
 from dueflow.kafka.topics import names, topic_layout
-from tests.chaos.group_probe import GroupProbe
 from tests.chaos.skew import ClockSkewer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -287,7 +287,7 @@ class ChaosCluster:
         if self._probe is None:
             env = {k: v for k, v in os.environ.items() if not k.startswith("DUEFLOW_")}
             env["PYTHONPATH"] = str(ROOT)
-            self._probe = GroupProbe(self.bootstrap, cwd=ROOT, env=env)
+            self._probe = GroupProbe({"bootstrap.servers": self.bootstrap}, cwd=ROOT, env=env)
         return self._probe
 
     def group_client_ids(self, group: str) -> list[str] | None:

@@ -25,13 +25,12 @@ import pytest
 from dueflow.broker.local import LocalBroker
 from dueflow.broker.ports import free_port_pair
 from dueflow.consumers.testing import ExecWriter, make_job
+from dueflow.kafka.group_probe import GroupProbe
 from dueflow.kafka.topics import names
-from tests.chaos.group_probe import GroupProbe
 from tests.conftest import KafkaCluster
 from tests.integration.test_worker_processes import QUEUE, Processes, wait_members
 from tests.integration.worker_support import wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
 PARTITIONS = 6
 PAUSE_S = 4.0  # longer than a heartbeat request's timeout (about 3 s), shorter than
 SESSION_MS = 6_000  # the members' sessions
@@ -71,7 +70,9 @@ def test_every_partition_runs_soon_after_a_broker_pause_during_a_rebalance(
     procs.start()
     wait_members(settings, 2)
 
-    probe = GroupProbe(broker.bootstrap, cwd=ROOT)  # a child: it may abort, not the test
+    probe = GroupProbe(
+        {"bootstrap.servers": broker.bootstrap}
+    )  # a child: it may abort, not the test
     try:
         os.killpg(victim.pid, signal.SIGKILL)
         victim.wait(10)

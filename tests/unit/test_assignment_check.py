@@ -1,16 +1,13 @@
 """The assignment check: a partition the coordinator gave this member and its consumer
 does not hold, or one it holds and was not given, at every answer for 10 s, makes the
 consumer rejoin; nothing is compared while a rebalance callback runs or for a member
-the coordinator does not list."""
+the coordinator does not list, or when the probe did not answer."""
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 from dataclasses import dataclass, field
 from typing import Any
-
-from confluent_kafka import TopicPartition
 
 from dueflow.consumers.assignment_check import (
     STUCK_AFTER_S,
@@ -18,42 +15,25 @@ from dueflow.consumers.assignment_check import (
     StuckWatch,
     given_to,
 )
+from dueflow.kafka.group_probe import Member
 
 T = "p.exec.q"
 
 
-@dataclass
-class _Assignment:
-    topic_partitions: list[TopicPartition]
-
-
-@dataclass
-class _Member:
-    member_id: str
-    assignment: _Assignment
-
-
-@dataclass
-class _Group:
-    members: list[_Member]
-
-
-def _group(**members: list[int]) -> _Group:
-    return _Group(
-        [_Member(m, _Assignment([TopicPartition(T, p) for p in ps])) for m, ps in members.items()]
-    )
+def _group(**members: list[int]) -> list[Member]:
+    return [Member("worker", tuple((T, p) for p in ps), m) for m, ps in members.items()]
 
 
 @dataclass
 class _Admin:
-    group: _Group
+    """The group probe's answers."""
+
+    group: list[Member] | None
     asked: int = 0
 
-    def describe_consumer_groups(self, groups: list[str], request_timeout: float) -> Any:
+    async def describe(self, group: str) -> list[Member] | None:
         self.asked += 1
-        future: concurrent.futures.Future[_Group] = concurrent.futures.Future()
-        future.set_result(self.group)
-        return {groups[0]: future}
+        return self.group
 
 
 @dataclass
@@ -76,13 +56,13 @@ def _check(world: _World, admin: _Admin) -> AssignmentCheck:
     check = AssignmentCheck(
         queue="q",
         group="p.worker.q",
+        describe=admin.describe,
         held=world.ask_held,
         settled=lambda: world.settled,
         rejoin=world.rejoins.append,
         count=world.count,
         clock=lambda: world.now,
     )
-    check.start(admin)
     return check
 
 
@@ -155,3 +135,10 @@ def test_stuck_watch_forgets_what_is_held_again() -> None:
     assert watch.observe(0.0, {(T, 0), (T, 1)}, set()) == frozenset()
     assert watch.observe(10.0, {(T, 0), (T, 1)}, {(T, 1)}) == {(T, 0)}
     assert watch.observe(20.0, {(T, 1)}, {(T, 0), (T, 1)}) == {(T, 0)}  # held, not given
+
+
+def test_no_answer_from_the_probe_compares_nothing() -> None:
+    world = _World(held=frozenset())
+    check = _check(world, _Admin(None))
+    assert _answers(check, world, [0.0, 20.0, 40.0]) == [frozenset()] * 3
+    assert world.rejoins == []

@@ -10,9 +10,10 @@ nothing until the coordinator fences the member at the group's rebalance
 timeout (``max.poll.interval.ms``, minutes).
 
 So every ``worker.assignment_check_s`` the queue asks the coordinator what it
-gave this member (``describe_consumer_groups``, on the queue's long-lived admin
-client: a new client whose first request times out can abort the process, see
-librdkafka#4605) and compares it with what the consumer holds. A partition held
+gave this member (``describe_consumer_groups``, through the worker process's
+:class:`~dueflow.kafka.group_probe.GroupProbe`: that call can abort the process
+that makes it when a broker goes away, librdkafka#4605, so a child process makes
+it) and compares it with what the consumer holds. A partition held
 and not given, or given and not held, at every answer for :data:`STUCK_AFTER_S`
 makes the consumer leave the group and join it again (``unsubscribe`` +
 ``subscribe``: what it holds is revoked as in any rebalance, its finished work
@@ -28,25 +29,22 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
 
+from dueflow.kafka.group_probe import Member
 from dueflow.observability.logs import event
 
 _LOG = logging.getLogger("dueflow.worker")
 STUCK_AFTER_S = 10.0  # given and held disagree at every answer for this long: stuck
-ASK_TIMEOUT_S = 30.0  # long: a request that times out is what can abort the client
 
 Partition = tuple[str, int]
 
 
-def given_to(description: Any, member_id: str) -> frozenset[Partition] | None:
-    """The partitions the coordinator's group description gives ``member_id``; None
-    when the member is not in it (pure)."""
-    for member in getattr(description, "members", None) or ():
+def given_to(members: Iterable[Member], member_id: str) -> frozenset[Partition] | None:
+    """The partitions the coordinator gives ``member_id``; None when the member is not
+    one of ``members`` (pure)."""
+    for member in members:
         if member.member_id == member_id:
-            assignment = member.assignment
-            parts = assignment.topic_partitions if assignment is not None else ()
-            return frozenset((tp.topic, tp.partition) for tp in parts)
+            return frozenset(member.assignment)
     return None
 
 
@@ -77,7 +75,8 @@ class AssignmentCheck:
     """Asks the coordinator on each :meth:`tick` (one question at a time) and makes the
     consumer rejoin when a partition is stuck.
 
-    ``held()``: the consumer's member id and assignment (asked on its thread);
+    ``describe(group)``: the group's members as the coordinator has them (None when
+    it did not say); ``held()``: the consumer's member id and assignment;
     ``settled()``: no rebalance callback runs and the queue runs (else the answer
     is not compared); ``rejoin(reason)``: leave the group and join again.
     """
@@ -87,6 +86,7 @@ class AssignmentCheck:
         *,
         queue: str,
         group: str,
+        describe: Callable[[str], Awaitable[list[Member] | None]],
         held: Callable[[], Awaitable[tuple[str, frozenset[Partition]] | None]],
         settled: Callable[[], bool],
         rejoin: Callable[[str], None],
@@ -96,21 +96,18 @@ class AssignmentCheck:
     ) -> None:
         self._queue = queue
         self._group = group
+        self._describe = describe
         self._held = held
         self._settled = settled
         self._rejoin = rejoin
         self._count = count
         self._watch = watch or StuckWatch()
         self._clock = clock
-        self._admin: Any = None
         self._asking: asyncio.Task[None] | None = None
-
-    def start(self, admin: Any) -> None:
-        self._admin = admin
 
     def tick(self) -> None:
         """Ask now unless a question is under way (on the loop)."""
-        if self._admin is None or (self._asking is not None and not self._asking.done()):
+        if self._asking is not None and not self._asking.done():
             return
         self._asking = asyncio.get_running_loop().create_task(self._ask())
 
@@ -129,11 +126,8 @@ class AssignmentCheck:
         if mine is None:
             return frozenset()
         member_id, held = mine
-        future = self._admin.describe_consumer_groups([self._group], request_timeout=ASK_TIMEOUT_S)[
-            self._group
-        ]
-        description = await asyncio.wrap_future(future)
-        given = given_to(description, member_id)
+        members = await self._describe(self._group)
+        given = None if members is None else given_to(members, member_id)
         if given is None or not self._settled():
             self._watch.reset()
             return frozenset()

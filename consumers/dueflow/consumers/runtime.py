@@ -106,6 +106,7 @@ from dueflow.kafka.group_config import (
     incremental,
     worker_group_configs,
 )
+from dueflow.kafka.group_probe import GroupProbe, Member
 from dueflow.kafka.topic_limits import TopicLimits
 from dueflow.kafka.topics import names, tier_label
 from dueflow.observability.logs import event
@@ -156,8 +157,10 @@ class QueueRuntime:
         limits: TopicLimits | None = None,
         steering_stores: SteeringStoreFactory | None = None,
         progress_budget: ProgressBudget | None = None,
+        groups: GroupProbe | None = None,
     ) -> None:
         self._settings = settings
+        self._groups = groups  # None: no assignment check (an embedded runtime in tests)
         # The record size limits of the queue's topics (read at start, and again
         # after a commit was refused as too large): see consumers/oversized.py.
         self._topic_limits = limits
@@ -448,11 +451,18 @@ class QueueRuntime:
         """The check that the consumer holds what the coordinator gave it (KIP-848)."""
         ws, connection = self._ws, self._connection
         self._assignment: AssignmentCheck | None = None
-        if not (incremental(ws) and ws.assignment_check_s > 0):
+        groups = self._groups
+        if groups is None or not (incremental(ws) and ws.assignment_check_s > 0):
             return
+        loop = self._loop
+
+        async def describe(group: str) -> list[Member] | None:
+            return await loop.run_in_executor(None, groups.members, group)
+
         self._assignment = AssignmentCheck(
             queue=self._queue.name,
             group=self._group,
+            describe=describe,
             held=connection.held,
             settled=connection.settled,
             rejoin=connection.rejoin,
@@ -485,8 +495,6 @@ class QueueRuntime:
             )
         self._dlq_depth.start(admin)
         self._fence.start(admin)
-        if self._assignment is not None:
-            self._assignment.start(admin)
         self._tail.start()
         await self._read_limits()
         self._steering_loader.start()

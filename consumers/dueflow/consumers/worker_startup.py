@@ -32,6 +32,7 @@ from dueflow.consumers.steering_store import (
 )
 from dueflow.consumers.store import StoreFactory, memory_stores, sqlite_stores
 from dueflow.kafka.clock_probe import ClockProbe
+from dueflow.kafka.group_probe import GroupProbe
 from dueflow.kafka.queue_reader import QueueWatcher
 from dueflow.kafka.topic_limits import BudgetBook, TopicLimits
 from dueflow.observability.metrics import Metrics
@@ -61,6 +62,9 @@ class WorkerClients:
     control: ControlTail
     clock: ClockProbe
     watcher: QueueWatcher
+    # The group coordinator's view of the queues' groups (a child process started at
+    # the first question): the queues' assignment checks ask it.
+    groups: GroupProbe
 
     @classmethod
     async def start(
@@ -95,11 +99,13 @@ class WorkerClients:
         await loop.run_in_executor(None, watcher.start)
         # Due times are compared with the broker's clock: know it before any job starts.
         await loop.run_in_executor(None, clock.wait_first)
-        return cls(quarantine, control, clock, watcher)
+        return cls(quarantine, control, clock, watcher, GroupProbe(settings.client_config()))
 
     async def close(self) -> None:
         await self.control.close()
-        await asyncio.get_running_loop().run_in_executor(None, self.watcher.close)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.watcher.close)
+        await loop.run_in_executor(None, self.groups.close)
         self.clock.close()
         self.quarantine.close()
 
@@ -185,6 +191,7 @@ async def runtime_factory(
             follow_ups=follow_ups,
             limits=limits,
             progress_budget=progress_budget,
+            groups=clients.groups,
         )
         runtime.set_paused(clients.control.is_paused(runtime.queue))
         return runtime

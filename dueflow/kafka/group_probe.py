@@ -2,14 +2,15 @@
 
 ``AdminClient.describe_consumer_groups`` aborts the whole process (librdkafka
 2.x: ``rd_kafka_enq_once_del_source_return: Assertion eonce->refcnt > 0``,
-confluentinc/librdkafka#4605) when a request times out, which is what a
-paused or killed group coordinator makes it do. The chaos driver asks who
-holds the emitter lease and who is in the worker group while it kills and
-pauses nodes, so it asks through :class:`GroupProbe`: one long-lived child
-(``python -m tests.chaos.group_probe BOOTSTRAP``) reading group ids on stdin
-and writing one JSON line per answer. A child that aborted or does not answer
-in time is killed by pid; that question gets None and the next one a new
-child.
+confluentinc/librdkafka#4605) when a request fails at the wrong moment, which
+a broker that restarts or pauses makes it do. So a process that asks while
+brokers may come and go (a worker's assignment check, the chaos driver) asks
+through :class:`GroupProbe`: one long-lived child (``python -m
+dueflow.kafka.group_probe``) that reads the client's configuration (one JSON
+line) and then group ids on stdin, and writes one JSON line per answer. A
+child that aborted or does not answer in time is killed by pid; that question
+gets None and the next one a new child. A child whose parent died sees its
+stdin end and exits.
 """
 
 from __future__ import annotations
@@ -21,16 +22,24 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
 class Member:
     client_id: str
     assignment: tuple[tuple[str, int], ...]  # (topic, partition)
+    member_id: str = ""
+
+
+def plain_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of ``config`` a child can be given as JSON (no callbacks)."""
+    return {k: v for k, v in config.items() if isinstance(v, str | int | float | bool)}
 
 
 class GroupProbe:
@@ -38,24 +47,35 @@ class GroupProbe:
 
     def __init__(
         self,
-        bootstrap: str,
+        config: Mapping[str, Any],
         *,
-        cwd: Path,
+        cwd: Path | None = None,
         env: dict[str, str] | None = None,
         command: Sequence[str] | None = None,
+        log_to: int | None = subprocess.DEVNULL,
     ) -> None:
-        """``command``: the child to run (default this module's :func:`main`)."""
-        self.bootstrap = bootstrap
+        """``config``: the client's settings (bootstrap, security); ``command``: the
+        child to run (default this module's :func:`main`); ``log_to``: where the
+        child's stderr goes (the abort message; its death is what counts)."""
+        self.config = plain_config(config)
         self.cwd = cwd
         self.env = env
-        self.command = list(command or [sys.executable, "-m", "tests.chaos.group_probe", bootstrap])
+        self.command = list(command or [sys.executable, "-m", "dueflow.kafka.group_probe"])
+        self.log_to = log_to
         self.restarts = 0  # children that died or hung
         self._proc: subprocess.Popen[bytes] | None = None
         self._buffer = b""
+        self._lock = threading.Lock()  # one question at a time, from any thread
 
     def members(self, group: str, *, timeout_s: float = 12.0) -> list[Member] | None:
         """The members of ``group`` now; None when the cluster (or the child) did not say."""
+        with self._lock:
+            return self._members(group, timeout_s)
+
+    def _members(self, group: str, timeout_s: float) -> list[Member] | None:
         proc = self._child()
+        if proc is None:
+            return None
         assert proc.stdin is not None
         try:
             proc.stdin.write(group.encode() + b"\n")
@@ -71,29 +91,42 @@ class GroupProbe:
         if not answer.get("ok"):
             return None
         return [
-            Member(m["client_id"], tuple((t, int(p)) for t, p in m["assignment"]))
+            Member(
+                m["client_id"],
+                tuple((t, int(p)) for t, p in m["assignment"]),
+                m.get("member_id", ""),
+            )
             for m in answer["members"]
         ]
 
     def close(self) -> None:
         """Stop the child (by pid)."""
-        self._discard()
+        with self._lock:
+            self._discard()
 
     # ----------------------------------------------------------------- child
-    def _child(self) -> subprocess.Popen[bytes]:
+    def _child(self) -> subprocess.Popen[bytes] | None:
         if self._proc is None or self._proc.poll() is not None:
             if self._proc is not None:
                 self._discard()
-            self._proc = subprocess.Popen(
+            proc = subprocess.Popen(
                 self.command,
                 cwd=self.cwd,
                 env=self.env,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,  # the abort message; its death is what counts
+                stderr=self.log_to,
                 start_new_session=True,
             )
+            self._proc = proc
             self._buffer = b""
+            assert proc.stdin is not None
+            try:
+                proc.stdin.write(json.dumps(self.config).encode() + b"\n")
+                proc.stdin.flush()
+            except OSError:
+                self._discard()
+                return None
         return self._proc
 
     def _read_line(self, proc: subprocess.Popen[bytes], timeout_s: float) -> bytes | None:
@@ -131,13 +164,16 @@ class GroupProbe:
         proc.wait(10)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The child: one group id per line in, one JSON answer per line out."""
+def main() -> int:
+    """The child: the client's configuration (one JSON line), then one group id per
+    line in, one JSON answer per line out."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
-    args = sys.argv[1:] if argv is None else argv
-    admin = AdminClient({"bootstrap.servers": args[0], "log_level": 0})
+    first = sys.stdin.readline()
+    if not first:
+        return 0
+    admin = AdminClient({**json.loads(first), "log_level": 0})
     for raw in sys.stdin:
         group = raw.strip()
         try:
@@ -145,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             members = [
                 {
                     "client_id": m.client_id,
+                    "member_id": m.member_id,
                     "assignment": [
                         [tp.topic, tp.partition]
                         for tp in (m.assignment.topic_partitions if m.assignment else [])
