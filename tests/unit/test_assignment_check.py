@@ -6,12 +6,14 @@ the coordinator does not list, or when the probe did not answer."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from dueflow.consumers.assignment_check import (
     STUCK_AFTER_S,
     AssignmentCheck,
+    GroupAsker,
     StuckWatch,
     given_to,
 )
@@ -142,3 +144,24 @@ def test_no_answer_from_the_probe_compares_nothing() -> None:
     check = _check(world, _Admin(None))
     assert _answers(check, world, [0.0, 20.0, 40.0]) == [frozenset()] * 3
     assert world.rejoins == []
+
+
+def test_the_asker_asks_on_a_thread_of_its_own_and_closes_the_probe() -> None:
+    class _Probe:
+        def __init__(self) -> None:
+            self.threads: list[str] = []
+            self.closed = False
+
+        def members(self, group: str) -> list[Member] | None:
+            self.threads.append(threading.current_thread().name)
+            return [Member("c", ((T, 0),), "me")]
+
+        def close(self) -> None:
+            self.closed = True
+
+    probe = _Probe()
+    asker = GroupAsker(probe)  # type: ignore[arg-type]
+    assert asyncio.run(asker.members("g")) == [Member("c", ((T, 0),), "me")]
+    assert probe.threads[0].startswith("dueflow-groups")
+    asker.close()
+    assert probe.closed

@@ -29,8 +29,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 
-from dueflow.kafka.group_probe import Member
+from dueflow.kafka.group_probe import GroupProbe, Member
 from dueflow.observability.logs import event
 
 _LOG = logging.getLogger("dueflow.worker")
@@ -145,3 +146,22 @@ class AssignmentCheck:
             self._count()
             self._rejoin(f"stuck assignment: {len(stuck)} partition(s) not as the group says")
         return stuck
+
+
+class GroupAsker:
+    """A worker process's :class:`~dueflow.kafka.group_probe.GroupProbe`, asked from the
+    loop on a thread of its own (a question may wait for its timeout, 12 s, while a
+    broker is away: not on the loop's default executor, which is for short work)."""
+
+    def __init__(self, probe: GroupProbe) -> None:
+        self.probe = probe
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="dueflow-groups")
+
+    async def members(self, group: str) -> list[Member] | None:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._thread, self.probe.members, group)
+
+    def close(self) -> None:
+        """Stop the child (after the question under way, if any); blocks."""
+        self._thread.shutdown(wait=True, cancel_futures=True)
+        self.probe.close()

@@ -67,7 +67,7 @@ import time
 from typing import Any
 
 from dueflow.config import QueueSpec, Settings
-from dueflow.consumers.assignment_check import AssignmentCheck
+from dueflow.consumers.assignment_check import AssignmentCheck, GroupAsker
 from dueflow.consumers.attempts import Attempts
 from dueflow.consumers.commands import CommandApplier, SteeringBook
 from dueflow.consumers.commit_loop import CommitLoop
@@ -106,7 +106,6 @@ from dueflow.kafka.group_config import (
     incremental,
     worker_group_configs,
 )
-from dueflow.kafka.group_probe import GroupProbe, Member
 from dueflow.kafka.topic_limits import TopicLimits
 from dueflow.kafka.topics import names, tier_label
 from dueflow.observability.logs import event
@@ -157,10 +156,10 @@ class QueueRuntime:
         limits: TopicLimits | None = None,
         steering_stores: SteeringStoreFactory | None = None,
         progress_budget: ProgressBudget | None = None,
-        groups: GroupProbe | None = None,
+        group_asker: GroupAsker | None = None,
     ) -> None:
         self._settings = settings
-        self._groups = groups  # None: no assignment check (an embedded runtime in tests)
+        self._group_asker = group_asker  # None: no assignment check (an embedded runtime)
         # The record size limits of the queue's topics (read at start, and again
         # after a commit was refused as too large): see consumers/oversized.py.
         self._topic_limits = limits
@@ -451,18 +450,13 @@ class QueueRuntime:
         """The check that the consumer holds what the coordinator gave it (KIP-848)."""
         ws, connection = self._ws, self._connection
         self._assignment: AssignmentCheck | None = None
-        groups = self._groups
-        if groups is None or not (incremental(ws) and ws.assignment_check_s > 0):
+        asker = self._group_asker
+        if asker is None or not (incremental(ws) and ws.assignment_check_s > 0):
             return
-        loop = self._loop
-
-        async def describe(group: str) -> list[Member] | None:
-            return await loop.run_in_executor(None, groups.members, group)
-
         self._assignment = AssignmentCheck(
             queue=self._queue.name,
             group=self._group,
-            describe=describe,
+            describe=asker.members,
             held=connection.held,
             settled=connection.settled,
             rejoin=connection.rejoin,

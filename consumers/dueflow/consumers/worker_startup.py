@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dueflow.config import QueueSpec, Settings
+from dueflow.consumers.assignment_check import GroupAsker
 from dueflow.consumers.execution import JobExecutor
 from dueflow.consumers.follow_ups import FollowUpSetup, KnownQueues
 from dueflow.consumers.hooks import HookRunner
@@ -64,7 +65,7 @@ class WorkerClients:
     watcher: QueueWatcher
     # The group coordinator's view of the queues' groups (a child process started at
     # the first question): the queues' assignment checks ask it.
-    groups: GroupProbe
+    group_asker: GroupAsker
 
     @classmethod
     async def start(
@@ -99,13 +100,15 @@ class WorkerClients:
         await loop.run_in_executor(None, watcher.start)
         # Due times are compared with the broker's clock: know it before any job starts.
         await loop.run_in_executor(None, clock.wait_first)
-        return cls(quarantine, control, clock, watcher, GroupProbe(settings.client_config()))
+        return cls(
+            quarantine, control, clock, watcher, GroupAsker(GroupProbe(settings.client_config()))
+        )
 
     async def close(self) -> None:
         await self.control.close()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.watcher.close)
-        await loop.run_in_executor(None, self.groups.close)
+        await loop.run_in_executor(None, self.group_asker.close)
         self.clock.close()
         self.quarantine.close()
 
@@ -191,7 +194,7 @@ async def runtime_factory(
             follow_ups=follow_ups,
             limits=limits,
             progress_budget=progress_budget,
-            groups=clients.groups,
+            group_asker=clients.group_asker,
         )
         runtime.set_paused(clients.control.is_paused(runtime.queue))
         return runtime
