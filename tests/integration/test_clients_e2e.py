@@ -289,7 +289,9 @@ def test_commands_from_each_client_steer_jobs_at_any_horizon_on_a_finalized_queu
         for name in ("cancel", "move", "update", "far-cancel", "far-move", "far-update")
     }
     start = now_ms()
-    moved_to = start + 20_000
+    # later than the job's due time (10 s after the program scheduled it) also when the
+    # program took 15 s to start (a JVM on a loaded machine took more than 10)
+    moved_to = start + 25_000
     far_due_ms = CENTURY_MS  # delay of the far jobs: due in a century
     # later than the far job's due time, however long the program takes to start
     far_moved_to = start + far_due_ms + DAY_MS

@@ -12,10 +12,10 @@ a job whose timer was refused never shows as scheduled. It is not
 transactional with the timer: a client that dies in between leaves a job
 the view learns of later; and a fast job's worker outcome may land before
 it, which the view handles (``scheduled`` never replaces a later state).
-Its ``at_ms`` is when the job was scheduled: ``schedule`` reads the clock
-once the timer is acknowledged; ``schedule_many`` writes the time it planned
-the job (the job's ``created_ms``), so a job of a long call is not stamped
-with the call's end.
+Its ``at_ms`` is when the job was scheduled: the time the client planned it
+and wrote its timer (the job's ``created_ms``), so a job of a long call is
+not stamped with the call's end, and a job that ran before a busy client
+heard of the acknowledgement is not shown as scheduled after it ran.
 """
 
 from __future__ import annotations

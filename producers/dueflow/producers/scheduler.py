@@ -211,7 +211,7 @@ class Scheduler(JobControl, CronCalls):
             task=job.task,
             idempotency_key=job.idempotency_key,
             due_ms=job.due_ms,
-            at_ms=self.clock(),
+            at_ms=job.created_ms,  # written then: before it can fire, however late the ack
             trace_id=tracing.trace_id_of(planned.record.headers),
             schedule_id=job.schedule_id,
             content_hash=job.content_hash,
