@@ -17,8 +17,10 @@ answered and when, for the judge.
 from __future__ import annotations
 
 import random
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -216,7 +218,9 @@ class Workload:
         if self._thread is not None:
             self._thread.join(timeout_s)
             if self._thread.is_alive():
-                raise AssertionError("the workload thread did not finish")
+                frame = sys._current_frames().get(self._thread.ident or -1)
+                where = "".join(traceback.format_stack(frame)) if frame else "(no frame)"
+                raise AssertionError(f"the workload thread did not finish; it waits in:\n{where}")
         if self.error is not None:
             raise self.error
 

@@ -50,19 +50,22 @@ def _assert_once_never_early(log: ExecLog, expected: set[str]) -> None:
 @pytest.mark.timeout(90)
 def test_never_early_across_every_level_and_cascade(kafka: KafkaCluster, prefix: str) -> None:
     s = _settings(kafka, prefix)
-    start = now_ms()
-    # Overdue, near, level 0, 1, 2 and beyond the top (parked, then placed again).
-    dues = {f"j{i}": start - 2_000 + i * 11 for i in range(1_400)}  # up to 13.4 s ahead
-    levels = Counter(
-        place_timer(due_ms=d, now_ms=start, geometry=s.wheel, spread=0).level for d in dues.values()
-    )
-    assert set(levels) == {NEAR_LEVEL, 0, 1, 2}
-    assert max(dues.values()) - start > s.wheel.reach_ms(2)  # some are parked at the top
     log = ExecLog(s).start()
     try:
         with threaded_emitter(s) as em:
             em.wait_active()
-            write_timers(timer_producer(s), s, dues.items())
+            # Planned once the emitter is active (a slow start must not move the
+            # timers down the wheel): overdue, near, level 0, 1, 2 and beyond the
+            # top (parked, then placed again).
+            start = now_ms()
+            dues = {f"j{i}": start - 2_000 + i * 11 for i in range(1_400)}  # to 13.4 s ahead
+            levels = Counter(
+                place_timer(due_ms=d, now_ms=start, geometry=s.wheel, spread=0).level
+                for d in dues.values()
+            )
+            assert set(levels) == {NEAR_LEVEL, 0, 1, 2}
+            assert max(dues.values()) - start > s.wheel.reach_ms(2)  # some parked at the top
+            write_timers(timer_producer(s), s, dues.items(), at_ms=start)
             log.wait_for(len(dues), timeout_s=40)
             log.settle(quiet_s=1.0)
             assert em.metric("dueflow_timers_cascaded_total", {"level": "1"}) > 0

@@ -150,7 +150,13 @@ def test_the_owner_of_one_shard_dies_and_the_other_shard_keeps_firing(
         # (a loaded 2-core machine: well under the takeover, not a latency goal)
         bound = min(1_000, (taken_ms - killed_ms) // 2)
         assert p99 < bound, f"shard 0 fired late by p99 {p99} ms while shard 1 failed over"
-        assert all(r.fired_ms >= taken_ms - 1_000 for r in stalled), "shard 1 fired by whom?"
+        # Nobody fired shard 1 before the survivor took it (by its log's clock: the
+        # test may notice the takeover late on a loaded machine).
+        took_ms = survivor.activated_ms(1)
+        assert took_ms is not None
+        assert killed_ms < took_ms <= taken_ms
+        early = [r.fired_ms - took_ms for r in stalled if r.fired_ms < took_ms - 100]
+        assert not early, f"shard 1 fired before its takeover (ms): {early[:5]}"
         seen_late = sorted(r.seen_ms - r.due_ms for r in kept)
         seen_p99 = seen_late[int(len(seen_late) * 0.99) - 1]
         assert seen_p99 < bound, f"shard 0's fires seen p99 {seen_p99} ms late during the takeover"

@@ -12,6 +12,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -196,6 +197,18 @@ class EmitterSubprocess:
             elif what in ("emitter is standby", "emitter shard released"):
                 held.discard(int(e.get("shard", 0)))
         return held
+
+    def activated_ms(self, shard: int) -> int | None:
+        """When this process last became the active emitter of ``shard`` (epoch ms, by
+        its log's own time stamps; None: never)."""
+        stamps = [
+            e["ts"]
+            for e in self.events()
+            if e.get("event") == "emitter is active" and int(e.get("shard", 0)) == shard
+        ]
+        if not stamps:
+            return None
+        return round(datetime.fromisoformat(str(stamps[-1])).timestamp() * 1000)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -7,7 +7,9 @@ import asyncio
 import time
 from typing import Any
 
-from dueflow.consumers.polling import ConsumerThread, read_batch
+import pytest
+
+from dueflow.consumers.polling import ConsumerThread, GroupPoller, read_batch
 
 
 class FakeConsumer:
@@ -105,5 +107,65 @@ def test_a_settled_command_answers_after_every_record_polled_before_it_is_on_the
         finally:
             thread.stop()
             await asyncio.wait_for(thread.wait_closed(), 5)
+
+    asyncio.run(main())
+
+
+class AssigningConsumer:
+    """What a rebalance callback calls on the consumer; ``incremental_assign`` may fail."""
+
+    def __init__(self, fail: bool) -> None:
+        self.fail = fail
+        self.assigned: list[Any] = []
+
+    def incremental_assign(self, parts: list[Any]) -> None:
+        if self.fail:
+            raise RuntimeError("assign failed")
+        self.assigned.extend(parts)
+
+    def resume(self, parts: list[Any]) -> None:
+        pass
+
+    def consumer_group_metadata(self) -> str:
+        return "metadata"
+
+
+def test_the_rebalance_flag_is_up_while_a_callback_runs_and_down_after_a_failed_assign() -> None:
+    """The assignment check trusts ``consumer.assignment()`` only while no rebalance
+    callback runs: the flag is up during the assign and the runtime's callback, and
+    down afterwards, also when the assign itself raised."""
+
+    async def main() -> None:
+        seen: list[bool] = []
+        poller: GroupPoller
+
+        async def on_assign(parts: list[Any]) -> None:
+            seen.append(poller.in_callback)
+
+        async def nothing(parts: list[Any]) -> None:
+            pass
+
+        poller = GroupPoller(
+            AssigningConsumer(False),  # type: ignore[arg-type]
+            ["t"],
+            batch_size=10,
+            on_batch=lambda records: None,
+            on_assign=on_assign,
+            on_revoke=nothing,
+            on_lost=nothing,
+            name="t",
+            incremental=True,
+        )
+        poller._loop = asyncio.get_running_loop()
+        ok = AssigningConsumer(False)
+        await asyncio.to_thread(poller._assigned, ok, ["p0"])  # type: ignore[arg-type,list-item]
+        assert ok.assigned == ["p0"]
+        assert seen == [True]
+        assert poller.in_callback is False
+        failing = AssigningConsumer(True)
+        with pytest.raises(RuntimeError):
+            await asyncio.to_thread(poller._assigned, failing, ["p1"])  # type: ignore[arg-type,list-item]
+        assert seen == [True]  # the runtime's callback did not run
+        assert poller.in_callback is False
 
     asyncio.run(main())

@@ -285,13 +285,17 @@ class GroupPoller(ConsumerThread):
         partition across revoke and assign, so one this member had paused when it
         lost it would never be fetched again. The runtime pauses what it must
         afterwards (its commands run after this resume)."""
-        self.in_callback = True
-        if self._incremental:
-            consumer.incremental_assign(parts)
-        else:
-            consumer.assign(parts)
-        if parts:
-            consumer.resume(parts)
+        self.in_callback = True  # from the assign on: held() no longer says what ran
+        try:
+            if self._incremental:
+                consumer.incremental_assign(parts)
+            else:
+                consumer.assign(parts)
+            if parts:
+                consumer.resume(parts)
+        except BaseException:
+            self.in_callback = False
+            raise
         self._rebalance(consumer, self._on_assign, parts)
 
     def _rebalance(self, consumer: Consumer, callback: Rebalance, parts: list[Any]) -> None:
