@@ -10,7 +10,11 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test lint docs unit integration chaos fmt bench broker-start broker-stop clean browser-deps faketime-deps promtool clients clients-java clients-go clients-node client-schemas vectors lock releases
 
-$(STAMP): pyproject.toml
+# setup.py compiles the modules it lists with mypyc (a C compiler is needed, else
+# they stay Python): editing one of them rebuilds the install.
+NATIVE := $(shell grep -o '"[a-z/_]*\.py"' setup.py | tr -d '"')
+
+$(STAMP): pyproject.toml setup.py $(NATIVE)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'

@@ -32,6 +32,18 @@ hypothesis.settings.load_profile("dueflow")
 pytest_plugins = ["dueflow.testing.pytest_plugin"]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """A module setup.py compiles, edited since its build, would run as the old build."""
+    from tests.support.native import stale_builds
+
+    stale = stale_builds()
+    if stale:
+        raise pytest.UsageError(
+            "; ".join(stale) + ": rebuild them with `make .venv/.installed` "
+            "(or `pip install -e .`), or delete the .so files to run the Python source"
+        )
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> Any:
     """``--dist loadgroup`` (``make test``): the groups of tests/support/serial.py."""
     if config.getvalue("dist") != "loadgroup":

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.native import native_sources
 from tests.support.quickstart import quickstart
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,7 +59,8 @@ def test_the_wheel_installs_into_a_clean_virtualenv_and_runs_the_quickstart(
     log = sh(sys.executable, "-m", "build", "--no-isolation", "--outdir", dist, ROOT, cwd=ROOT)
     assert [w for w in BUILD_WARNINGS if w in log] == [], log
     (sdist,) = dist.glob("dueflow-*.tar.gz")
-    (wheel,) = dist.glob("dueflow-*-py3-none-any.whl")  # built from the sdist
+    # built from the sdist; with a C compiler here, its hot modules compiled (setup.py)
+    (wheel,) = dist.glob("dueflow-*-cp311-cp311-*.whl")
     with tarfile.open(sdist) as tar:
         in_sdist = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
     assert {f"schemas/dueflow/schemas/{f}" for f in SCHEMA_FILES} <= in_sdist
@@ -68,6 +70,10 @@ def test_the_wheel_installs_into_a_clean_virtualenv_and_runs_the_quickstart(
     assert {f"dueflow/schemas/{f}" for f in SCHEMA_FILES} <= in_wheel
     assert {"dueflow/broker/pom.xml", "dueflow/broker/log4j2.yaml"} <= in_wheel
     assert "dueflow/streams/status/page.html" in in_wheel
+    compiled = {n for n in in_wheel if n.endswith(".so")}
+    for source in native_sources():
+        stem = str(source.relative_to(ROOT).with_suffix(""))
+        assert any(n.startswith(stem + ".") for n in compiled), (stem, compiled)
 
     venv = tmp_path / "venv"
     sh(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
@@ -107,7 +113,8 @@ def test_the_wheel_installs_into_a_clean_virtualenv_and_runs_the_quickstart(
         "from dueflow.records import codec;"
         "print(dueflow.__file__); print(dueflow.consumers.__file__);"
         "print(sorted(p.name for p in files('dueflow.schemas').joinpath('v1').iterdir()));"
-        "print(kafka_version()); print(codec.schema_json('outcome', 1)['name'])",
+        "print(kafka_version()); print(codec.schema_json('outcome', 1)['name']);"
+        "import dueflow.records.worker_decoder as d; print(d.__file__)",
         cwd=project,
         env=env,
     ).splitlines()
@@ -116,6 +123,8 @@ def test_the_wheel_installs_into_a_clean_virtualenv_and_runs_the_quickstart(
     assert "job.avsc" in where[2]
     assert where[3].startswith("4.")  # the broker version, from the packaged pom
     assert where[4] == "Outcome"
+    assert where[5].startswith(str(site))
+    assert where[5].endswith(".so")  # the compiled decoder, and its runtime library found
 
     files, _steps = quickstart()
     for name, text in files.items():
