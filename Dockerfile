@@ -7,9 +7,10 @@
 #   docker run --rm -e DUEFLOW_OBSERVABILITY_STATUS_TOKEN=... -p 6066:6066 dueflow:0.2.0 status-view
 #
 # Two stages: the build stage makes a virtualenv from the hashed lockfile
-# (wheels only) and installs the dueflow wheel built from this tree; the final
-# stage is the same slim Python with that virtualenv copied in, no compiler,
-# no pip cache, running as an unprivileged user. deploy/docker/install.sh holds
+# (wheels only) and installs the dueflow wheel built from this tree (gcc there
+# compiles the worker's record decoder and encoder with mypyc, see setup.py);
+# the final stage is the same slim Python with that virtualenv copied in, no
+# compiler, no pip cache, running as an unprivileged user. deploy/docker/install.sh holds
 # the install steps (a test runs the same script in a clean virtualenv).
 # docs/deployment.md: building, extending with your tasks, settings.
 
@@ -17,6 +18,12 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
+# gcc: a build tool only (not in the final stage), taken at bookworm's current
+# version so its security updates are not held back by a pin.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 # Dependencies first: this layer is rebuilt only when the lockfiles change.
 COPY deploy/docker/install.sh deploy/docker/requirements.lock deploy/docker/build-requirements.lock deploy/docker/
 RUN deploy/docker/install.sh deps /opt/dueflow

@@ -6,8 +6,10 @@
 #   install.sh app VENV SRC      build the dueflow wheel from SRC (in a throwaway
 #                                build venv) and install it into VENV
 #
-# Only wheels are installed (--only-binary): no compiler is needed, in the
-# build stage or anywhere. Every file is checked against the lock's hashes.
+# Only wheels are installed (--only-binary), every file checked against the
+# lock's hashes. Building the dueflow wheel compiles the modules setup.py lists
+# with mypyc where a C compiler is (the Dockerfile's build stage installs gcc);
+# without one they stay Python. The runtime needs no compiler.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 python=${PYTHON:-python3}

@@ -1,7 +1,8 @@
 #!/bin/sh
 # Regenerate the container image's hashed lockfiles (`make lock`):
 #   requirements.lock        dueflow's runtime dependencies, from pyproject.toml
-#   build-requirements.lock  what builds the dueflow wheel (setuptools, wheel)
+#   build-requirements.lock  what builds the dueflow wheel (setuptools, wheel; mypy,
+#                            whose mypyc compiles the modules setup.py lists)
 # Resolved for CPython 3.11 on Linux; each pin carries the hashes of every file
 # of its release on PyPI, so the same lock installs on x86_64 and arm64.
 # tests/unit/test_container_image.py checks that requirements.lock pins every
@@ -20,7 +21,7 @@ cd "$root"
     echo "# (deploy/docker/lock.sh) after changing [project] dependencies in pyproject.toml."
     compile pyproject.toml
 } > "$here/requirements.lock"
-printf 'setuptools>=65\nwheel\n' > "$here/.build-requirements.in"
+printf 'setuptools>=65\nwheel\nmypy>=1.11\n' > "$here/.build-requirements.in"
 {
     echo "# What builds the dueflow wheel in the image, pinned with hashes (\`make lock\`)."
     compile "$here/.build-requirements.in"
