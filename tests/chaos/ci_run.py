@@ -4,6 +4,7 @@ beside the run, and the part of it a failed assertion shows."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 from pathlib import Path
@@ -31,13 +32,20 @@ def ci_chaos_report(
 ) -> dict[str, Any]:
     """:func:`benchmarks.chaos.run_chaos` in ``root`` with a random seed; the report is
     also written to ``root/report.json``."""
-    report = run_chaos(
-        minutes=minutes,
-        root=root,
-        seed=int.from_bytes(os.urandom(4), "big"),
-        min_per_kind=min_per_kind,
-        cluster_nodes=cluster_nodes,
-    )
+    try:
+        report = run_chaos(
+            minutes=minutes,
+            root=root,
+            seed=int.from_bytes(os.urandom(4), "big"),
+            min_per_kind=min_per_kind,
+            cluster_nodes=cluster_nodes,
+        )
+    finally:
+        # The run's clients (the workload's scheduler, admin clients) may be left in
+        # reference cycles: destroyed now, not at some later collection, when their
+        # cluster is gone and they would write "Connection refused" lines to this
+        # process's stderr under a later test that reads it.
+        gc.collect()
     (root / "report.json").write_text(json.dumps(report, indent=2))
     return report
 
