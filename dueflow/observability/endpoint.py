@@ -14,6 +14,7 @@ and a wedged loop shows as ``/livez`` 503, not as a probe that hangs.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Protocol
@@ -60,7 +61,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
         self.end_headers()
-        self.wfile.write(body)
+        # A prober that gave up waiting (a busy process) has nobody left to answer.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            self.wfile.write(body)
 
     def log_message(self, format: str, *args: object) -> None:
         """Probes every few seconds: no access log."""
