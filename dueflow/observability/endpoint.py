@@ -14,7 +14,7 @@ and a wedged loop shows as ``/livez`` 503, not as a probe that hangs.
 
 from __future__ import annotations
 
-import contextlib
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Protocol
@@ -37,6 +37,13 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     registry: CollectorRegistry
     health: HealthSource | None
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A prober that gave up waiting (a busy process) has nobody left to answer:
+        not a traceback on stderr. Anything else is reported as before."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)  # type: ignore[arg-type]
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -61,9 +68,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
         self.end_headers()
-        # A prober that gave up waiting (a busy process) has nobody left to answer.
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            self.wfile.write(body)
+        self.wfile.write(body)
 
     def log_message(self, format: str, *args: object) -> None:
         """Probes every few seconds: no access log."""

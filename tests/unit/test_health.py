@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import socket
+import struct
+import threading
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -18,6 +22,7 @@ from dueflow.observability.health import (
     ChildrenHealth,
     ClientStats,
     Health,
+    Verdict,
     group_readiness,
     judge_children,
 )
@@ -200,3 +205,40 @@ def test_metrics_bind_and_liveness_timeout_settings() -> None:
         load_settings(env={"DUEFLOW_OBSERVABILITY_METRICS_BIND": "http://x"})
     with pytest.raises(ConfigError, match=r"observability\.liveness_timeout_s"):
         load_settings(env={"DUEFLOW_OBSERVABILITY_LIVENESS_TIMEOUT_S": "0"})
+
+
+class _HeldProbe:
+    """A health source whose ``/livez`` answer waits until the test lets it go."""
+
+    def __init__(self) -> None:
+        self.asked = threading.Event()
+        self.answer = threading.Event()
+
+    def live(self) -> Verdict:
+        self.asked.set()
+        self.answer.wait(10)
+        return Verdict(True, {})
+
+    def ready(self) -> Verdict:
+        return Verdict(True, {})
+
+
+def test_a_prober_that_hung_up_before_the_answer_is_no_traceback(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    probe = _HeldProbe()
+    port = serve(Metrics(), 0, health=probe)
+    before = threading.active_count()
+    client = socket.create_connection(("127.0.0.1", port), timeout=5)
+    client.sendall(b"GET /livez HTTP/1.1\r\nHost: probe\r\n\r\n")
+    assert probe.asked.wait(5)
+    # Hang up with a reset, as a prober's timeout does: every write of the answer fails.
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    client.close()
+    probe.answer.set()
+    deadline = time.monotonic() + 5
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert threading.active_count() == before, "the request's thread did not finish"
+    assert _get(f"http://127.0.0.1:{port}/readyz") == (200, {"ok": True, "reasons": {}})
+    assert "Traceback" not in capfd.readouterr().err
