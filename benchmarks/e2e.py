@@ -11,7 +11,8 @@ async no-op handler that notes the job's key, due time and start time.
 
 - ``burst`` (default): ``--jobs`` jobs due within ``--window-s`` of the
   first schedule. ``throughput_jobs_per_s`` = jobs / (first schedule ->
-  the workers' committed offsets cover every job). With ``--ahead-s S`` the
+  every job committed: outcomes and exec offsets, one transaction; how it is
+  seen: ``benchmarks/completion.py``, ``completion_watch`` in the result). With ``--ahead-s S`` the
   jobs are due within ``--window-s`` from S seconds after the first
   schedule, every one of them written before the first is due, and the
   throughput and the CPU count from the first due time: a burst of jobs
@@ -54,15 +55,15 @@ own process, first produce to last receive); ``ratio`` = pipeline / raw. In
 steady mode the raw records are also sent at ``--rate``, by a producer that
 lingers 0 ms (the floor: each record goes out at once), and their latency
 (receive - produce) is ``raw_latency_ms``. Every measuring consumer (the
-baseline's, the watcher of committed outcomes) reads records as soon as
-they arrive (``benchmarks/arrivals.py``), so it adds no batching wait.
+baseline's, the outcome watcher) reads records as soon as they arrive
+(``benchmarks/arrivals.py``), so it adds no batching wait.
 
 CPU: ``cpu_us_per_job`` is user+sys CPU per job of each process the run
 starts or is (``load_producer``: this process, ``schedule_many`` and the
 commit polling; ``emitter``; ``worker_<n>``; the local ``broker``), from the
 first schedule to the last commit, idle polling included;
 ``raw_cpu_us_per_record`` the same for the baseline's producer and consumer;
-``watcher_cpu_us_per_job`` the measuring consumer's (not in the total).
+``watcher_cpu_us_per_job`` the completion watcher's (not in the total).
 ``broker_jit_cpu_s`` is the part of the local broker's CPU its JIT compiler
 threads took during the measured run, and ``broker_threads_cpu_us_per_job``
 the broker's CPU per job by kind of thread (the request path, JIT, GC, group
@@ -107,6 +108,7 @@ from confluent_kafka.admin import AdminClient
 
 from benchmarks.arrivals import take_arrived
 from benchmarks.broker_probe import BrokerRequests, cpu_delta, request_rates, thread_cpu_s
+from benchmarks.completion import completion_watcher
 from benchmarks.e2e_result import (
     Measured,
     combine,
@@ -203,99 +205,6 @@ def group_ready(admin: AdminClient, group: str, members: int) -> bool:
     except Exception:
         return False
     return len(desc.members) >= members and "STABLE" in str(desc.state).upper()
-
-
-# Committed outcomes per job: the client's `scheduled` (on by default) and the
-# worker's `succeeded` (every job succeeds at its first attempt here). A copy of
-# a job the emitter fired again adds a `duplicate` one.
-OUTCOMES_PER_JOB = 2
-
-
-def watcher_main(
-    settings: Settings, target: Any, done_at: Any, cpu_s: Any, extra: Any, ready: Any
-) -> None:
-    """Count committed outcome records per job (their key) until ``target`` jobs
-    (set later by the parent) have :data:`OUTCOMES_PER_JOB` each; then note this
-    process's CPU seconds in ``cpu_s``, the wall time the last of them arrived in
-    ``done_at`` and the records beyond those (``duplicate`` outcomes) in ``extra``.
-
-    Outcomes commit in the same transaction as the workers' offsets, so this is
-    the moment the last job was done as far as Kafka can see. (Committed offsets
-    of the exec topic would not do: transaction markers take offsets too.)
-    """
-    topic = names(settings).outcomes
-    consumer = Consumer(
-        settings.client_config(
-            **{
-                "group.id": f"watch-{uuid.uuid4().hex}",
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-            }
-        )
-    )
-    parts = consumer.list_topics(topic, timeout=30).topics[topic].partitions
-    consumer.assign([TopicPartition(topic, p, 0) for p in parts])
-    consumer.poll(0.5)  # connected and fetching before the jobs start
-    ready.set()
-    per_job: dict[bytes | None, int] = {}
-    done = 0  # jobs with every outcome
-    records = 0
-    while True:
-        arrival = take_arrived(consumer, timeout_s=0.05)
-        for m in arrival.messages:
-            if m.error() is None:
-                records += 1
-                key = m.key()
-                n = per_job[key] = per_job.get(key, 0) + 1
-                done += n == OUTCOMES_PER_JOB
-        if target.value and done >= target.value:
-            usage = resource.getrusage(resource.RUSAGE_SELF)
-            cpu_s.value = usage.ru_utime + usage.ru_stime
-            extra.value = records - OUTCOMES_PER_JOB * done
-            done_at.value = arrival.received_ms / 1000
-            break
-    consumer.close()
-
-
-class Watcher:
-    """:func:`watcher_main` in its own process."""
-
-    def __init__(self, settings: Settings) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.target = ctx.Value("q", 0)
-        self.done_at = ctx.Value("d", 0.0)
-        self.cpu = ctx.Value("d", 0.0)
-        self.extra = ctx.Value("q", 0)
-        self.ready = ctx.Event()
-        self.proc = ctx.Process(
-            target=watcher_main,
-            args=(settings, self.target, self.done_at, self.cpu, self.extra, self.ready),
-        )
-
-    def __enter__(self) -> Watcher:
-        self.proc.start()
-        self.ready.wait(60)
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        if self.proc.is_alive():
-            self.proc.kill()
-        self.proc.join(10)
-
-    def wait(self, jobs: int, timeout_s: float) -> float:
-        """Wall time at which every outcome of ``jobs`` jobs was committed."""
-        self.target.value = jobs
-        wait_until(lambda: self.done_at.value > 0, timeout_s, "every job committed", 0.05)
-        return float(self.done_at.value)
-
-    def duplicates(self) -> int:
-        """Outcome records beyond every job's own (``duplicate``: copies skipped), after
-        :meth:`wait`."""
-        return int(self.extra.value)
-
-    def cpu_s(self) -> float:
-        """CPU seconds of the watcher process, its whole life (after :meth:`wait`)."""
-        return float(self.cpu.value)
 
 
 # ----------------------------------------------------------------------------- baseline
@@ -531,7 +440,10 @@ def warm_up(
     t0 = time.monotonic()
     workdir.mkdir(parents=True, exist_ok=True)
     settings = bench_settings(bootstrap, args.partitions, emitter, worker)
-    with pipeline(settings, args.processes, workdir), Watcher(settings) as watcher:
+    with (
+        pipeline(settings, args.processes, workdir),
+        completion_watcher(settings, QUEUE) as watcher,
+    ):
         with Scheduler(settings) as scheduler:
             jobs, _ = steady_feed(
                 scheduler, args.warmup_rate, args.warmup_s, every_s=args.feed_every_ms / 1000
@@ -617,6 +529,9 @@ def _run(
         broker_load_s += time.monotonic() - t0
         lateness = run_figures(m, steady=steady(args))["lateness_ms"]
         print(f"run {i + 1} of {args.runs}: lateness {describe(lateness)}", flush=True)
+    transactional = load_settings(
+        env={}, overrides={"emitter": emitter_settings}
+    ).emitter.transactional
     out: dict[str, Any] = {
         "benchmark": "e2e",
         "mode": args.mode,
@@ -624,9 +539,9 @@ def _run(
         "processes": args.processes,
         "partitions": args.partitions,
         "exactly_once": True,
-        "emitter_transactional": load_settings(
-            env={}, overrides={"emitter": emitter_settings}
-        ).emitter.transactional,
+        "emitter_transactional": transactional,
+        # how "every job committed" was seen (benchmarks/completion.py)
+        "completion_watch": "outcomes" if transactional else "committed offsets",
         "record_bytes": round(record_bytes, 1),
         "broker_started_for_run": broker_pid is not None,
         "host": host_info(load_before),
@@ -667,7 +582,7 @@ def measure(
     workdir.mkdir(parents=True, exist_ok=True)
     with (
         pipeline(settings, args.processes, workdir) as (emitter, workers),
-        Watcher(settings) as watcher,
+        completion_watcher(settings, QUEUE) as watcher,
         ExitStack() as probes,
     ):
         requests = (
