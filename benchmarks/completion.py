@@ -51,6 +51,26 @@ def _partitions(consumer: Consumer, topic: str) -> list[TopicPartition]:
     return [TopicPartition(topic, p) for p in sorted(parts)]
 
 
+def _outcome_reader(
+    settings: Settings, role: str, **config: Any
+) -> tuple[Consumer, list[TopicPartition]]:
+    """A read_committed consumer assigned every outcomes partition from the start."""
+    topic = names(settings).outcomes
+    consumer = Consumer(
+        settings.client_config(
+            **{
+                "group.id": f"{role}-{uuid.uuid4().hex}",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                **config,
+            }
+        )
+    )
+    tps = _partitions(consumer, topic)
+    consumer.assign([TopicPartition(topic, tp.partition, 0) for tp in tps])
+    return consumer, tps
+
+
 def offsets_watch_main(
     settings: Settings,
     queue: str,
@@ -105,17 +125,7 @@ def outcomes_watch_main(
     (set later by the parent) have :data:`OUTCOMES_PER_JOB` each; then note this
     process's CPU seconds in ``cpu_s``, the wall time the last of them arrived in
     ``done_at`` and the records beyond those (``duplicate`` outcomes) in ``extra``."""
-    topic = names(settings).outcomes
-    consumer = Consumer(
-        settings.client_config(
-            **{
-                "group.id": f"watch-{uuid.uuid4().hex}",
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-            }
-        )
-    )
-    consumer.assign([TopicPartition(topic, tp.partition, 0) for tp in _partitions(consumer, topic)])
+    consumer, _tps = _outcome_reader(settings, "watch")
     consumer.poll(0.5)  # connected and fetching before the jobs start
     ready.set()
     per_job: dict[bytes | None, int] = {}
@@ -141,26 +151,14 @@ def count_outcomes(settings: Settings, jobs: int, timeout_s: float = 120.0) -> i
     """Read every committed outcome once (after a run): the records beyond
     :data:`OUTCOMES_PER_JOB` per job (``duplicate`` outcomes). Raises when fewer
     than ``jobs`` jobs have all of theirs."""
-    topic = names(settings).outcomes
-    consumer = Consumer(
-        settings.client_config(
-            **{
-                "group.id": f"count-{uuid.uuid4().hex}",
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-            }
-        )
-    )
+    consumer, tps = _outcome_reader(settings, "count", **{"enable.partition.eof": True})
     try:
-        tps = _partitions(consumer, topic)
-        consumer.assign([TopicPartition(topic, tp.partition, 0) for tp in tps])
         per_job: Counter[bytes | None] = Counter()
         at_end: set[int] = set()
         deadline = time.monotonic() + timeout_s
         while len(at_end) < len(tps):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"outcomes of {topic} not read within {timeout_s:.0f} s")
+                raise TimeoutError(f"{tps[0].topic} not read within {timeout_s:.0f} s")
             for m in consumer.consume(10_000, 0.5):
                 err = m.error()
                 partition = m.partition() or 0
