@@ -276,14 +276,16 @@ def test_table_survives_a_restart_from_its_changelog(settings: Settings, tmp_pat
 def test_finished_jobs_leave_the_table_after_the_retention(
     settings: Settings, tmp_path: Path
 ) -> None:
-    env = {"DUEFLOW_OBSERVABILITY_STATUS_RETENTION_MS": "1500"}
+    # Long enough for the checks below on a loaded machine (a fresh-clone run saw
+    # 1.5 s pass before the first of them: the job was swept already).
+    env = {"DUEFLOW_OBSERVABILITY_STATUS_RETENTION_MS": "6000"}
     port = free_port()
     first = start_view(
         settings, port=port, data_dir=tmp_path / "d1", log_path=tmp_path / "1.log", env=env
     )
-    t = _now()
     try:
         first.wait_ready()
+        t = _now()  # the outcomes' time: the retention counts from here
         year = 365 * 86_400_000
         write_outcomes(
             settings,
