@@ -276,10 +276,13 @@ def ran_once_at(stage: Stage, job_ids: list[str], due_ms: dict[str, int], tag: s
     must have exactly one committed end."""
     aborted = stage.deployment.aborted_commits()
     attempt_ends = stage.deployment.attempt_ends()
+    attempt_starts = stage.deployment.attempt_starts()
     forgotten: set[str] = set()
     for job_id, runs in runs_of(stage, job_ids).items():
         assert all(r.started_ms >= due_ms[job_id] for r in runs), (job_id, runs, due_ms[job_id])
-        kept = [r for r in runs if not uncommitted_run(r, runs, aborted, attempt_ends)]
+        kept = [
+            r for r in runs if not uncommitted_run(r, runs, aborted, attempt_ends, attempt_starts)
+        ]
         if len(kept) < len(runs):
             forgotten.add(job_id)
         assert len(kept) == 1, (job_id, runs, aborted)

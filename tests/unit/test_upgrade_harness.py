@@ -179,6 +179,31 @@ def test_a_run_is_uncommitted_within_a_commit_window_of_its_workers_end(
     assert (v.problems() == []) is uncommitted
 
 
+@pytest.mark.parametrize(
+    ("started", "uncommitted"),
+    [
+        ([DUE + 1_000], True),  # its worker started it before the restart: forgotten with it
+        ([], False),  # the handler's own start only: after the restart, a double
+        ([DUE + 3_000], False),  # a start after the handler's own is another run's
+    ],
+)
+def test_a_run_begins_when_its_worker_started_it(started: list[int], uncommitted: bool) -> None:
+    # The worker started the attempt, started its queue over 1 ms later and the
+    # handler's thread, late on a stalled machine, began 90 ms after that; the
+    # attempt ran again after the restart.
+    runs = [run("j", 1, "ok", DUE + 1_091), run("j", 1, "ok", DUE + 10_000)]
+    v = judge(
+        [Planned("j", "ok", DUE, "sdk")],
+        runs,
+        {},
+        tiers_ms=TIERS,
+        aborted={1: [DUE + 1_001]},
+        starts={("j", 1, 1): started},
+    )
+    assert bool(v.uncommitted) is uncommitted
+    assert (v.problems() == []) is uncommitted
+
+
 def test_cron_occurrences_are_every_n_seconds_edges_included() -> None:
     assert cron_occurrences("*/2 * * * * *", 1_000, 9_000) == [2_000, 4_000, 6_000, 8_000]
     assert cron_occurrences("*/3 * * * * *", 3_000, 9_000) == [3_000, 6_000, 9_000]

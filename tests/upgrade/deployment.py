@@ -388,6 +388,20 @@ class Deployment:
                     out[key] = max(out.get(key, 0), log_ms(e))
         return out
 
+    def attempt_starts(self) -> dict[tuple[str, int, int], list[int]]:
+        """(job id, attempt, worker pid) -> when that worker started the attempt, each
+        time (epoch ms, from its log): earlier than the handler's own start when the
+        handler's thread began late."""
+        out: dict[tuple[str, int, int], list[int]] = {}
+        for member in self.members + self.retired:
+            if member.role != "worker":
+                continue
+            pid = member.proc.pid
+            for e in member.proc.events("job.started"):
+                key = (str(e.get("job_id")), int(e.get("attempt") or 0), pid)
+                out.setdefault(key, []).append(log_ms(e))
+        return out
+
     def logs(self) -> str:
         return "\n".join(f"===== {p.name}\n{p.log()[-6000:]}" for p in self.everyone())
 

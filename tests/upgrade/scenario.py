@@ -56,6 +56,7 @@ class Stage:
             tiers_ms=RETRY_TIERS_MS,
             aborted=self.deployment.aborted_commits(),
             ends=self.deployment.attempt_ends(),
+            starts=self.deployment.attempt_starts(),
         )
 
 

@@ -104,13 +104,14 @@ def judge(
     tiers_ms: Sequence[int],
     aborted: Mapping[int, Sequence[int]] | None = None,
     ends: Mapping[tuple[str, int, int], int] | None = None,
+    starts: Mapping[tuple[str, int, int], Sequence[int]] | None = None,
 ) -> Verdict:
     """Judge every planned job by its runs (redriven ones aside) and dead letters
     (job id -> the reason of each of its DLQ records). ``aborted``: pid -> when that
     worker aborted a commit and started its queue over (epoch ms); a run it ended
     before such an abort, of an attempt run again after it, was not committed and
-    is not judged (``Verdict.uncommitted``); ``ends``: when each worker ended each
-    attempt (see :func:`uncommitted_run`)."""
+    is not judged (``Verdict.uncommitted``); ``ends`` and ``starts``: when each
+    worker ended and started each attempt (see :func:`uncommitted_run`)."""
     verdict = Verdict(planned=len(planned))
     by_job: dict[str, list[Run]] = defaultdict(list)
     for run in runs:
@@ -120,7 +121,9 @@ def judge(
     known = {p.job_id for p in planned}
     verdict.unplanned = sorted(set(by_job) - known)
     for job in planned:
-        mine = _committed(verdict, by_job.get(job.job_id, []), aborted or {}, ends or {})
+        mine = _committed(
+            verdict, by_job.get(job.job_id, []), aborted or {}, ends or {}, starts or {}
+        )
         _judge_one(verdict, job, sorted(mine, key=_order), dead, tiers_ms)
     return verdict
 
@@ -136,22 +139,31 @@ def uncommitted_run(
     runs: Sequence[Run],
     aborted: Mapping[int, Sequence[int]],
     ends: Mapping[tuple[str, int, int], int] | None = None,
+    starts: Mapping[tuple[str, int, int], Sequence[int]] | None = None,
 ) -> bool:
     """``run`` was not committed: its worker started its queue over (which forgets
     every attempt not committed yet, the running ones too) after the run began and
     within a commit window after it ended, and the same attempt began again after
     that restart. It ended when its worker ended it (``ends``: (job id, attempt,
     pid) -> epoch ms, from the worker's log), if that is later than the handler's
-    own end."""
+    own end; it began when its worker started it (``starts``: the same key -> the
+    times of its "job.started", from the log), if that is earlier than the
+    handler's own start (a handler on a thread of a stalled machine begins late:
+    seen 92 ms and 4.4 s after the worker started it, a restart in between)."""
     again = [
         r.started_ms for r in runs if r.attempt == run.attempt and r.started_ms > run.started_ms
     ]
     if not again:
         return False
-    ended = max(run.ended_ms, (ends or {}).get((run.job_id, run.attempt, run.pid), 0))
+    key = (run.job_id, run.attempt, run.pid)
+    ended = max(run.ended_ms, (ends or {}).get(key, 0))
+    # the worker's last start of this attempt before the handler's own (a worker may
+    # run an attempt again itself after a restart)
+    begun = max(
+        (t for t in (starts or {}).get(key, ()) if t <= run.started_ms), default=run.started_ms
+    )
     return any(
-        run.started_ms <= t <= min(max(again), ended + COMMIT_WINDOW_MS)
-        for t in aborted.get(run.pid, ())
+        begun <= t <= min(max(again), ended + COMMIT_WINDOW_MS) for t in aborted.get(run.pid, ())
     )
 
 
@@ -160,10 +172,11 @@ def _committed(
     runs: Sequence[Run],
     aborted: Mapping[int, Sequence[int]],
     ends: Mapping[tuple[str, int, int], int],
+    starts: Mapping[tuple[str, int, int], Sequence[int]],
 ) -> list[Run]:
     out = []
     for run in runs:
-        if uncommitted_run(run, runs, aborted, ends):
+        if uncommitted_run(run, runs, aborted, ends, starts):
             verdict.uncommitted.append(f"{run.job_id} attempt {run.attempt} pid {run.pid}")
         else:
             out.append(run)
