@@ -24,6 +24,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -359,18 +360,23 @@ class Deployment:
     def everyone(self) -> list[Proc]:
         return [m.proc for m in self.members + self.retired] + self._others
 
+    def _worker_events(self, *what: str) -> Iterator[tuple[int, dict[str, Any]]]:
+        """(worker pid, event) for each of its log events named in ``what``."""
+        for member in self.members + self.retired:
+            if member.role != "worker":
+                continue
+            for name in what:
+                for e in member.proc.events(name):
+                    yield member.proc.pid, e
+
     def aborted_commits(self) -> dict[int, list[int]]:
         """Worker pid -> when it forgot the attempts it had not committed (epoch ms, from
         its log): it started a queue over from the committed offsets (a commit aborted
         or past its commit window), or lost its partitions (its session expired: what
         it had not committed there is the next owner's to run)."""
         out: dict[int, list[int]] = {}
-        for member in self.members + self.retired:
-            if member.role != "worker":
-                continue
-            for what in ("worker restarting queue", "partitions lost"):
-                for e in member.proc.events(what):
-                    out.setdefault(member.proc.pid, []).append(log_ms(e))
+        for pid, e in self._worker_events("worker restarting queue", "partitions lost"):
+            out.setdefault(pid, []).append(log_ms(e))
         return out
 
     def attempt_ends(self) -> dict[tuple[str, int, int], int]:
@@ -378,14 +384,9 @@ class Deployment:
         ms, from its log): later than the handler's own end when the handler's
         result reached the worker late, or the worker timed it out."""
         out: dict[tuple[str, int, int], int] = {}
-        for member in self.members + self.retired:
-            if member.role != "worker":
-                continue
-            pid = member.proc.pid
-            for what in ("job.succeeded", "job.failed", "job.dead_letter"):
-                for e in member.proc.events(what):
-                    key = (str(e.get("job_id")), int(e.get("attempt") or 0), pid)
-                    out[key] = max(out.get(key, 0), log_ms(e))
+        for pid, e in self._worker_events("job.succeeded", "job.failed", "job.dead_letter"):
+            key = _attempt_of(e, pid)
+            out[key] = max(out.get(key, 0), log_ms(e))
         return out
 
     def attempt_starts(self) -> dict[tuple[str, int, int], list[int]]:
@@ -393,13 +394,8 @@ class Deployment:
         time (epoch ms, from its log): earlier than the handler's own start when the
         handler's thread began late."""
         out: dict[tuple[str, int, int], list[int]] = {}
-        for member in self.members + self.retired:
-            if member.role != "worker":
-                continue
-            pid = member.proc.pid
-            for e in member.proc.events("job.started"):
-                key = (str(e.get("job_id")), int(e.get("attempt") or 0), pid)
-                out.setdefault(key, []).append(log_ms(e))
+        for pid, e in self._worker_events("job.started"):
+            out.setdefault(_attempt_of(e, pid), []).append(log_ms(e))
         return out
 
     def logs(self) -> str:
@@ -410,6 +406,11 @@ class Deployment:
         for proc in reversed(self.everyone()):
             with contextlib.suppress(Exception):
                 proc.stop()
+
+
+def _attempt_of(e: dict[str, Any], pid: int) -> tuple[str, int, int]:
+    """(job id, attempt, worker pid) of a worker's job event."""
+    return (str(e.get("job_id")), int(e.get("attempt") or 0), pid)
 
 
 def _http_status(port: int, path: str) -> int | None:
