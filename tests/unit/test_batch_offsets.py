@@ -77,6 +77,6 @@ def test_a_gone_partition_sends_nothing() -> None:
     gone = feed(0, committed=10, seen=[10, 11], finished=[11])
     recorder = batch_recorder()
     recorder.records = [(gone, "outcomes", 0, b"k11", b"v", [])]
-    gone.state = type(gone.state).GONE
+    gone.advance(type(gone.state).GONE)
     recorder.lost()
     assert recorder.cut([gone]) is None

@@ -139,15 +139,18 @@ class PartitionFeed:
         "fence_ms",
         "fence_probe",
         "fenced",
+        "gone",
         "held_until",
         "in_ready",
         "inflight",
         "keys",
+        "loaded",
         "partition",
         "paused",
         "planner",
         "rate_held",
         "reporter",
+        "revoked",
         "state",
         "tier_ms",
         "timer",
@@ -181,7 +184,7 @@ class PartitionFeed:
         self.tracker = OffsetTracker()
         self.committed: int | None = None  # last offset committed for this partition
         self.inflight = 0
-        self.state = FeedState.ASSIGNED
+        self._set_state(FeedState.ASSIGNED)
         self.held_until = 0  # wall ms: the head record is not due before
         self.rate_held = False
         self.checking = False  # waiting for the key store to catch up (a redriven record)
@@ -193,22 +196,17 @@ class PartitionFeed:
 
     def advance(self, to: FeedState) -> None:
         """Move to ``to``; :class:`~dueflow.errors.IllegalTransition` when it cannot."""
-        self.state = feed_move(self.state, to)
+        self._set_state(feed_move(self.state, to))
 
-    @property
-    def loaded(self) -> bool:
-        """Its keys are loaded and it is still assigned: records may be dispatched."""
-        return self.state is FeedState.LOADED
-
-    @property
-    def revoked(self) -> bool:
-        """No longer read from: revoked (maybe finishing in-flight jobs) or gone."""
-        return self.state is FeedState.REVOKED or self.state is FeedState.GONE
-
-    @property
-    def gone(self) -> bool:
-        """Forgotten: what finishes of it now writes nothing."""
-        return self.state is FeedState.GONE
+    def _set_state(self, state: FeedState) -> None:
+        # What the hot path asks of the state, kept as attributes (read per record).
+        self.state = state
+        # Its keys are loaded and it is still assigned: records may be dispatched.
+        self.loaded = state is FeedState.LOADED
+        # Forgotten: what finishes of it now writes nothing.
+        self.gone = state is FeedState.GONE
+        # No longer read from: revoked (maybe finishing in-flight jobs) or gone.
+        self.revoked = self.gone or state is FeedState.REVOKED
 
     @property
     def held(self) -> bool:
